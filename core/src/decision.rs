@@ -1,0 +1,145 @@
+//! One quota's verdict from its fill, and the random source behind the probabilistic zone.
+
+use parking_lot::Mutex;
+
+/// What a check or an account decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// No quota of that name: the request passes (SPEC §2, "unknown names pass").
+    Unlimited,
+    /// Every quota of the chain let it through.
+    Passed,
+    /// A quota of the chain rejected it ([`Decision::quota`] names which).
+    Rejected,
+}
+
+/// The result of [`crate::Limiter::check`] or [`crate::Limiter::account`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Passed, rejected or unlimited.
+    pub outcome: Outcome,
+    /// The quota that rejected; `None` unless rejected (a pass was decided by the whole
+    /// chain of the name the caller asked for).
+    pub quota: Option<Box<str>>,
+    /// Estimated fill of the deciding quota, in units (of the rejecting one when rejected, of
+    /// the checked quota when passed).
+    pub fill: f64,
+    /// Seconds until the rejecting quota's estimated fill drops to `low_burst` (at least 1);
+    /// `None` unless rejected.
+    pub retry_after: Option<u32>,
+}
+
+impl Decision {
+    pub(crate) fn unlimited() -> Self {
+        Decision { outcome: Outcome::Unlimited, quota: None, fill: 0.0, retry_after: None }
+    }
+
+    /// `true` when the request may go on (passed or unlimited).
+    pub fn allowed(&self) -> bool {
+        self.outcome != Outcome::Rejected
+    }
+}
+
+/// The drop probability `(F - low) / (high - low)` clamped to [0, 1]. `F <= low` passes, also
+/// when `low == high` (the hard cutoff): everything above rejects.
+#[inline]
+pub fn drop_probability(fill: f64, low: u64, high: u64) -> f64 {
+    let (low, high) = (low as f64, high as f64);
+    if fill <= low {
+        0.0
+    } else if fill >= high {
+        1.0
+    } else {
+        (fill - low) / (high - low)
+    }
+}
+
+/// Seconds (at least 1) until `fill` milli-units drain to `low` at `limit` milli-units/s.
+///
+/// Stable between consecutive calls (seed `003_…`): the estimate between syncs is a function
+/// of the last synced value and elapsed time, so two requests a millisecond apart get the
+/// same answer, and the value only steps down as time passes.
+#[inline]
+pub fn retry_after_secs(fill: f64, low: u64, limit: u64) -> u32 {
+    let secs = ((fill - low as f64) / limit.max(1) as f64).ceil();
+    if secs.is_nan() || secs < 1.0 {
+        1
+    } else if secs >= u32::MAX as f64 {
+        u32::MAX
+    } else {
+        secs as u32
+    }
+}
+
+/// Uniform numbers in [0, 1) for the probabilistic zone; injectable so tests are
+/// deterministic.
+pub trait Random: Send + Sync + 'static {
+    /// A uniform sample from [0, 1).
+    fn unit(&self) -> f64;
+}
+
+/// `fastrand`'s per-thread generator: no locking on the request path.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ThreadRandom;
+
+impl Random for ThreadRandom {
+    fn unit(&self) -> f64 {
+        fastrand::f64()
+    }
+}
+
+/// A seeded generator shared behind a lock: reproducible sequences for tests and simulations.
+#[derive(Debug)]
+pub struct SeededRandom(Mutex<fastrand::Rng>);
+
+impl SeededRandom {
+    /// A generator with this seed.
+    pub fn new(seed: u64) -> Self {
+        SeededRandom(Mutex::new(fastrand::Rng::with_seed(seed)))
+    }
+}
+
+impl Random for SeededRandom {
+    fn unit(&self) -> f64 {
+        self.0.lock().f64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probability_zones() {
+        assert_eq!(drop_probability(0.0, 100, 200), 0.0);
+        assert_eq!(drop_probability(100.0, 100, 200), 0.0);
+        assert_eq!(drop_probability(150.0, 100, 200), 0.5);
+        assert_eq!(drop_probability(200.0, 100, 200), 1.0);
+        assert_eq!(drop_probability(1e9, 100, 200), 1.0);
+        // Hard cutoff.
+        assert_eq!(drop_probability(100.0, 100, 100), 0.0);
+        assert_eq!(drop_probability(100.001, 100, 100), 1.0);
+        assert_eq!(drop_probability(0.0, 0, 0), 0.0);
+        assert_eq!(drop_probability(1.0, 0, 0), 1.0);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one() {
+        assert_eq!(retry_after_secs(1_500.0, 1_000, 1_000), 1);
+        assert_eq!(retry_after_secs(3_000.0, 1_000, 1_000), 2);
+        assert_eq!(retry_after_secs(3_001.0, 1_000, 1_000), 3);
+        assert_eq!(retry_after_secs(900.0, 1_000, 1_000), 1);
+        assert_eq!(retry_after_secs(1e18, 0, 1), u32::MAX);
+    }
+
+    #[test]
+    fn seeded_random_is_reproducible() {
+        let a = SeededRandom::new(7);
+        let b = SeededRandom::new(7);
+        for _ in 0..10 {
+            let x = a.unit();
+            assert_eq!(x, b.unit());
+            assert!((0.0..1.0).contains(&x));
+        }
+    }
+}

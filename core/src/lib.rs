@@ -1,0 +1,48 @@
+//! # yarl-core
+//!
+//! Distributed rate limiting with **local decisions**, after Yandex's YARL. Every limiter (an
+//! nginx worker, an application) holds all quotas and the cluster-wide counters in memory and
+//! decides on each request without a network call; a background thread syncs with one or
+//! more root servers once per interval.
+//!
+//! # Brief overview
+//!
+//! * [`quota`]: the quota model (`limit`, `low_burst`, `high_burst`, parent) and validation.
+//! * [`units`]: exact fixed-point counters (why they cannot drift or overflow).
+//! * [`decision`]: pass / reject / reject with probability `(F - low) / (high - low)`, and
+//!   Retry-After.
+//! * [`Limiter`]: the quota table for millions of quotas with a lock-free read path;
+//!   `check` (count nothing) and `account` (all-or-nothing over the parent chain).
+//! * [`sync`]: the limiter's sync state machine and, with the `http` feature, its thread.
+//! * [`root`]: the root server's aggregation: sums limiters' deltas exactly once.
+//! * [`proto`]: the versioned wire messages between them.
+//!
+//! ```
+//! use yarl_core::{Limiter, Limits, QuotaUpdate, Outcome};
+//!
+//! let limiter = Limiter::default();
+//! limiter.apply_quotas(&[QuotaUpdate {
+//!     id: 1, name: "api".into(), epoch: 1, deleted: false,
+//!     limits: Limits::from_units(10.0, 2.0, 2.0).unwrap(), parent: None,
+//! }]);
+//! assert_eq!(limiter.account("api", 1).unwrap().outcome, Outcome::Passed);
+//! assert_eq!(limiter.check("unknown").outcome, Outcome::Unlimited);
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod decision;
+mod limiter;
+pub mod proto;
+pub mod quota;
+pub mod root;
+pub mod sync;
+pub mod units;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
+pub use limiter::{ApplyReport, Limiter, LimiterBuilder, QuotaInfo, WeightError, MAX_CHAIN};
+pub use quota::{validate_name, Epoch, Limits, QuotaError, QuotaId, QuotaSpec, QuotaUpdate};
+pub use root::{RootConfig, RootState};
+pub use sync::{SyncConfig, SyncEngine, SyncStatus};

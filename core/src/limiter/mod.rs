@@ -1,0 +1,659 @@
+//! The limiter: every quota and the cluster-wide counters in memory, decisions without any
+//! network call.
+//!
+//! # The estimate between syncs
+//!
+//! A counter keeps `base`, the largest fill any root reported (roots' values merge by
+//! **max**), the time `at` it was stored, and `local`, what this process accounted since its
+//! last sync round. The fill a decision uses is the article's extrapolation:
+//!
+//! ```text
+//! F(now) = max(0, base - (1 - r)·limit·min(dt, H) - limit·max(0, dt - H)) + local
+//! ```
+//!
+//! with `dt = now - at` and `r` the correction ratio. The bucket drains at `limit`, and while
+//! the last sync is fresh (`dt <= H`, the horizon, one sync interval by default) the rest of
+//! the cluster is assumed to keep adding `r·limit` per second: with the default `r = 1` the
+//! two cancel and the synced value holds until the next sync. Past the horizon no root has
+//! reported new traffic, so the counter drains at the full rate. While no root answers at all,
+//! `r` is 0: the limiter limits on what it knows locally (fail-open, SPEC §1).
+
+mod table;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome, Random, ThreadRandom};
+use crate::quota::{validate_name, Epoch, QuotaId, QuotaUpdate};
+use crate::units::{drain_once, milli_to_units, MAX_WEIGHT_UNITS, MILLI};
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Arc;
+use std::time::Duration;
+use table::{Index, Shard, Slot, Slots, MAX_SLOTS};
+
+/// Longest parent chain a decision walks. The admin API refuses cycles; this bounds the walk
+/// if a limiter ever sees one while updates are half applied.
+pub const MAX_CHAIN: usize = 16;
+
+/// How long a deleted quota's slot waits before it is reused, so a reader that found it an
+/// instant before the delete never sees another quota's numbers.
+const SLOT_QUARANTINE_NS: u64 = 2_000_000_000;
+
+/// A weight above [`MAX_WEIGHT_UNITS`] was passed to [`Limiter::account`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("weight {0} is above the maximum of 1e12 units")]
+pub struct WeightError(pub u64);
+
+/// What [`Limiter::apply_quotas`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// New quotas.
+    pub inserted: usize,
+    /// Changed quotas (numbers, parent or epoch).
+    pub updated: usize,
+    /// Deleted quotas.
+    pub deleted: usize,
+    /// Updates older than what the limiter has (ignored).
+    pub stale: usize,
+    /// Updates with an invalid name or numbers (ignored).
+    pub invalid: usize,
+}
+
+/// A quota as the limiter holds it, with its live estimate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaInfo {
+    /// Database id.
+    pub id: QuotaId,
+    /// Epoch of the version held.
+    pub epoch: Epoch,
+    /// Units per second.
+    pub limit: f64,
+    /// Units.
+    pub low_burst: f64,
+    /// Units.
+    pub high_burst: f64,
+    /// Parent's name, when linked.
+    pub parent: Option<String>,
+    /// Estimated fill now, units.
+    pub fill: f64,
+}
+
+/// Builder for a [`Limiter`].
+pub struct LimiterBuilder {
+    clock: Arc<dyn Clock>,
+    random: Box<dyn Random>,
+    correction_ratio: f64,
+    horizon: Duration,
+}
+
+impl LimiterBuilder {
+    /// The time source (default: [`MonotonicClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The random source of the probabilistic zone (default: [`ThreadRandom`]).
+    pub fn random(mut self, random: impl Random) -> Self {
+        self.random = Box::new(random);
+        self
+    }
+
+    /// The article's `correction_ratio`, clamped to [0, 2] (default 1.0).
+    pub fn correction_ratio(mut self, r: f64) -> Self {
+        self.correction_ratio = if r.is_finite() { r.clamp(0.0, 2.0) } else { 1.0 };
+        self
+    }
+
+    /// How long after a counter's last sync the extrapolation holds (default 1 s; set it to
+    /// the sync interval).
+    pub fn horizon(mut self, h: Duration) -> Self {
+        self.horizon = h;
+        self
+    }
+
+    /// Builds the limiter. It holds no quotas until [`Limiter::apply_quotas`] or a sync.
+    pub fn build(self) -> Limiter {
+        Limiter {
+            slots: Slots::new(),
+            index: Index::new(),
+            hasher: foldhash::fast::FixedState::with_seed(fastrand::u64(..)),
+            writer: Mutex::new(Writer::default()),
+            dirty: Mutex::new(Vec::new()),
+            clock: self.clock,
+            random: self.random,
+            configured_ratio: self.correction_ratio,
+            ratio_bits: AtomicU64::new(0f64.to_bits()),
+            horizon_ns: AtomicU64::new(u64::try_from(self.horizon.as_nanos()).unwrap_or(u64::MAX)),
+            epoch: AtomicU64::new(0),
+            quotas: AtomicU64::new(0),
+            rejections: AtomicU64::new(0),
+            engine_attached: AtomicBool::new(false),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Writer {
+    /// Slot indices, found by the slot's `id`.
+    by_id: HashTable<u32>,
+    free: Vec<u32>,
+    quarantine: VecDeque<(u64, u32)>,
+    next_slot: u32,
+    /// Children whose parent is not (yet) known: child slot → parent name.
+    unresolved: HashMap<u32, Box<str>>,
+}
+
+/// The quota table and counters of one process; see the module docs for the estimate.
+///
+/// Thread-safe: [`check`](Self::check) and [`account`](Self::account) take no lock (an
+/// `arc-swap` load of one index shard, then atomics), quota updates and sync results go
+/// through one internal writer lock.
+pub struct Limiter {
+    slots: Slots,
+    index: Index,
+    hasher: foldhash::fast::FixedState,
+    writer: Mutex<Writer>,
+    /// Slots whose `local` went from zero to non-zero since the last sync round.
+    dirty: Mutex<Vec<u32>>,
+    clock: Arc<dyn Clock>,
+    random: Box<dyn Random>,
+    configured_ratio: f64,
+    ratio_bits: AtomicU64,
+    horizon_ns: AtomicU64,
+    epoch: AtomicU64,
+    quotas: AtomicU64,
+    rejections: AtomicU64,
+    pub(crate) engine_attached: AtomicBool,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("quotas", &self.quota_count())
+            .field("epoch", &self.epoch())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Limiter {
+    fn default() -> Self {
+        Limiter::builder().build()
+    }
+}
+
+impl Limiter {
+    /// A builder with the defaults.
+    pub fn builder() -> LimiterBuilder {
+        LimiterBuilder {
+            clock: Arc::new(MonotonicClock::new()),
+            random: Box::new(ThreadRandom),
+            correction_ratio: 1.0,
+            horizon: Duration::from_secs(1),
+        }
+    }
+
+    /// Decides for `name` and its ancestors without counting anything (the nginx
+    /// `yarl_check` role).
+    #[inline]
+    pub fn check(&self, name: &str) -> Decision {
+        self.decide(name, 0)
+    }
+
+    /// Decides for `name` and its ancestors; if allowed, adds `weight` units to every counter
+    /// of the chain, if rejected adds nothing (all-or-nothing, seed `002_…`).
+    ///
+    /// Two threads deciding at the same instant can both pass before either adds: decisions
+    /// are local and the counters only approximate, by design.
+    #[inline]
+    pub fn account(&self, name: &str, weight: u64) -> Result<Decision, WeightError> {
+        if weight > MAX_WEIGHT_UNITS {
+            return Err(WeightError(weight));
+        }
+        Ok(self.decide(name, weight * MILLI))
+    }
+
+    #[inline]
+    fn find(&self, name: &str) -> Option<(u32, &Slot)> {
+        let h = self.hasher.hash_one(name.as_bytes());
+        let idx = self.index.shards[Index::shard_of(h)].load().find(h, name.as_bytes())?;
+        let slot = self.slots.get(idx)?;
+        // A slot freed an instant ago (and not yet reused: quarantine) is not trusted.
+        if slot.id.load(Acquire) == 0 || slot.name_hash.load(Relaxed) != h {
+            return None;
+        }
+        Some((idx, slot))
+    }
+
+    fn decide(&self, name: &str, weight: u64) -> Decision {
+        let Some((mut idx, mut slot)) = self.find(name) else {
+            return Decision::unlimited();
+        };
+        let now = self.clock.now_nanos();
+        let ratio = f64::from_bits(self.ratio_bits.load(Relaxed));
+        let horizon = self.horizon_ns.load(Relaxed);
+        let mut chain = [0u32; MAX_CHAIN];
+        let mut len = 0;
+        let mut leaf_fill = 0.0;
+        loop {
+            let fill = slot.estimate(now, ratio, horizon);
+            if len == 0 {
+                leaf_fill = fill;
+            }
+            let low = slot.low.load(Relaxed);
+            let p = drop_probability(fill, low, slot.high.load(Relaxed));
+            if p > 0.0 && (p >= 1.0 || self.random.unit() < p) {
+                self.rejections.fetch_add(1, Relaxed);
+                return Decision {
+                    outcome: Outcome::Rejected,
+                    quota: Some(self.slot_name(idx).into()),
+                    fill: fill / MILLI as f64,
+                    retry_after: Some(retry_after_secs(fill, low, slot.limit.load(Relaxed))),
+                };
+            }
+            chain[len] = idx;
+            len += 1;
+            let parent = slot.parent.load(Relaxed);
+            if parent == 0 || len == MAX_CHAIN {
+                break;
+            }
+            match self.slots.get(parent - 1) {
+                Some(p) if p.id.load(Relaxed) != 0 => {
+                    idx = parent - 1;
+                    slot = p;
+                }
+                _ => break,
+            }
+        }
+        if weight > 0 {
+            for &i in &chain[..len] {
+                if let Some(s) = self.slots.get(i) {
+                    if s.local.fetch_add(weight, Relaxed) == 0 {
+                        self.dirty.lock().push(i);
+                    }
+                }
+            }
+        }
+        Decision { outcome: Outcome::Passed, quota: None, fill: leaf_fill / MILLI as f64, retry_after: None }
+    }
+
+    fn slot_name(&self, idx: u32) -> String {
+        let Some(slot) = self.slots.get(idx) else { return String::new() };
+        let h = slot.name_hash.load(Relaxed);
+        let shard = self.index.shards[Index::shard_of(h)].load();
+        match shard.name_of_slot(idx) {
+            Some(n) => String::from_utf8_lossy(n).into_owned(),
+            None => format!("#{}", slot.id.load(Relaxed)),
+        }
+    }
+
+    /// The quota called `name`, with its estimated fill now.
+    pub fn quota(&self, name: &str) -> Option<QuotaInfo> {
+        let (_, slot) = self.find(name)?;
+        let now = self.clock.now_nanos();
+        let ratio = f64::from_bits(self.ratio_bits.load(Relaxed));
+        let parent = match slot.parent.load(Relaxed) {
+            0 => None,
+            p => Some(self.slot_name(p - 1)),
+        };
+        Some(QuotaInfo {
+            id: slot.id.load(Relaxed),
+            epoch: slot.epoch.load(Relaxed),
+            limit: milli_to_units(slot.limit.load(Relaxed)),
+            low_burst: milli_to_units(slot.low.load(Relaxed)),
+            high_burst: milli_to_units(slot.high.load(Relaxed)),
+            parent,
+            fill: slot.estimate(now, ratio, self.horizon_ns.load(Relaxed)) / MILLI as f64,
+        })
+    }
+
+    /// Highest quota epoch applied.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch.load(Relaxed)
+    }
+
+    /// Number of quotas held.
+    pub fn quota_count(&self) -> u64 {
+        self.quotas.load(Relaxed)
+    }
+
+    /// Requests rejected so far.
+    pub fn rejections(&self) -> u64 {
+        self.rejections.load(Relaxed)
+    }
+
+    /// The configured correction ratio.
+    pub fn correction_ratio(&self) -> f64 {
+        self.configured_ratio
+    }
+
+    /// The ratio decisions use now: the configured one while roots answer, 0 otherwise.
+    pub fn effective_ratio(&self) -> f64 {
+        f64::from_bits(self.ratio_bits.load(Relaxed))
+    }
+
+    /// The limiter's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Approximate heap bytes of the quota table (slots, index, id table).
+    pub fn memory_bytes(&self) -> usize {
+        let index: usize = self.index.shards.iter().map(|s| s.load().heap_bytes()).sum();
+        let w = self.writer.lock();
+        self.slots.allocated_bytes()
+            + index
+            + w.by_id.allocation_size()
+            + w.free.capacity() * 4
+            + self.index.shards.len() * (size_of::<Shard>() + 16)
+    }
+
+    fn hash(&self, name: &[u8]) -> u64 {
+        self.hasher.hash_one(name)
+    }
+
+    /// Applies quota changes (from a root, or directly when embedding): inserts, changes,
+    /// deletes and re-parents, in any order and idempotently; an update older than the
+    /// version held is ignored. Readers see each shard switch atomically.
+    pub fn apply_quotas(&self, updates: &[QuotaUpdate]) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        if updates.is_empty() {
+            return report;
+        }
+        let now = self.clock.now_nanos();
+        let mut w = self.writer.lock();
+        let w = &mut *w;
+        while let Some(&(at, s)) = w.quarantine.front() {
+            if now.saturating_sub(at) < SLOT_QUARANTINE_NS {
+                break;
+            }
+            w.quarantine.pop_front();
+            w.free.push(s);
+        }
+        let mut touched: HashMap<usize, Shard> = HashMap::new();
+        let mut parent_jobs: Vec<(u32, Option<String>)> = Vec::new();
+        let mut deleted: HashMap<u32, Box<str>> = HashMap::new();
+        let mut max_epoch = 0;
+        let hasher = |n: &[u8]| self.hash(n);
+
+        for u in updates {
+            if validate_name(&u.name).is_err()
+                || (!u.deleted && u.limits.validate().is_err())
+                || u.id == 0
+            {
+                report.invalid += 1;
+                continue;
+            }
+            max_epoch = max_epoch.max(u.epoch);
+            let h = self.hash(u.name.as_bytes());
+            let sh = Index::shard_of(h);
+            let existing = self.find_id(&w.by_id, u.id);
+            if u.deleted {
+                match existing {
+                    Some(s) if self.slots.ensure(s).epoch.load(Relaxed) <= u.epoch => {
+                        let shard = shard_mut(&mut touched, &self.index, sh);
+                        shard.remove(h, u.name.as_bytes());
+                        self.free_slot(w, s, now);
+                        deleted.insert(s, u.name.as_str().into());
+                        report.deleted += 1;
+                    }
+                    Some(_) => report.stale += 1,
+                    None => {}
+                }
+                continue;
+            }
+            if let Some(s) = existing {
+                let slot = self.slots.ensure(s);
+                if slot.epoch.load(Relaxed) > u.epoch {
+                    report.stale += 1;
+                    continue;
+                }
+                if slot.name_hash.load(Relaxed) != h {
+                    // Ids keep their name in the database; repoint defensively if not.
+                    let old = self.slot_name(s);
+                    let oh = self.hash(old.as_bytes());
+                    shard_mut(&mut touched, &self.index, Index::shard_of(oh))
+                        .remove(oh, old.as_bytes());
+                    shard_mut(&mut touched, &self.index, sh).insert(h, u.name.as_bytes(), s, &hasher);
+                    slot.name_hash.store(h, Relaxed);
+                }
+                store_limits(slot, u);
+                parent_jobs.push((s, u.parent.clone()));
+                report.updated += 1;
+                continue;
+            }
+            // A new id. If the name still points at an older quota, that one was deleted and
+            // re-created while this limiter was not looking.
+            let shard = shard_mut(&mut touched, &self.index, sh);
+            if let Some(old) = shard.find(h, u.name.as_bytes()) {
+                if self.slots.ensure(old).epoch.load(Relaxed) > u.epoch {
+                    report.stale += 1;
+                    continue;
+                }
+                shard.remove(h, u.name.as_bytes());
+                self.free_slot(w, old, now);
+                deleted.insert(old, u.name.as_str().into());
+            }
+            let Some(s) = self.alloc_slot(w) else {
+                report.invalid += 1;
+                continue;
+            };
+            let slot = self.slots.ensure(s);
+            store_limits(slot, u);
+            slot.name_hash.store(h, Relaxed);
+            slot.parent.store(0, Relaxed);
+            slot.write_base(0, 0);
+            slot.local.store(0, Relaxed);
+            slot.id.store(u.id, Release);
+            let slots = &self.slots;
+            w.by_id.insert_unique(hash_id(u.id), s, |&i| {
+                hash_id(slots.get(i).map_or(0, |x| x.id.load(Relaxed)))
+            });
+            shard_mut(&mut touched, &self.index, sh).insert(h, u.name.as_bytes(), s, &hasher);
+            parent_jobs.push((s, u.parent.clone()));
+            report.inserted += 1;
+        }
+
+        for (i, mut shard) in touched {
+            shard.compact_if_sparse(&hasher);
+            self.index.publish(i, shard);
+        }
+        if !deleted.is_empty() {
+            // Children of a deleted quota lose the link but remember the name, so a re-created
+            // parent is linked again. Deleting a parent with children is refused by the admin
+            // API, so this scan is rare.
+            for i in 0..w.next_slot {
+                let Some(s) = self.slots.get(i) else { continue };
+                let p = s.parent.load(Relaxed);
+                if p != 0 && s.id.load(Relaxed) != 0 {
+                    if let Some(name) = deleted.get(&(p - 1)) {
+                        s.parent.store(0, Relaxed);
+                        w.unresolved.insert(i, name.clone());
+                    }
+                }
+            }
+            for s in deleted.keys() {
+                w.unresolved.remove(s);
+            }
+        }
+        for (s, parent) in parent_jobs {
+            match parent {
+                None => {
+                    self.slots.ensure(s).parent.store(0, Relaxed);
+                    w.unresolved.remove(&s);
+                }
+                Some(p) => {
+                    w.unresolved.insert(s, p.into());
+                }
+            }
+        }
+        let slots = &self.slots;
+        w.unresolved.retain(|&child, parent| {
+            let Some(c) = slots.get(child) else { return false };
+            if c.id.load(Relaxed) == 0 {
+                return false;
+            }
+            match self.find(parent) {
+                Some((p, _)) if p != child => {
+                    c.parent.store(p + 1, Relaxed);
+                    false
+                }
+                _ => {
+                    c.parent.store(0, Relaxed);
+                    true
+                }
+            }
+        });
+        self.epoch.fetch_max(max_epoch, Relaxed);
+        self.quotas.store(w.by_id.len() as u64, Relaxed);
+        report
+    }
+
+    fn find_id(&self, by_id: &HashTable<u32>, id: QuotaId) -> Option<u32> {
+        by_id
+            .find(hash_id(id), |&i| self.slots.get(i).is_some_and(|s| s.id.load(Relaxed) == id))
+            .copied()
+    }
+
+    fn alloc_slot(&self, w: &mut Writer) -> Option<u32> {
+        if let Some(s) = w.free.pop() {
+            return Some(s);
+        }
+        if w.next_slot >= MAX_SLOTS {
+            return None;
+        }
+        w.next_slot += 1;
+        Some(w.next_slot - 1)
+    }
+
+    fn free_slot(&self, w: &mut Writer, s: u32, now: u64) {
+        let slot = self.slots.ensure(s);
+        let id = slot.id.load(Relaxed);
+        if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
+            e.remove();
+        }
+        slot.id.store(0, Release);
+        slot.parent.store(0, Relaxed);
+        slot.local.store(0, Relaxed);
+        slot.write_base(0, 0);
+        w.quarantine.push_back((now, s));
+    }
+
+    // ---- Used by the sync engine (crate::sync). All take the writer lock, which makes the
+    // engine the only writer of counter bases. ----
+
+    /// Runs `f` with a resolver from quota ids to slots, under the writer lock.
+    pub(crate) fn with_counters<R>(&self, f: impl FnOnce(&CounterAccess<'_>) -> R) -> R {
+        let w = self.writer.lock();
+        f(&CounterAccess { limiter: self, by_id: &w.by_id })
+    }
+
+    /// Slots accounted since the last call, with their ids, deduplicated.
+    pub(crate) fn take_dirty(&self) -> Vec<u32> {
+        let mut v = std::mem::take(&mut *self.dirty.lock());
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    pub(crate) fn set_cluster_fresh(&self, fresh: bool) {
+        let r = if fresh { self.configured_ratio } else { 0.0 };
+        self.ratio_bits.store(r.to_bits(), Relaxed);
+    }
+
+    pub(crate) fn raise_epoch(&self, e: Epoch) {
+        self.epoch.fetch_max(e, Relaxed);
+    }
+}
+
+/// Counter operations for the sync engine, valid while the writer lock is held.
+pub(crate) struct CounterAccess<'a> {
+    limiter: &'a Limiter,
+    by_id: &'a HashTable<u32>,
+}
+
+impl CounterAccess<'_> {
+    pub fn slot_of(&self, id: QuotaId) -> Option<u32> {
+        self.limiter.find_id(self.by_id, id)
+    }
+
+    fn slot(&self, s: u32) -> Option<&Slot> {
+        self.limiter.slots.get(s).filter(|x| x.id.load(Relaxed) != 0)
+    }
+
+    pub fn id_of(&self, s: u32) -> Option<QuotaId> {
+        self.slot(s).map(|x| x.id.load(Relaxed))
+    }
+
+    pub fn local(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.local.load(Relaxed))
+    }
+
+    pub fn sub_local(&self, s: u32, v: u64) {
+        if let Some(x) = self.slot(s) {
+            // Never below zero, even if the slot was reset by a delete in between.
+            let _ = x.local.fetch_update(Relaxed, Relaxed, |l| Some(l.saturating_sub(v)));
+        }
+    }
+
+    /// The synced fill drained to `now` at the full rate (no extrapolation): what this
+    /// limiter knows the cluster has counted.
+    pub fn synced(&self, s: u32, now: u64) -> u64 {
+        self.slot(s).map_or(0, |x| {
+            let (base, at) = x.read_base();
+            drain_once(base, x.limit.load(Relaxed), now.saturating_sub(at))
+        })
+    }
+
+    /// Merges a root's report: `base = max(drained base, reported)` (max of roots, SPEC §1).
+    pub fn merge_report(&self, s: u32, fill: u64, now: u64) {
+        if let Some(x) = self.slot(s) {
+            let v = self.synced(s, now).max(fill);
+            x.write_base(v, now);
+        }
+    }
+
+    /// Folds `v` counted locally into the base when no root took it this round.
+    pub fn anchor_local(&self, s: u32, v: u64, now: u64) {
+        if let Some(x) = self.slot(s) {
+            let b = self.synced(s, now).saturating_add(v);
+            x.write_base(b, now);
+        }
+    }
+}
+
+fn hash_id(id: QuotaId) -> u64 {
+    // Ids are sequential; spread them over the table with a multiplicative hash.
+    id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+fn store_limits(slot: &Slot, u: &QuotaUpdate) {
+    slot.limit.store(u.limits.limit, Relaxed);
+    slot.low.store(u.limits.low_burst, Relaxed);
+    slot.high.store(u.limits.high_burst, Relaxed);
+    slot.epoch.store(u.epoch, Relaxed);
+}
+
+fn shard_mut<'a>(touched: &'a mut HashMap<usize, Shard>, index: &Index, i: usize) -> &'a mut Shard {
+    touched.entry(i).or_insert_with(|| (**index.shards[i].load()).clone())
+}
+
+/// Names of the quotas currently held (for tests and debugging; walks the whole index).
+impl Limiter {
+    #[doc(hidden)]
+    pub fn names(&self) -> HashSet<String> {
+        let w = self.writer.lock();
+        let mut out = HashSet::new();
+        for i in 0..w.next_slot {
+            if self.slots.get(i).is_some_and(|s| s.id.load(Relaxed) != 0) {
+                out.insert(self.slot_name(i));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

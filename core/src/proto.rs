@@ -1,0 +1,91 @@
+//! The limiter ↔ root sync messages (JSON over `POST /v1/sync`, documented in
+//! `docs/sync-protocol.md`).
+//!
+//! Amounts are integer milli-units (1 unit = 1000), so a message round-trips exactly.
+
+use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this crate speaks; a root refuses any other.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Longest accepted limiter id, in bytes.
+pub const MAX_LIMITER_ID_LEN: usize = 128;
+
+/// What a limiter sends to each root once per interval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRequest {
+    /// Protocol version ([`PROTOCOL_VERSION`]).
+    pub v: u32,
+    /// Unique id of this limiter process, random at start.
+    pub limiter: String,
+    /// The root instance this limiter last heard from at this address; when it differs from
+    /// the root's own, `since` is ignored and the root answers every counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_instance: Option<u64>,
+    /// That root's counter version in its previous answer to this limiter.
+    #[serde(default)]
+    pub since: u64,
+    /// Highest quota epoch the limiter holds.
+    #[serde(default)]
+    pub epoch: Epoch,
+    /// Local deltas not yet acknowledged by this root, oldest first. A batch is resent
+    /// unchanged until acknowledged; the root applies each `seq` once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batches: Vec<DeltaBatch>,
+    /// The limiter's view of cluster fills `[id, fill]`, sent when this root may have lost
+    /// state (restart, first contact, dropped batches); the root takes the max.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<(QuotaId, u64)>,
+}
+
+/// What one limiter counted during one interval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaBatch {
+    /// Per-limiter sequence number, increasing.
+    pub seq: u64,
+    /// `[quota id, milli-units]`.
+    pub deltas: Vec<(QuotaId, u64)>,
+}
+
+/// The root's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncResponse {
+    /// Protocol version.
+    pub v: u32,
+    /// Random id of this root process, new at every start.
+    pub root_instance: u64,
+    /// Highest batch `seq` of this limiter the root has applied.
+    pub acked_seq: u64,
+    /// The root's counter version now; the limiter sends it back as `since`.
+    pub version: u64,
+    /// Counters changed since `since`: `[id, fill in milli-units now]`.
+    #[serde(default)]
+    pub counters: Vec<(QuotaId, u64)>,
+    /// Quotas and tombstones with an epoch above the limiter's, in epoch order.
+    #[serde(default)]
+    pub quotas: Vec<QuotaUpdate>,
+    /// The epoch the limiter holds once it applied `quotas`.
+    pub epoch: Epoch,
+    /// More quotas are waiting: sync again at once.
+    #[serde(default)]
+    pub more: bool,
+}
+
+/// Why a root refused a sync request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SyncError {
+    /// The request speaks another protocol version.
+    #[error("unsupported protocol version {0}, this root speaks 1")]
+    UnsupportedVersion(u32),
+    /// The limiter id is empty or too long.
+    #[error("limiter id must be 1 to 128 bytes")]
+    BadLimiterId,
+    /// The root tracks as many limiters as it may; idle ones are forgotten over time.
+    #[error("too many limiters ({0}); try again later")]
+    TooManyLimiters(usize),
+    /// The request carries more deltas or hints than a root accepts at once.
+    #[error("request carries {0} entries, the maximum is {1}")]
+    TooLarge(usize, usize),
+}

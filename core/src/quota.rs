@@ -1,0 +1,278 @@
+//! The quota model (SPEC §2) and its validation.
+//!
+//! A quota is a leaky bucket: `limit` units/s drain it, accounted requests fill it by their
+//! weight, and `low_burst`/`high_burst` bound the zone where requests are dropped with rising
+//! probability. Every rule has its own [`QuotaError`] variant so the admin API and the nginx
+//! module can say exactly what is wrong.
+
+use crate::units::{
+    milli_to_units, units_to_milli, MAX_BURST_UNITS, MAX_LIMIT_UNITS, MIN_LIMIT_UNITS,
+};
+use serde::{Deserialize, Serialize};
+
+/// Longest quota name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Database id of a quota. Ids are never reused, so they also key the counters on the wire.
+pub type QuotaId = u64;
+
+/// The quota database's change counter: every write gets an epoch above all others.
+pub type Epoch = u64;
+
+/// Why a quota or a quota name was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The name is empty.
+    #[error("name must not be empty")]
+    EmptyName,
+    /// The name is longer than [`MAX_NAME_LEN`] bytes.
+    #[error("name is {len} bytes long, the maximum is 255")]
+    NameTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name has a character outside `[A-Za-z0-9._:@-]`.
+    #[error("name has {ch:?} at byte {pos}; allowed are A-Z a-z 0-9 . _ : @ -")]
+    NameInvalidChar {
+        /// The offending character.
+        ch: char,
+        /// Its byte offset.
+        pos: usize,
+    },
+    /// `limit` is not within [0.001, 1e12] units per second.
+    #[error("limit must be a number from 0.001 to 1e12 (units per second), got {0}")]
+    LimitOutOfRange(f64),
+    /// A burst is negative, not a number, or above 1e15 units.
+    #[error("{field} must be a number from 0 to 1e15 (units), got {value}")]
+    BurstOutOfRange {
+        /// `low_burst` or `high_burst`.
+        field: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// `low_burst > high_burst`.
+    #[error("low_burst ({low}) must not be greater than high_burst ({high})")]
+    BurstOrder {
+        /// The given low burst.
+        low: f64,
+        /// The given high burst.
+        high: f64,
+    },
+    /// The quota names itself as its parent.
+    #[error("quota cannot be its own parent")]
+    SelfParent,
+    /// The parent's name is invalid.
+    #[error("parent: {0}")]
+    Parent(Box<QuotaError>),
+}
+
+/// Checks a quota name: 1–255 bytes of `[A-Za-z0-9._:@-]`.
+pub fn validate_name(name: &str) -> Result<(), QuotaError> {
+    if name.is_empty() {
+        return Err(QuotaError::EmptyName);
+    }
+    if let Some((pos, ch)) = name.char_indices().find(|&(_, c)| !is_name_char(c)) {
+        return Err(QuotaError::NameInvalidChar { ch, pos });
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(QuotaError::NameTooLong { len: name.len() });
+    }
+    Ok(())
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')
+}
+
+/// The numbers of a quota, validated and in fixed point (see [`crate::units`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Limits {
+    /// Drain rate, milli-units per second (1..=1e15).
+    pub limit: u64,
+    /// Fill up to which everything passes, milli-units.
+    pub low_burst: u64,
+    /// Fill from which everything is rejected, milli-units.
+    pub high_burst: u64,
+}
+
+impl Limits {
+    /// Validates a quota's numbers given in units (as the admin API takes them).
+    pub fn from_units(limit: f64, low_burst: f64, high_burst: f64) -> Result<Limits, QuotaError> {
+        // `!(a <= x)` also catches NaN.
+        if !(MIN_LIMIT_UNITS..=MAX_LIMIT_UNITS).contains(&limit) {
+            return Err(QuotaError::LimitOutOfRange(limit));
+        }
+        for (field, value) in [("low_burst", low_burst), ("high_burst", high_burst)] {
+            if !(0.0..=MAX_BURST_UNITS).contains(&value) {
+                return Err(QuotaError::BurstOutOfRange { field, value });
+            }
+        }
+        if low_burst > high_burst {
+            return Err(QuotaError::BurstOrder { low: low_burst, high: high_burst });
+        }
+        Ok(Limits {
+            limit: units_to_milli(limit).max(1),
+            low_burst: units_to_milli(low_burst),
+            high_burst: units_to_milli(high_burst),
+        })
+    }
+
+    /// `limit` in units per second.
+    pub fn limit_units(&self) -> f64 {
+        milli_to_units(self.limit)
+    }
+
+    /// `low_burst` in units.
+    pub fn low_burst_units(&self) -> f64 {
+        milli_to_units(self.low_burst)
+    }
+
+    /// `high_burst` in units.
+    pub fn high_burst_units(&self) -> f64 {
+        milli_to_units(self.high_burst)
+    }
+
+    /// Checks values that arrived in fixed point (from the wire or a database).
+    pub fn validate(&self) -> Result<(), QuotaError> {
+        Limits::from_units(self.limit_units(), self.low_burst_units(), self.high_burst_units())
+            .map(|_| ())
+    }
+}
+
+/// A quota as the admin API describes it (numbers in units), before it gets an id and epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuotaSpec {
+    /// Units per second.
+    pub limit: f64,
+    /// Units.
+    pub low_burst: f64,
+    /// Units.
+    pub high_burst: f64,
+    /// Parent quota's name.
+    #[serde(default)]
+    pub parent: Option<String>,
+}
+
+impl QuotaSpec {
+    /// Validates the spec for a quota called `name`.
+    pub fn validate(&self, name: &str) -> Result<Limits, QuotaError> {
+        validate_name(name)?;
+        let limits = Limits::from_units(self.limit, self.low_burst, self.high_burst)?;
+        if let Some(parent) = &self.parent {
+            validate_name(parent).map_err(|e| QuotaError::Parent(Box::new(e)))?;
+            if parent == name {
+                return Err(QuotaError::SelfParent);
+            }
+        }
+        Ok(limits)
+    }
+}
+
+/// A stored quota or its tombstone, as the root hands it to limiters: everything a limiter
+/// needs to apply the change on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaUpdate {
+    /// Database id; never reused.
+    pub id: QuotaId,
+    /// Unique name.
+    pub name: String,
+    /// The write's epoch.
+    pub epoch: Epoch,
+    /// `true` for a tombstone: the quota was deleted at `epoch`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+    /// The numbers (ignored on tombstones).
+    #[serde(flatten)]
+    pub limits: Limits,
+    /// Parent's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(validate_name(""), Err(QuotaError::EmptyName));
+        assert!(validate_name("s3_bucket-1.read:x@y").is_ok());
+        assert_eq!(validate_name(&"a".repeat(255)), Ok(()));
+        assert_eq!(validate_name(&"a".repeat(256)), Err(QuotaError::NameTooLong { len: 256 }));
+        assert_eq!(validate_name("a b"), Err(QuotaError::NameInvalidChar { ch: ' ', pos: 1 }));
+        assert_eq!(validate_name("ä"), Err(QuotaError::NameInvalidChar { ch: 'ä', pos: 0 }));
+        assert_eq!(validate_name("a/b"), Err(QuotaError::NameInvalidChar { ch: '/', pos: 1 }));
+    }
+
+    #[test]
+    fn limit_range() {
+        assert!(Limits::from_units(0.001, 0.0, 0.0).is_ok());
+        assert!(Limits::from_units(1e12, 0.0, 0.0).is_ok());
+        for bad in [0.0, 0.0009, 1.1e12, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(
+                matches!(Limits::from_units(bad, 0.0, 0.0), Err(QuotaError::LimitOutOfRange(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn bursts() {
+        assert_eq!(
+            Limits::from_units(1.0, -1.0, 2.0),
+            Err(QuotaError::BurstOutOfRange { field: "low_burst", value: -1.0 })
+        );
+        assert!(matches!(
+            Limits::from_units(1.0, 0.0, f64::NAN),
+            Err(QuotaError::BurstOutOfRange { field: "high_burst", .. })
+        ));
+        assert!(matches!(
+            Limits::from_units(1.0, 0.0, 2e15),
+            Err(QuotaError::BurstOutOfRange { field: "high_burst", .. })
+        ));
+        assert_eq!(
+            Limits::from_units(1.0, 3.0, 2.0),
+            Err(QuotaError::BurstOrder { low: 3.0, high: 2.0 })
+        );
+        let l = Limits::from_units(2.5, 10.0, 10.0).unwrap();
+        assert_eq!(l, Limits { limit: 2_500, low_burst: 10_000, high_burst: 10_000 });
+    }
+
+    #[test]
+    fn spec_parent_rules() {
+        let mut s = QuotaSpec { limit: 1.0, low_burst: 1.0, high_burst: 2.0, parent: None };
+        assert!(s.validate("a").is_ok());
+        s.parent = Some("a".into());
+        assert_eq!(s.validate("a"), Err(QuotaError::SelfParent));
+        s.parent = Some("b c".into());
+        assert!(matches!(s.validate("a"), Err(QuotaError::Parent(_))));
+        assert!(s.validate("a").unwrap_err().to_string().starts_with("parent: name has"));
+    }
+
+    #[test]
+    fn error_messages_name_the_field() {
+        let e = Limits::from_units(1.0, 5.0, 1.0).unwrap_err().to_string();
+        assert!(e.contains("low_burst") && e.contains("high_burst"), "{e}");
+        let e = Limits::from_units(0.0, 5.0, 1.0).unwrap_err().to_string();
+        assert!(e.starts_with("limit must be"), "{e}");
+    }
+
+    #[test]
+    fn update_wire_format() {
+        let u = QuotaUpdate {
+            id: 7,
+            name: "a".into(),
+            epoch: 3,
+            deleted: false,
+            limits: Limits { limit: 1000, low_burst: 0, high_burst: 5000 },
+            parent: Some("p".into()),
+        };
+        let j = serde_json::to_string(&u).unwrap();
+        assert_eq!(
+            j,
+            r#"{"id":7,"name":"a","epoch":3,"limit":1000,"low_burst":0,"high_burst":5000,"parent":"p"}"#
+        );
+        assert_eq!(serde_json::from_str::<QuotaUpdate>(&j).unwrap(), u);
+    }
+}

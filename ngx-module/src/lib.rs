@@ -1,0 +1,1 @@
+//! The nginx module: filled in by the nginx-module issue.
