@@ -42,7 +42,9 @@ pub mod units;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
-pub use limiter::{ApplyReport, Limiter, LimiterBuilder, QuotaInfo, WeightError, MAX_CHAIN};
+pub use limiter::{
+    ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, WeightError, MAX_CHAIN,
+};
 pub use quota::{validate_name, Epoch, Limits, QuotaError, QuotaId, QuotaSpec, QuotaUpdate};
 pub use root::{RootConfig, RootState};
 pub use sync::{SyncConfig, SyncEngine, SyncStatus};

@@ -44,8 +44,9 @@ pub struct SyncRequest {
 pub struct DeltaBatch {
     /// Per-limiter sequence number, increasing.
     pub seq: u64,
-    /// `[quota id, milli-units]`.
-    pub deltas: Vec<(QuotaId, u64)>,
+    /// `[quota id, admitted milli-units, rejected milli-units]`: what passed (and was added
+    /// to the counter) and what was refused (only feeds the demand meter, seed `004_…`).
+    pub deltas: Vec<(QuotaId, u64, u64)>,
 }
 
 /// The root's answer.
@@ -59,9 +60,10 @@ pub struct SyncResponse {
     pub acked_seq: u64,
     /// The root's counter version now; the limiter sends it back as `since`.
     pub version: u64,
-    /// Counters changed since `since`: `[id, fill in milli-units now]`.
+    /// Counters changed since `since`: `[id, fill in milli-units now, attempted demand in
+    /// milli-units per second]`.
     #[serde(default)]
-    pub counters: Vec<(QuotaId, u64)>,
+    pub counters: Vec<(QuotaId, u64, u64)>,
     /// Quotas and tombstones with an epoch above the limiter's, in epoch order.
     #[serde(default)]
     pub quotas: Vec<QuotaUpdate>,

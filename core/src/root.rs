@@ -30,8 +30,11 @@ pub struct RootConfig {
     pub limiter_idle_ns: u64,
     /// Most deltas plus hints in one request.
     pub max_entries: usize,
-    /// Time constant of the per-counter rate meter (ns).
+    /// Time constant of the per-counter rate meter shown by the admin API (ns).
     pub rate_tau_ns: u64,
+    /// Time constant of the attempted-demand meter limiters decide with (ns): short, so
+    /// suppression follows a step in load within about a sync interval.
+    pub demand_tau_ns: u64,
 }
 
 impl Default for RootConfig {
@@ -42,6 +45,7 @@ impl Default for RootConfig {
             limiter_idle_ns: 600 * NANOS_PER_SEC,
             max_entries: 2_000_000,
             rate_tau_ns: 5 * NANOS_PER_SEC,
+            demand_tau_ns: NANOS_PER_SEC,
         }
     }
 }
@@ -76,9 +80,25 @@ pub struct CounterView {
 struct RootCounter {
     bucket: LeakyBucket,
     version: u64,
-    /// Inflow meter: milli-units per second as of `rate_at`.
+    /// Admitted inflow: milli-units per second as of `rate_at`.
     rate: f64,
     rate_at: u64,
+    /// Attempted (admitted + rejected) milli-units per second as of `demand_at`.
+    demand: f64,
+    demand_at: u64,
+}
+
+/// An exponentially weighted rate: `amount` arriving at `now` on a meter reading `rate` at
+/// `at` with time constant `tau` (all ns).
+fn meter(rate: &mut f64, at: &mut u64, amount: u64, now: u64, tau: u64) {
+    let tau = tau.max(1) as f64;
+    let dt = now.saturating_sub(*at) as f64;
+    *rate = *rate * (-dt / tau).exp() + amount as f64 * NANOS_PER_SEC as f64 / tau;
+    *at = (*at).max(now);
+}
+
+fn meter_at(rate: f64, at: u64, now: u64, tau: u64) -> f64 {
+    rate * (-(now.saturating_sub(at) as f64) / tau.max(1) as f64).exp()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -197,19 +217,17 @@ impl RootState {
         }
     }
 
-    fn add(&mut self, id: QuotaId, amount: u64, now: u64) {
+    fn add(&mut self, id: QuotaId, amount: u64, rejected: u64, now: u64) {
         let Some(limit) = self.live_limit(id) else {
             self.stats.deltas_unknown += 1;
             return;
         };
-        let tau = self.config.rate_tau_ns.max(1) as f64;
+        let (rate_tau, demand_tau) = (self.config.rate_tau_ns, self.config.demand_tau_ns);
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
-        c.bucket.at = c.bucket.at.max(now);
         c.bucket.add(amount);
-        let dt = now.saturating_sub(c.rate_at) as f64;
-        c.rate = c.rate * (-dt / tau).exp() + amount as f64 * NANOS_PER_SEC as f64 / tau;
-        c.rate_at = c.rate_at.max(now);
+        meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
+        meter(&mut c.demand, &mut c.demand_at, amount.saturating_add(rejected), now, demand_tau);
         self.stats.deltas_applied += 1;
         self.bump(id);
     }
@@ -218,7 +236,6 @@ impl RootState {
         let Some(limit) = self.live_limit(id) else { return };
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
-        c.bucket.at = c.bucket.at.max(now);
         if fill > c.bucket.fill {
             c.bucket.fill = fill;
             c.bucket.carry = 0;
@@ -256,8 +273,8 @@ impl RootState {
                 self.stats.duplicate_batches += 1;
                 continue;
             }
-            for &(id, amount) in &b.deltas {
-                self.add(id, amount, now);
+            for &(id, amount, rejected) in &b.deltas {
+                self.add(id, amount, rejected, now);
             }
             acked = b.seq;
         }
@@ -275,7 +292,8 @@ impl RootState {
             .range(since.saturating_add(1)..)
             .filter_map(|(_, id)| {
                 let c = self.counters.get(id)?;
-                Some((*id, c.bucket.fill_at(now, self.live_limit(*id)?)))
+                let demand = meter_at(c.demand, c.demand_at, now, self.config.demand_tau_ns);
+                Some((*id, c.bucket.fill_at(now, self.live_limit(*id)?), demand as u64))
             })
             .collect();
 
@@ -310,11 +328,10 @@ impl RootState {
     pub fn counter(&self, id: QuotaId, now: u64) -> Option<CounterView> {
         let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
         let (fill, rate) = match self.counters.get(&id) {
-            Some(c) => {
-                let dt = now.saturating_sub(c.rate_at) as f64;
-                let rate = c.rate * (-dt / self.config.rate_tau_ns.max(1) as f64).exp();
-                (c.bucket.fill_at(now, q.limits.limit), rate)
-            }
+            Some(c) => (
+                c.bucket.fill_at(now, q.limits.limit),
+                meter_at(c.rate, c.rate_at, now, self.config.rate_tau_ns),
+            ),
             None => (0, 0.0),
         };
         Some(CounterView {

@@ -15,7 +15,7 @@
 //! batches overflow or it restarts, the next request carries hints so it catches up at once.
 //! `check`/`account` never wait for any of this.
 
-use crate::limiter::Limiter;
+use crate::limiter::{Estimator, Limiter};
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use serde::Serialize;
@@ -140,10 +140,15 @@ struct RootLink {
 
 #[derive(Debug, Default)]
 struct RoundState {
-    /// (slot, id, amount) of this round's batch.
-    entries: Vec<(u32, QuotaId, u64)>,
+    /// (slot, id, admitted, rejected) of this round's batch.
+    entries: Vec<(u32, QuotaId, u64, u64)>,
+    /// Highest demand any root reported this round, per slot.
+    demand: HashMap<u32, u64>,
     position: HashMap<QuotaId, usize>,
     reported: Vec<bool>,
+    /// Every slot some root reported this round, with its (`base`, `at`) before the first
+    /// report: the measured estimator compares the two.
+    seen: HashMap<u32, (u64, u64)>,
     any_ok: bool,
     more: bool,
 }
@@ -217,10 +222,10 @@ impl SyncEngine {
         let mut round = RoundState::default();
         self.limiter.with_counters(|c| {
             for s in dirty {
-                let v = c.local(s);
-                if let (true, Some(id)) = (v > 0, c.id_of(s)) {
+                let (v, r) = (c.local(s), c.take_rejected(s));
+                if let (true, Some(id)) = (v > 0 || r > 0, c.id_of(s)) {
                     round.position.insert(id, round.entries.len());
-                    round.entries.push((s, id, v));
+                    round.entries.push((s, id, v, r));
                 }
             }
         });
@@ -230,7 +235,7 @@ impl SyncEngine {
             self.next_seq += 1;
             Arc::new(DeltaBatch {
                 seq,
-                deltas: round.entries.iter().map(|&(_, id, v)| (id, v)).collect(),
+                deltas: round.entries.iter().map(|&(_, id, v, r)| (id, v, r)).collect(),
             })
         });
         self.round = round;
@@ -250,8 +255,7 @@ impl SyncEngine {
                 link.skip_rounds -= 1;
                 continue;
             }
-            let hints = if link.send_hints || (link.instance.is_none() && !self.active.is_empty())
-            {
+            let hints = if link.send_hints || (link.instance.is_none() && !self.active.is_empty()) {
                 collect_hints(&self.limiter, &self.active, now)
             } else {
                 Vec::new()
@@ -286,7 +290,9 @@ impl SyncEngine {
         let Some(link) = self.roots.get_mut(root) else { return };
         let resp = match result {
             Ok(r) if r.v == PROTOCOL_VERSION => r,
-            Ok(r) => return fail(link, format!("root speaks protocol version {}", r.v), max_backoff),
+            Ok(r) => {
+                return fail(link, format!("root speaks protocol version {}", r.v), max_backoff)
+            }
             Err(e) => return fail(link, e, max_backoff),
         };
         if link.instance.is_some_and(|i| i != resp.root_instance) {
@@ -318,9 +324,16 @@ impl SyncEngine {
         let round = &mut self.round;
         let active = &mut self.active;
         self.limiter.with_counters(|c| {
-            for &(id, fill) in &resp.counters {
+            for &(id, fill, demand) in &resp.counters {
                 let Some(s) = c.slot_of(id) else { continue };
+                if let (std::collections::hash_map::Entry::Vacant(e), Some(b)) =
+                    (round.seen.entry(s), c.base(s))
+                {
+                    e.insert(b);
+                }
                 c.merge_report(s, fill, now);
+                let d = round.demand.entry(s).or_default();
+                *d = (*d).max(demand);
                 active.insert(s);
                 if let Some(&k) = round.position.get(&id) {
                     round.reported[k] = true;
@@ -336,13 +349,57 @@ impl SyncEngine {
         let round = std::mem::take(&mut self.round);
         let active = &mut self.active;
         let rounds = self.rounds;
+        let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
         self.limiter.with_counters(|c| {
-            for (k, &(s, _, v)) in round.entries.iter().enumerate() {
+            // Fold this round's batch into the local view.
+            for (k, &(s, _, v, _)) in round.entries.iter().enumerate() {
                 if !round.reported[k] {
                     c.anchor_local(s, v, now);
                 }
                 c.sub_local(s, v);
                 active.insert(s);
+            }
+            if round.any_ok {
+                // What the rest of the cluster adds: reported counters are hot, the others
+                // did not change at any root this round and are cold.
+                for &s in active.iter() {
+                    let Some(&(b1, t1)) = round.seen.get(&s) else {
+                        c.set_inflow(s, 0.0);
+                        c.set_demand(s, 0.0);
+                        continue;
+                    };
+                    c.set_demand(s, round.demand.get(&s).copied().unwrap_or(0) as f64);
+                    let limit = c.limit(s) as f64;
+                    let inflow = match c.estimator() {
+                        Estimator::Static { correction_ratio } => correction_ratio * limit,
+                        Estimator::Measured => {
+                            let (b2, t2) = c.base(s).unwrap_or((0, now));
+                            let dt = if t1 == 0 { interval } else { t2.saturating_sub(t1) };
+                            if dt == 0 {
+                                continue;
+                            }
+                            let own = c
+                                .id_of(s)
+                                .and_then(|id| round.position.get(&id))
+                                .map_or(0, |&k| round.entries[k].2);
+                            let secs = dt as f64 * 1e-9;
+                            let total = (b2 as f64 - b1 as f64) / secs + limit;
+                            let others = (total - own as f64 / secs).max(0.0);
+                            let old = c.inflow(s);
+                            if old > 0.0 {
+                                0.5 * old + 0.5 * others
+                            } else {
+                                others
+                            }
+                        }
+                    };
+                    c.set_inflow(s, inflow);
+                }
+            } else {
+                for &(s, ..) in &round.entries {
+                    c.set_inflow(s, 0.0);
+                    c.set_demand(s, 0.0);
+                }
             }
             if rounds % 16 == 0 {
                 active.retain(|&s| c.synced(s, now) > 0 || c.local(s) > 0);

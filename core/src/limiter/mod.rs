@@ -4,24 +4,28 @@
 //! # The estimate between syncs
 //!
 //! A counter keeps `base`, the largest fill any root reported (roots' values merge by
-//! **max**), the time `at` it was stored, and `local`, what this process accounted since its
-//! last sync round. The fill a decision uses is the article's extrapolation:
+//! **max**), the time `at` it was stored, `local`, what this process accounted since its
+//! last sync round, and `inflow`, what the rest of the cluster is estimated to add per
+//! second. The fill a decision uses is the article's extrapolation:
 //!
 //! ```text
-//! F(now) = max(0, base - (1 - r)·limit·min(dt, H) - limit·max(0, dt - H)) + local
+//! F(now) = max(0, base + (inflow - limit)·min(dt, H) - limit·max(0, dt - H)) + local
 //! ```
 //!
-//! with `dt = now - at` and `r` the correction ratio. The bucket drains at `limit`, and while
-//! the last sync is fresh (`dt <= H`, the horizon, one sync interval by default) the rest of
-//! the cluster is assumed to keep adding `r·limit` per second: with the default `r = 1` the
-//! two cancel and the synced value holds until the next sync. Past the horizon no root has
-//! reported new traffic, so the counter drains at the full rate. While no root answers at all,
-//! `r` is 0: the limiter limits on what it knows locally (fail-open, SPEC §1).
+//! with `dt = now - at` and `H` the horizon (one sync interval by default): the bucket drains
+//! at `limit`, and for one interval after a sync the others are assumed to keep adding
+//! `inflow`. [`Estimator`] says where `inflow` comes from: the article's static
+//! `correction_ratio · limit`, or the rate measured between two syncs (the article's
+//! "dynamic ratio"). A counter that no root reported as changed in the last round is cold:
+//! nobody adds to it, `inflow` is 0 and it drains at once. While no root answers at all,
+//! nothing is extrapolated: the limiter limits on what it knows locally (fail-open, SPEC §1).
 
 mod table;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome, Random, ThreadRandom};
+use crate::decision::{
+    drop_probability, retry_after_secs, Decision, Outcome, Random, ThreadRandom,
+};
 use crate::quota::{validate_name, Epoch, QuotaId, QuotaUpdate};
 use crate::units::{drain_once, milli_to_units, MAX_WEIGHT_UNITS, MILLI};
 use hashbrown::HashTable;
@@ -80,11 +84,32 @@ pub struct QuotaInfo {
     pub fill: f64,
 }
 
+/// Where a counter's `inflow` (what the rest of the cluster adds per second) comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Estimator {
+    /// The article's constant: others add `correction_ratio · limit` per second while the
+    /// counter is hot. Clamped to [0, 2].
+    Static {
+        /// The article's `correction_ratio`.
+        correction_ratio: f64,
+    },
+    /// Measured from the change between two syncs minus this limiter's own share, smoothed
+    /// over rounds.
+    Measured,
+}
+
+impl Default for Estimator {
+    /// The article's static ratio of 1.0, until the simulator issue picks a default.
+    fn default() -> Self {
+        Estimator::Static { correction_ratio: 1.0 }
+    }
+}
+
 /// Builder for a [`Limiter`].
 pub struct LimiterBuilder {
     clock: Arc<dyn Clock>,
     random: Box<dyn Random>,
-    correction_ratio: f64,
+    estimator: Estimator,
     horizon: Duration,
 }
 
@@ -101,10 +126,20 @@ impl LimiterBuilder {
         self
     }
 
-    /// The article's `correction_ratio`, clamped to [0, 2] (default 1.0).
-    pub fn correction_ratio(mut self, r: f64) -> Self {
-        self.correction_ratio = if r.is_finite() { r.clamp(0.0, 2.0) } else { 1.0 };
+    /// How counters are extrapolated between syncs (default: static ratio 1.0).
+    pub fn estimator(mut self, e: Estimator) -> Self {
+        self.estimator = match e {
+            Estimator::Static { correction_ratio: r } => Estimator::Static {
+                correction_ratio: if r.is_finite() { r.clamp(0.0, 2.0) } else { 1.0 },
+            },
+            m => m,
+        };
         self
+    }
+
+    /// Shorthand for `estimator(Estimator::Static { correction_ratio: r })`.
+    pub fn correction_ratio(self, r: f64) -> Self {
+        self.estimator(Estimator::Static { correction_ratio: r })
     }
 
     /// How long after a counter's last sync the extrapolation holds (default 1 s; set it to
@@ -124,8 +159,8 @@ impl LimiterBuilder {
             dirty: Mutex::new(Vec::new()),
             clock: self.clock,
             random: self.random,
-            configured_ratio: self.correction_ratio,
-            ratio_bits: AtomicU64::new(0f64.to_bits()),
+            estimator: self.estimator,
+            fresh: AtomicBool::new(false),
             horizon_ns: AtomicU64::new(u64::try_from(self.horizon.as_nanos()).unwrap_or(u64::MAX)),
             epoch: AtomicU64::new(0),
             quotas: AtomicU64::new(0),
@@ -160,8 +195,8 @@ pub struct Limiter {
     dirty: Mutex<Vec<u32>>,
     clock: Arc<dyn Clock>,
     random: Box<dyn Random>,
-    configured_ratio: f64,
-    ratio_bits: AtomicU64,
+    estimator: Estimator,
+    fresh: AtomicBool,
     horizon_ns: AtomicU64,
     epoch: AtomicU64,
     quotas: AtomicU64,
@@ -190,7 +225,7 @@ impl Limiter {
         LimiterBuilder {
             clock: Arc::new(MonotonicClock::new()),
             random: Box::new(ThreadRandom),
-            correction_ratio: 1.0,
+            estimator: Estimator::default(),
             horizon: Duration::from_secs(1),
         }
     }
@@ -232,25 +267,37 @@ impl Limiter {
             return Decision::unlimited();
         };
         let now = self.clock.now_nanos();
-        let ratio = f64::from_bits(self.ratio_bits.load(Relaxed));
+        let fresh = self.fresh.load(Relaxed);
         let horizon = self.horizon_ns.load(Relaxed);
         let mut chain = [0u32; MAX_CHAIN];
         let mut len = 0;
         let mut leaf_fill = 0.0;
         loop {
-            let fill = slot.estimate(now, ratio, horizon);
+            let fill = slot.estimate(now, fresh, horizon);
             if len == 0 {
                 leaf_fill = fill;
             }
             let low = slot.low.load(Relaxed);
-            let p = drop_probability(fill, low, slot.high.load(Relaxed));
+            let limit = slot.limit.load(Relaxed);
+            let mut p = drop_probability(fill, low, slot.high.load(Relaxed));
+            if fill > low as f64 && fresh {
+                // Seed 004: suppress exactly the share of the attempted demand above the
+                // limit. Demand doesn't fall when we reject, so this does not oscillate.
+                let demand = f64::from_bits(slot.demand.load(Relaxed));
+                if demand > limit as f64 {
+                    p = p.max(1.0 - limit as f64 / demand);
+                }
+            }
             if p > 0.0 && (p >= 1.0 || self.random.unit() < p) {
                 self.rejections.fetch_add(1, Relaxed);
+                if weight > 0 {
+                    self.count_rejected(&chain[..len], idx, weight);
+                }
                 return Decision {
                     outcome: Outcome::Rejected,
                     quota: Some(self.slot_name(idx).into()),
                     fill: fill / MILLI as f64,
-                    retry_after: Some(retry_after_secs(fill, low, slot.limit.load(Relaxed))),
+                    retry_after: Some(retry_after_secs(fill, low, limit)),
                 };
             }
             chain[len] = idx;
@@ -276,7 +323,33 @@ impl Limiter {
                 }
             }
         }
-        Decision { outcome: Outcome::Passed, quota: None, fill: leaf_fill / MILLI as f64, retry_after: None }
+        Decision {
+            outcome: Outcome::Passed,
+            quota: None,
+            fill: leaf_fill / MILLI as f64,
+            retry_after: None,
+        }
+    }
+
+    /// A refused attempt still counts as demand on every quota of its chain: the passed
+    /// levels, the rejecting one and its ancestors.
+    fn count_rejected(&self, passed: &[u32], rejecting: u32, weight: u64) {
+        let mut bump = |i: u32| {
+            if let Some(s) = self.slots.get(i) {
+                if s.rejected.fetch_add(weight, Relaxed) == 0 && s.local.load(Relaxed) == 0 {
+                    self.dirty.lock().push(i);
+                }
+            }
+        };
+        passed.iter().copied().for_each(&mut bump);
+        let mut cur = rejecting;
+        for _ in passed.len()..MAX_CHAIN {
+            bump(cur);
+            match self.slots.get(cur).map(|s| s.parent.load(Relaxed)) {
+                Some(p) if p != 0 => cur = p - 1,
+                _ => break,
+            }
+        }
     }
 
     fn slot_name(&self, idx: u32) -> String {
@@ -293,7 +366,7 @@ impl Limiter {
     pub fn quota(&self, name: &str) -> Option<QuotaInfo> {
         let (_, slot) = self.find(name)?;
         let now = self.clock.now_nanos();
-        let ratio = f64::from_bits(self.ratio_bits.load(Relaxed));
+        let fresh = self.fresh.load(Relaxed);
         let parent = match slot.parent.load(Relaxed) {
             0 => None,
             p => Some(self.slot_name(p - 1)),
@@ -305,7 +378,7 @@ impl Limiter {
             low_burst: milli_to_units(slot.low.load(Relaxed)),
             high_burst: milli_to_units(slot.high.load(Relaxed)),
             parent,
-            fill: slot.estimate(now, ratio, self.horizon_ns.load(Relaxed)) / MILLI as f64,
+            fill: slot.estimate(now, fresh, self.horizon_ns.load(Relaxed)) / MILLI as f64,
         })
     }
 
@@ -324,14 +397,14 @@ impl Limiter {
         self.rejections.load(Relaxed)
     }
 
-    /// The configured correction ratio.
-    pub fn correction_ratio(&self) -> f64 {
-        self.configured_ratio
+    /// The estimator in use.
+    pub fn estimator(&self) -> Estimator {
+        self.estimator
     }
 
-    /// The ratio decisions use now: the configured one while roots answer, 0 otherwise.
-    pub fn effective_ratio(&self) -> f64 {
-        f64::from_bits(self.ratio_bits.load(Relaxed))
+    /// Whether the last sync round reached a root (extrapolation is on).
+    pub fn cluster_fresh(&self) -> bool {
+        self.fresh.load(Relaxed)
     }
 
     /// The limiter's clock.
@@ -416,7 +489,12 @@ impl Limiter {
                     let oh = self.hash(old.as_bytes());
                     shard_mut(&mut touched, &self.index, Index::shard_of(oh))
                         .remove(oh, old.as_bytes());
-                    shard_mut(&mut touched, &self.index, sh).insert(h, u.name.as_bytes(), s, &hasher);
+                    shard_mut(&mut touched, &self.index, sh).insert(
+                        h,
+                        u.name.as_bytes(),
+                        s,
+                        &hasher,
+                    );
                     slot.name_hash.store(h, Relaxed);
                 }
                 store_limits(slot, u);
@@ -446,6 +524,9 @@ impl Limiter {
             slot.parent.store(0, Relaxed);
             slot.write_base(0, 0);
             slot.local.store(0, Relaxed);
+            slot.inflow.store(0, Relaxed);
+            slot.rejected.store(0, Relaxed);
+            slot.demand.store(0, Relaxed);
             slot.id.store(u.id, Release);
             let slots = &self.slots;
             w.by_id.insert_unique(hash_id(u.id), s, |&i| {
@@ -537,6 +618,9 @@ impl Limiter {
         slot.id.store(0, Release);
         slot.parent.store(0, Relaxed);
         slot.local.store(0, Relaxed);
+        slot.inflow.store(0, Relaxed);
+        slot.rejected.store(0, Relaxed);
+        slot.demand.store(0, Relaxed);
         slot.write_base(0, 0);
         w.quarantine.push_back((now, s));
     }
@@ -559,8 +643,7 @@ impl Limiter {
     }
 
     pub(crate) fn set_cluster_fresh(&self, fresh: bool) {
-        let r = if fresh { self.configured_ratio } else { 0.0 };
-        self.ratio_bits.store(r.to_bits(), Relaxed);
+        self.fresh.store(fresh, Relaxed);
     }
 
     pub(crate) fn raise_epoch(&self, e: Epoch) {
@@ -591,10 +674,22 @@ impl CounterAccess<'_> {
         self.slot(s).map_or(0, |x| x.local.load(Relaxed))
     }
 
+    /// Takes the locally refused weight (it only feeds the roots' demand meters).
+    pub fn take_rejected(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.rejected.swap(0, Relaxed))
+    }
+
     pub fn sub_local(&self, s: u32, v: u64) {
         if let Some(x) = self.slot(s) {
             // Never below zero, even if the slot was reset by a delete in between.
             let _ = x.local.fetch_update(Relaxed, Relaxed, |l| Some(l.saturating_sub(v)));
+        }
+    }
+
+    /// Sets the cluster's attempted demand (milli-units/s; 0 when cold).
+    pub fn set_demand(&self, s: u32, d: f64) {
+        if let Some(x) = self.slot(s) {
+            x.demand.store(if d.is_finite() && d > 0.0 { d } else { 0.0 }.to_bits(), Relaxed);
         }
     }
 
@@ -613,6 +708,34 @@ impl CounterAccess<'_> {
             let v = self.synced(s, now).max(fill);
             x.write_base(v, now);
         }
+    }
+
+    /// The raw (`base`, `at`) pair.
+    pub fn base(&self, s: u32) -> Option<(u64, u64)> {
+        self.slot(s).map(Slot::read_base)
+    }
+
+    /// The quota's limit, milli-units/s.
+    pub fn limit(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.limit.load(Relaxed))
+    }
+
+    /// The current inflow estimate, milli-units/s.
+    pub fn inflow(&self, s: u32) -> f64 {
+        self.slot(s).map_or(0.0, |x| f64::from_bits(x.inflow.load(Relaxed)))
+    }
+
+    /// Sets what the rest of the cluster is estimated to add (milli-units/s; 0 = cold).
+    pub fn set_inflow(&self, s: u32, rate: f64) {
+        if let Some(x) = self.slot(s) {
+            let r = if rate.is_finite() && rate > 0.0 { rate } else { 0.0 };
+            x.inflow.store(r.to_bits(), Relaxed);
+        }
+    }
+
+    /// The estimator configured on the limiter.
+    pub fn estimator(&self) -> Estimator {
+        self.limiter.estimator
     }
 
     /// Folds `v` counted locally into the base when no root took it this round.

@@ -3,7 +3,7 @@
 //!
 //! # Memory layout (the 150-bytes-per-quota budget)
 //!
-//! * A [`Slot`] is 80 bytes of atomics: quota numbers, parent link and counter state. Slots
+//! * A [`Slot`] is 104 bytes of atomics: quota numbers, parent link and counter state. Slots
 //!   live in chunks of 4096 that never move, so a reader holds a plain `&Slot` and the writer
 //!   updates numbers in place.
 //! * Names live once, in the index: each of [`SHARDS`] shards keeps a byte arena of
@@ -53,6 +53,13 @@ pub(crate) struct Slot {
     at: AtomicU64,
     /// Locally accounted, not yet handed to a sync round, milli-units.
     pub local: AtomicU64,
+    /// What the rest of the cluster is estimated to add, milli-units/s (`f64` bits); 0 for a
+    /// cold counter.
+    pub inflow: AtomicU64,
+    /// Locally refused weight not yet handed to a sync round, milli-units.
+    pub rejected: AtomicU64,
+    /// Cluster-wide attempted demand as last reported, milli-units/s (`f64` bits).
+    pub demand: AtomicU64,
 }
 
 impl Slot {
@@ -84,17 +91,20 @@ impl Slot {
     }
 
     /// The fill estimate in milli-units at `now` (see [`crate::Limiter`] for the formula).
+    /// `fresh` is false while no root answers: then nothing is extrapolated.
     #[inline]
-    pub fn estimate(&self, now: u64, ratio: f64, horizon: u64) -> f64 {
+    pub fn estimate(&self, now: u64, fresh: bool, horizon: u64) -> f64 {
         let (base, at) = self.read_base();
         let local = self.local.load(Relaxed) as f64;
-        if base == 0 {
+        let inflow_bits = self.inflow.load(Relaxed);
+        if base == 0 && (inflow_bits == 0 || !fresh) {
             return local;
         }
+        let inflow = if fresh { f64::from_bits(inflow_bits) } else { 0.0 };
         let limit = self.limit.load(Relaxed) as f64;
         let dt = now.saturating_sub(at);
         let (inside, outside) = if dt <= horizon { (dt, 0) } else { (horizon, dt - horizon) };
-        let drain = limit * ((1.0 - ratio) * inside as f64 + outside as f64) * 1e-9;
+        let drain = ((limit - inflow) * inside as f64 + limit * outside as f64) * 1e-9;
         (base as f64 - drain).max(0.0) + local
     }
 }
@@ -196,6 +206,7 @@ impl Shard {
         *self = fresh;
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.table.len()
     }
@@ -233,8 +244,8 @@ mod tests {
     use std::hash::BuildHasher;
 
     #[test]
-    fn slot_is_80_bytes() {
-        assert_eq!(size_of::<Slot>(), 80);
+    fn slot_is_104_bytes() {
+        assert_eq!(size_of::<Slot>(), 104);
     }
 
     #[test]

@@ -1,0 +1,399 @@
+use super::*;
+use crate::clock::ManualClock;
+use crate::decision::SeededRandom;
+use crate::quota::Limits;
+
+const S: u64 = 1_000_000_000;
+
+fn q(
+    id: u64,
+    name: &str,
+    epoch: u64,
+    limit: f64,
+    low: f64,
+    high: f64,
+    parent: Option<&str>,
+) -> QuotaUpdate {
+    QuotaUpdate {
+        id,
+        name: name.into(),
+        epoch,
+        deleted: false,
+        limits: Limits::from_units(limit, low, high).unwrap(),
+        parent: parent.map(Into::into),
+    }
+}
+
+fn tomb(id: u64, name: &str, epoch: u64) -> QuotaUpdate {
+    QuotaUpdate { deleted: true, ..q(id, name, epoch, 1.0, 0.0, 0.0, None) }
+}
+
+fn setup() -> (Limiter, ManualClock) {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder().clock(Arc::new(clock.clone())).random(SeededRandom::new(42)).build();
+    (l, clock)
+}
+
+/// Sets the synced fill of `name` to `units` as a root report would.
+fn set_fill(l: &Limiter, name: &str, units: f64, now: u64) {
+    let id = l.quota(name).unwrap().id;
+    l.with_counters(|c| {
+        let s = c.slot_of(id).unwrap();
+        c.write_exact(s, (units * 1000.0) as u64, now);
+    });
+}
+
+/// Marks `name` hot with the static ratio `r` (what a sync round does).
+fn hot(l: &Limiter, name: &str, r: f64) {
+    let id = l.quota(name).unwrap().id;
+    l.with_counters(|c| {
+        let s = c.slot_of(id).unwrap();
+        c.set_inflow(s, r * c.limit(s) as f64);
+    });
+}
+
+impl CounterAccess<'_> {
+    fn write_exact(&self, s: u32, fill: u64, now: u64) {
+        self.slot(s).unwrap().write_base(fill, now);
+    }
+}
+
+#[test]
+fn unknown_names_pass() {
+    let (l, _) = setup();
+    let d = l.check("nope");
+    assert_eq!(d.outcome, Outcome::Unlimited);
+    assert!(d.allowed());
+    assert_eq!(l.account("nope", 5).unwrap().outcome, Outcome::Unlimited);
+}
+
+#[test]
+fn check_counts_nothing_account_counts_weight() {
+    let (l, _) = setup();
+    l.apply_quotas(&[q(1, "a", 1, 10.0, 5.0, 5.0, None)]);
+    for _ in 0..100 {
+        assert_eq!(l.check("a").outcome, Outcome::Passed);
+    }
+    assert_eq!(l.quota("a").unwrap().fill, 0.0);
+    assert_eq!(l.account("a", 3).unwrap().outcome, Outcome::Passed);
+    assert_eq!(l.quota("a").unwrap().fill, 3.0);
+    assert_eq!(l.account("a", 2).unwrap().outcome, Outcome::Passed);
+    // F = 5 = low = high: still passes (F <= low); one more unit makes F > high.
+    assert_eq!(l.account("a", 1).unwrap().outcome, Outcome::Passed);
+    let d = l.account("a", 1).unwrap();
+    assert_eq!(d.outcome, Outcome::Rejected);
+    assert_eq!(d.quota.as_deref(), Some("a"));
+    assert_eq!(l.quota("a").unwrap().fill, 6.0, "a rejected account adds nothing");
+    assert_eq!(l.check("a").outcome, Outcome::Rejected);
+    assert_eq!(l.rejections(), 2);
+}
+
+#[test]
+fn weight_above_maximum_is_a_typed_error() {
+    let (l, _) = setup();
+    assert_eq!(l.account("a", MAX_WEIGHT_UNITS + 1), Err(WeightError(MAX_WEIGHT_UNITS + 1)));
+    assert!(l.account("a", MAX_WEIGHT_UNITS).is_ok());
+}
+
+#[test]
+fn chain_rejects_on_parent_and_names_it_all_or_nothing() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[
+        q(1, "root", 1, 100.0, 5.0, 5.0, None),
+        q(2, "mid", 2, 100.0, 1000.0, 1000.0, Some("root")),
+        q(3, "leaf", 3, 100.0, 1000.0, 1000.0, Some("mid")),
+    ]);
+    assert_eq!(l.quota("leaf").unwrap().parent.as_deref(), Some("mid"));
+    assert_eq!(l.account("leaf", 10).unwrap().outcome, Outcome::Passed);
+    for n in ["root", "mid", "leaf"] {
+        assert_eq!(l.quota(n).unwrap().fill, 10.0, "{n}");
+    }
+    let d = l.account("leaf", 1).unwrap();
+    assert_eq!(d.outcome, Outcome::Rejected);
+    assert_eq!(d.quota.as_deref(), Some("root"), "the rejecting ancestor is named");
+    for n in ["root", "mid", "leaf"] {
+        assert_eq!(l.quota(n).unwrap().fill, 10.0, "{n}: nothing added on rejection");
+    }
+    // The parent also limits its other children; an unrelated quota does not.
+    l.apply_quotas(&[q(4, "other", 4, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.check("mid").outcome, Outcome::Rejected);
+    assert_eq!(l.check("other").outcome, Outcome::Passed);
+    let _ = clock;
+}
+
+#[test]
+fn probabilistic_zone_rejects_the_expected_fraction() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[q(1, "a", 1, 100.0, 100.0, 200.0, None)]);
+    let now = clock.now_nanos();
+    for (fill, expect) in [(100.0, 0.0), (125.0, 0.25), (150.0, 0.5), (175.0, 0.75), (200.0, 1.0)] {
+        set_fill(&l, "a", fill, now);
+        let n = 20_000;
+        let rejected = (0..n).filter(|_| l.check("a").outcome == Outcome::Rejected).count();
+        let frac = rejected as f64 / n as f64;
+        assert!((frac - expect).abs() < 0.015, "fill {fill}: {frac} vs {expect}");
+    }
+}
+
+#[test]
+fn hard_cutoff_when_bursts_equal() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[q(1, "a", 1, 100.0, 50.0, 50.0, None)]);
+    set_fill(&l, "a", 50.0, clock.now_nanos());
+    assert!((0..1000).all(|_| l.check("a").outcome == Outcome::Passed));
+    set_fill(&l, "a", 50.001, clock.now_nanos());
+    assert!((0..1000).all(|_| l.check("a").outcome == Outcome::Rejected));
+}
+
+#[test]
+fn retry_after_counts_down_to_low_burst_and_is_stable() {
+    let (l, clock) = setup();
+    l.set_cluster_fresh(true);
+    l.apply_quotas(&[q(1, "a", 1, 10.0, 20.0, 20.0, None)]);
+    set_fill(&l, "a", 70.0, clock.now_nanos());
+    hot(&l, "a", 1.0);
+    // (70 - 20) / 10 per second = 5 s.
+    let first = l.check("a").retry_after;
+    assert_eq!(first, Some(5));
+    for _ in 0..50 {
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(l.check("a").retry_after, first, "no wobble between consecutive requests");
+    }
+    // Past the horizon (1 s) the counter drains at the full rate and the wait shrinks.
+    clock.advance(Duration::from_millis(2950));
+    assert_eq!(l.check("a").retry_after, Some(3));
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(l.check("a").outcome, Outcome::Passed);
+}
+
+#[test]
+fn estimate_follows_ratio_and_horizon() {
+    let clock = ManualClock::at(100 * S);
+    let l = Limiter::builder()
+        .clock(Arc::new(clock.clone()))
+        .correction_ratio(0.5)
+        .horizon(Duration::from_secs(2))
+        .build();
+    l.apply_quotas(&[q(1, "a", 1, 10.0, 1e6, 1e6, None)]);
+    set_fill(&l, "a", 100.0, clock.now_nanos());
+    // No root has answered yet: ratio 0, full drain.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.quota("a").unwrap().fill, 90.0);
+    l.set_cluster_fresh(true);
+    assert!(l.cluster_fresh());
+    hot(&l, "a", 0.5);
+    // Inside the horizon: drains at (1 - 0.5)·limit.
+    assert_eq!(l.quota("a").unwrap().fill, 95.0);
+    // 4 s after the sync: 2 s at half rate, 2 s at full rate.
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(l.quota("a").unwrap().fill, 100.0 - 10.0 - 20.0);
+    clock.advance(Duration::from_secs(100));
+    assert_eq!(l.quota("a").unwrap().fill, 0.0);
+}
+
+#[test]
+fn hot_counter_with_ratio_one_holds_the_synced_value_inside_the_horizon() {
+    let (l, clock) = setup();
+    l.set_cluster_fresh(true);
+    l.apply_quotas(&[q(1, "a", 1, 10.0, 1e6, 1e6, None)]);
+    set_fill(&l, "a", 100.0, clock.now_nanos());
+    hot(&l, "a", 1.0);
+    clock.advance(Duration::from_millis(900));
+    assert_eq!(l.quota("a").unwrap().fill, 100.0);
+    clock.advance(Duration::from_millis(1100));
+    assert_eq!(l.quota("a").unwrap().fill, 90.0);
+}
+
+#[test]
+fn quota_changes_apply_incrementally_by_epoch() {
+    let (l, _) = setup();
+    let r =
+        l.apply_quotas(&[q(1, "a", 1, 10.0, 1.0, 2.0, None), q(2, "b", 2, 5.0, 1.0, 1.0, None)]);
+    assert_eq!((r.inserted, l.quota_count(), l.epoch()), (2, 2, 2));
+    // Change.
+    let r = l.apply_quotas(&[q(1, "a", 3, 20.0, 4.0, 8.0, Some("b"))]);
+    assert_eq!(r.updated, 1);
+    let a = l.quota("a").unwrap();
+    assert_eq!((a.limit, a.low_burst, a.high_burst, a.epoch), (20.0, 4.0, 8.0, 3));
+    assert_eq!(a.parent.as_deref(), Some("b"));
+    // Stale versions are ignored, whatever order they arrive in.
+    let r = l.apply_quotas(&[q(1, "a", 2, 99.0, 0.0, 0.0, None)]);
+    assert_eq!(r.stale, 1);
+    assert_eq!(l.quota("a").unwrap().limit, 20.0);
+    // Re-parent to none.
+    l.apply_quotas(&[q(1, "a", 4, 20.0, 4.0, 8.0, None)]);
+    assert_eq!(l.quota("a").unwrap().parent, None);
+    // Delete; a stale tombstone is ignored, a second apply is idempotent.
+    assert_eq!(l.apply_quotas(&[tomb(2, "b", 1)]).stale, 1);
+    assert_eq!(l.apply_quotas(&[tomb(2, "b", 5)]).deleted, 1);
+    assert_eq!(l.apply_quotas(&[tomb(2, "b", 5)]).deleted, 0);
+    assert_eq!(l.check("b").outcome, Outcome::Unlimited);
+    assert_eq!(l.quota_count(), 1);
+    assert_eq!(l.epoch(), 5);
+    // Invalid updates are refused one by one.
+    let mut bad = q(9, "bad name", 6, 1.0, 0.0, 0.0, None);
+    assert_eq!(l.apply_quotas(&[bad.clone()]).invalid, 1);
+    bad.name = "ok".into();
+    bad.limits.low_burst = 10;
+    bad.limits.high_burst = 5;
+    assert_eq!(l.apply_quotas(&[bad]).invalid, 1);
+}
+
+#[test]
+fn parent_arriving_after_child_is_linked() {
+    let (l, _) = setup();
+    l.apply_quotas(&[q(2, "child", 2, 100.0, 100.0, 100.0, Some("parent"))]);
+    assert_eq!(l.quota("child").unwrap().parent, None);
+    l.apply_quotas(&[q(1, "parent", 1, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.quota("child").unwrap().parent.as_deref(), Some("parent"));
+    assert_eq!(l.account("child", 1).unwrap().outcome, Outcome::Passed);
+    let d = l.account("child", 1).unwrap();
+    assert_eq!(d.quota.as_deref(), Some("parent"));
+}
+
+#[test]
+fn deleted_parent_unlinks_children_and_recreated_parent_relinks() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        q(1, "p", 1, 1.0, 0.0, 0.0, None),
+        q(2, "c", 2, 100.0, 100.0, 100.0, Some("p")),
+    ]);
+    l.apply_quotas(&[tomb(1, "p", 3)]);
+    assert_eq!(l.quota("c").unwrap().parent, None);
+    assert_eq!(l.check("c").outcome, Outcome::Passed);
+    l.apply_quotas(&[q(7, "p", 4, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.quota("c").unwrap().parent.as_deref(), Some("p"));
+}
+
+#[test]
+fn recreated_name_with_new_id_replaces_the_old_quota() {
+    let (l, _) = setup();
+    l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None)]);
+    l.account("a", 1).unwrap();
+    // The tombstone of id 1 was never seen, but id 5 took the name later.
+    l.apply_quotas(&[q(5, "a", 9, 50.0, 10.0, 10.0, None)]);
+    let a = l.quota("a").unwrap();
+    assert_eq!((a.id, a.limit, a.fill), (5, 50.0, 0.0));
+    assert_eq!(l.quota_count(), 1);
+    // And an older id for the same name does not win back.
+    assert_eq!(l.apply_quotas(&[q(3, "a", 4, 1.0, 0.0, 0.0, None)]).stale, 1);
+}
+
+#[test]
+fn a_cycle_does_not_hang_a_decision() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        q(1, "x", 1, 1.0, 5.0, 5.0, Some("y")),
+        q(2, "y", 2, 1.0, 5.0, 5.0, Some("x")),
+    ]);
+    assert_eq!(l.account("x", 1).unwrap().outcome, Outcome::Passed);
+    // Each slot of the bounded walk counts once per visit: 16 visits over 2 quotas.
+    assert_eq!(l.quota("x").unwrap().fill, (MAX_CHAIN / 2) as f64);
+}
+
+#[test]
+fn freed_slots_are_reused_only_after_quarantine() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None)]);
+    l.apply_quotas(&[tomb(1, "a", 2)]);
+    l.apply_quotas(&[q(2, "b", 3, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.writer.lock().next_slot, 2, "slot of a is still quarantined");
+    clock.advance(Duration::from_secs(3));
+    l.apply_quotas(&[q(3, "c", 4, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.writer.lock().next_slot, 2, "slot of a was reused");
+    assert_eq!(l.names(), ["b".to_string(), "c".to_string()].into_iter().collect());
+}
+
+#[test]
+fn many_quotas_are_all_found() {
+    let (l, _) = setup();
+    let ups: Vec<_> = (1..=50_000u64)
+        .map(|i| q(i, &format!("q{i}"), i, 1.0 + i as f64, 1.0, 2.0, None))
+        .collect();
+    assert_eq!(l.apply_quotas(&ups).inserted, 50_000);
+    for i in (1..=50_000u64).step_by(997) {
+        let info = l.quota(&format!("q{i}")).unwrap();
+        assert_eq!((info.id, info.limit), (i, 1.0 + i as f64));
+    }
+    let dels: Vec<_> = (1..=50_000u64)
+        .filter(|i| i % 2 == 0)
+        .map(|i| tomb(i, &format!("q{i}"), 50_000 + i))
+        .collect();
+    assert_eq!(l.apply_quotas(&dels).deleted, 25_000);
+    assert_eq!(l.quota_count(), 25_000);
+    assert!(l.quota("q2").is_none());
+    assert!(l.quota("q3").is_some());
+}
+
+#[test]
+fn concurrent_readers_during_updates() {
+    let (l, _) = setup();
+    let l = Arc::new(l);
+    l.apply_quotas(&[q(1, "hot", 1, 1e6, 1e9, 1e9, None)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    assert_eq!(l.account("hot", 1).unwrap().outcome, Outcome::Passed);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for e in 2..2_000u64 {
+        l.apply_quotas(&[
+            q(e, &format!("x{e}"), e, 1.0, 0.0, 0.0, None),
+            q(1, "hot", e, 1e6, 1e9, 1e9, None),
+        ]);
+    }
+    stop.store(true, Relaxed);
+    let total: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(l.quota("hot").unwrap().fill, total as f64, "no increment lost");
+}
+
+#[test]
+fn demand_above_the_limit_suppresses_its_excess_share() {
+    let (l, clock) = setup();
+    l.set_cluster_fresh(true);
+    l.apply_quotas(&[q(1, "a", 1, 100.0, 10.0, 1000.0, None)]);
+    let now = clock.now_nanos();
+    set_fill(&l, "a", 11.0, now);
+    // Demand 4x the limit: 3/4 of attempts are refused, far more than the fill zone's 0.1%.
+    l.with_counters(|c| c.set_demand(0, 400_000.0));
+    let n = 20_000;
+    let rejected = (0..n).filter(|_| l.check("a").outcome == Outcome::Rejected).count();
+    let frac = rejected as f64 / n as f64;
+    assert!((frac - 0.75).abs() < 0.015, "{frac}");
+    // Below low_burst the demand does not matter: F <= low passes (SPEC 2).
+    set_fill(&l, "a", 10.0, now);
+    assert!((0..1000).all(|_| l.check("a").allowed()));
+    // Nor does it when the cluster view is stale (no root answered).
+    set_fill(&l, "a", 11.0, now);
+    l.set_cluster_fresh(false);
+    let rejected = (0..1000).filter(|_| !l.check("a").allowed()).count();
+    assert!(rejected < 20, "{rejected}");
+}
+
+#[test]
+fn refused_accounts_are_counted_as_demand_on_the_whole_chain() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        q(1, "top", 1, 1.0, 1e6, 1e6, None),
+        q(2, "p", 2, 1.0, 0.0, 0.0, Some("top")),
+        q(3, "c", 3, 1.0, 1e6, 1e6, Some("p")),
+    ]);
+    assert!(l.account("c", 1).unwrap().allowed());
+    assert!(!l.account("c", 5).unwrap().allowed());
+    let dirty = l.take_dirty();
+    l.with_counters(|c| {
+        let got: Vec<_> =
+            dirty.iter().map(|&s| (c.id_of(s).unwrap(), c.local(s), c.take_rejected(s))).collect();
+        let mut got = got;
+        got.sort();
+        assert_eq!(got, vec![(1, 1000, 5000), (2, 1000, 5000), (3, 1000, 5000)]);
+    });
+}

@@ -1,0 +1,239 @@
+use super::*;
+use crate::clock::{Clock, ManualClock};
+use crate::decision::{Outcome, SeededRandom};
+use crate::quota::{Limits, QuotaUpdate};
+use crate::root::{RootConfig, RootState};
+
+const S: u64 = 1_000_000_000;
+
+fn quota(id: u64, name: &str, limit: f64, low: f64, high: f64) -> QuotaUpdate {
+    QuotaUpdate {
+        id,
+        name: name.into(),
+        epoch: id,
+        deleted: false,
+        limits: Limits::from_units(limit, low, high).unwrap(),
+        parent: None,
+    }
+}
+
+struct Node {
+    engine: SyncEngine,
+    limiter: Arc<Limiter>,
+}
+
+fn node(clock: &ManualClock, roots: usize) -> Node {
+    let limiter = Arc::new(
+        Limiter::builder().clock(Arc::new(clock.clone())).random(SeededRandom::new(1)).build(),
+    );
+    let urls = (0..roots).map(|i| format!("http://root{i}")).collect();
+    let engine = SyncEngine::new(limiter.clone(), urls, SyncConfig::default()).unwrap();
+    Node { engine, limiter }
+}
+
+/// One round against in-process roots; `None` stands for a root that is down. Messages go
+/// through JSON to exercise the wire format.
+fn round(n: &mut Node, roots: &mut [Option<&mut RootState>], now: u64) -> RoundReport {
+    for call in n.engine.begin_round(now) {
+        let body = serde_json::to_vec(&call.request).unwrap();
+        let result = match roots[call.root].as_deref_mut() {
+            Some(r) => {
+                let req: SyncRequest = serde_json::from_slice(&body).unwrap();
+                let resp = r.sync(&req, now).map_err(|e| e.to_string()).unwrap();
+                Ok(serde_json::from_slice(&serde_json::to_vec(&resp).unwrap()).unwrap())
+            }
+            None => Err("connection refused".to_string()),
+        };
+        n.engine.on_response(call.root, result, Duration::from_millis(1), now);
+    }
+    n.engine.end_round(now)
+}
+
+fn root_with(quotas: &[QuotaUpdate]) -> RootState {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas(quotas.iter().cloned(), 0);
+    r
+}
+
+#[test]
+fn quotas_and_counters_flow_between_limiters() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 10.0, 5.0, 5.0)]);
+    let (mut a, mut b) = (node(&clock, 1), node(&clock, 1));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    assert_eq!(a.limiter.quota_count(), 1);
+    for _ in 0..4 {
+        assert_eq!(a.limiter.account("a", 1).unwrap().outcome, Outcome::Passed);
+    }
+    assert_eq!(b.limiter.check("a").outcome, Outcome::Passed);
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    assert_eq!(b.limiter.quota("a").unwrap().fill, 4.0, "b sees a's traffic");
+    assert_eq!(a.limiter.quota("a").unwrap().fill, 4.0, "a's local delta moved into the base");
+    b.limiter.account("a", 2).unwrap();
+    assert_eq!(b.limiter.check("a").outcome, Outcome::Rejected);
+    assert!(a.engine.status(0).cluster_fresh);
+}
+
+#[test]
+fn failed_root_gets_pending_batches_exactly_once() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let mut n = node(&clock, 2);
+    round(&mut n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    for i in 0..6 {
+        n.limiter.account("a", 10).unwrap();
+        clock.advance(Duration::from_secs(1));
+        // Root 1 is down for rounds 0..3; backoff skips some rounds, none loses data.
+        let up = i >= 3;
+        round(
+            &mut n,
+            &mut [Some(&mut r0), if up { Some(&mut r1) } else { None }],
+            clock.now_nanos(),
+        );
+    }
+    // Let backoff expire and root 1 catch up.
+    for _ in 0..10 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    }
+    let now = clock.now_nanos();
+    let f0 = r0.counter(1, now).unwrap().fill;
+    let f1 = r1.counter(1, now).unwrap().fill;
+    assert!((f0 - 60.0).abs() < 0.1 && (f1 - 60.0).abs() < 0.1, "{f0} {f1}");
+    assert_eq!(n.limiter.quota("a").unwrap().fill.round(), 60.0);
+    let st = n.engine.status(now);
+    assert_eq!(st.roots[1].pending_batches, 0);
+    assert!(st.roots[1].failures >= 1);
+    assert_eq!(st.roots[1].ok, Some(true));
+}
+
+#[test]
+fn failing_root_is_backed_off() {
+    let clock = ManualClock::at(S);
+    let mut r0 = root_with(&[]);
+    let mut n = node(&clock, 2);
+    let mut calls_to_dead = 0;
+    for _ in 0..20 {
+        clock.advance(Duration::from_secs(1));
+        let calls = n.engine.begin_round(clock.now_nanos());
+        for c in calls {
+            let res = if c.root == 0 {
+                Ok(r0.sync(&c.request, clock.now_nanos()).unwrap())
+            } else {
+                calls_to_dead += 1;
+                Err("timed out".to_string())
+            };
+            n.engine.on_response(c.root, res, Duration::ZERO, clock.now_nanos());
+        }
+        n.engine.end_round(clock.now_nanos());
+    }
+    // Calls in rounds 1, 2, 4, 8 and 16: the gap doubles up to 8 intervals.
+    assert_eq!(calls_to_dead, 5);
+    let st = n.engine.status(0);
+    assert_eq!(st.roots[1].last_error.as_deref(), Some("timed out"));
+    assert_eq!(st.roots[1].consecutive_failures, 5);
+}
+
+#[test]
+fn restarted_root_converges_within_two_rounds() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 1.0, 1e6, 1e6)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let mut nodes: Vec<_> = (0..3).map(|_| node(&clock, 2)).collect();
+    for n in &mut nodes {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+        n.limiter.account("a", 100).unwrap();
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    }
+    assert_eq!(r1.counter(1, clock.now_nanos()).unwrap().fill, 300.0);
+    // Root 1 restarts with an empty memory.
+    r1 = root_with(&qs);
+    for _ in 0..2 {
+        clock.advance(Duration::from_secs(1));
+        for n in &mut nodes {
+            round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+        }
+    }
+    let now = clock.now_nanos();
+    assert_eq!(r0.counter(1, now).unwrap().fill, 298.0);
+    assert_eq!(r1.counter(1, now).unwrap().fill, 298.0, "hints restored the restarted root");
+}
+
+#[test]
+fn limiter_takes_the_max_of_roots() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let mut n = node(&clock, 2);
+    round(&mut n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    // Another limiter only reaches root 1.
+    let mut other = node(&clock, 1);
+    round(&mut other, &mut [Some(&mut r1)], clock.now_nanos());
+    other.limiter.account("a", 50).unwrap();
+    round(&mut other, &mut [Some(&mut r1)], clock.now_nanos());
+    round(&mut n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    assert_eq!(n.limiter.quota("a").unwrap().fill, 50.0);
+}
+
+#[test]
+fn all_quotas_arrive_over_several_pages() {
+    let clock = ManualClock::at(S);
+    let mut r = RootState::new(RootConfig { page_size: 100, ..RootConfig::default() });
+    r.apply_quotas((1..=1000).map(|i| quota(i, &format!("q{i}"), 1.0, 1.0, 1.0)), 0);
+    let mut n = node(&clock, 1);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        if !round(&mut n, &mut [Some(&mut r)], clock.now_nanos()).more {
+            break;
+        }
+    }
+    assert_eq!((rounds, n.limiter.quota_count(), n.limiter.epoch()), (10, 1000, 1000));
+}
+
+#[test]
+fn without_roots_local_counts_still_drain() {
+    let clock = ManualClock::at(S);
+    let mut n = node(&clock, 0);
+    n.limiter.apply_quotas(&[quota(1, "a", 10.0, 20.0, 20.0)]);
+    // F = 20 still passes (F <= low), so 21 units get in.
+    let admitted = (0..30).filter(|_| n.limiter.account("a", 1).unwrap().allowed()).count();
+    assert_eq!(admitted, 21);
+    assert_eq!(n.limiter.check("a").outcome, Outcome::Rejected);
+    let r = round(&mut n, &mut [], clock.now_nanos());
+    assert!(!r.any_ok);
+    assert_eq!(n.limiter.quota("a").unwrap().fill, 21.0);
+    clock.advance(Duration::from_secs(2));
+    round(&mut n, &mut [], clock.now_nanos());
+    assert_eq!(n.limiter.quota("a").unwrap().fill, 1.0);
+    assert_eq!(n.limiter.check("a").outcome, Outcome::Passed);
+}
+
+#[test]
+fn one_engine_per_limiter_and_sane_config() {
+    let l = Arc::new(Limiter::default());
+    let bad = SyncConfig { interval: Duration::ZERO, ..SyncConfig::default() };
+    assert_eq!(SyncEngine::new(l.clone(), vec![], bad).unwrap_err(), EngineError::BadConfig);
+    let _e = SyncEngine::new(l.clone(), vec![], SyncConfig::default()).unwrap();
+    assert_eq!(
+        SyncEngine::new(l, vec![], SyncConfig::default()).unwrap_err(),
+        EngineError::AlreadyAttached
+    );
+}
+
+#[test]
+fn protocol_mismatch_counts_as_failure() {
+    let clock = ManualClock::at(S);
+    let mut n = node(&clock, 1);
+    let calls = n.engine.begin_round(S);
+    let mut resp = root_with(&[]).sync(&calls[0].request, S).unwrap();
+    resp.v = 9;
+    n.engine.on_response(0, Ok(resp), Duration::ZERO, S);
+    n.engine.end_round(S);
+    let st = n.engine.status(S);
+    assert_eq!(st.roots[0].ok, Some(false));
+    assert!(st.roots[0].last_error.as_deref().unwrap().contains("version 9"));
+}
