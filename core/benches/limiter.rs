@@ -1,1 +1,124 @@
-fn main() {}
+//! `check` and `account` on a 3-level chain with 1,000,000 quotas loaded, and the memory the
+//! quota table takes per quota.
+//!
+//! Quotas are loaded in pages of the root's page size, as a limiter receives them.
+//!
+//! Run: `cargo bench -p yarl-core --bench limiter`. Medians are criterion's; the memory line
+//! is the process RSS growth while loading, divided by the number of quotas.
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::sync::Arc;
+use yarl_core::{Limiter, Limits, ManualClock, MonotonicClock, QuotaUpdate};
+
+const TENANTS: u64 = 1_000;
+const BUCKETS: u64 = 10_000;
+const QUOTAS: u64 = 1_000_000;
+
+fn rss_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn leaf_name(i: u64) -> String {
+    format!("s3_bucket-{:07}_read", i)
+}
+
+/// Tenants ← buckets ← leaves: every leaf has a 3-level chain.
+fn load(limiter: &Limiter) {
+    let limits = Limits::from_units(1e6, 1e9, 1e9).unwrap();
+    let mk = |id: u64, name: String, parent: Option<String>| QuotaUpdate {
+        id,
+        name,
+        epoch: id,
+        deleted: false,
+        limits,
+        parent,
+    };
+    let tenants: Vec<_> = (0..TENANTS).map(|t| mk(t + 1, format!("tenant-{t}"), None)).collect();
+    limiter.apply_quotas(&tenants);
+    let buckets: Vec<_> = (0..BUCKETS)
+        .map(|b| {
+            mk(
+                TENANTS + b + 1,
+                format!("tenant-{}.b{b}", b % TENANTS),
+                Some(format!("tenant-{}", b % TENANTS)),
+            )
+        })
+        .collect();
+    limiter.apply_quotas(&buckets);
+    let leaves = QUOTAS - TENANTS - BUCKETS;
+    let mut next = 0;
+    while next < leaves {
+        let end = (next + yarl_core::RootConfig::default().page_size as u64).min(leaves);
+        let chunk: Vec<_> = (next..end)
+            .map(|i| {
+                let b = i % BUCKETS;
+                mk(
+                    TENANTS + BUCKETS + i + 1,
+                    leaf_name(i),
+                    Some(format!("tenant-{}.b{b}", b % TENANTS)),
+                )
+            })
+            .collect();
+        limiter.apply_quotas(&chunk);
+        next = end;
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let before = rss_bytes();
+    let limiter = Limiter::builder().clock(Arc::new(ManualClock::at(1))).build();
+    load(&limiter);
+    let after = rss_bytes();
+    assert_eq!(limiter.quota_count(), QUOTAS);
+    println!(
+        "memory: {QUOTAS} quotas; RSS grew {:.1} MiB = {:.1} bytes per quota; \
+         table accounting {:.1} bytes per quota",
+        (after - before) as f64 / (1 << 20) as f64,
+        (after - before) as f64 / QUOTAS as f64,
+        limiter.memory_bytes() as f64 / QUOTAS as f64,
+    );
+    let leaves = QUOTAS - TENANTS - BUCKETS;
+    let hot = leaf_name(123_456);
+    assert_eq!(limiter.quota(&hot).unwrap().parent.as_deref(), Some("tenant-456.b3456"));
+    let names: Vec<String> =
+        (0..4096).map(|k| leaf_name(fastrand::u64(0..leaves) + k % 2)).collect();
+
+    let mut g = c.benchmark_group("limiter");
+    g.bench_function("check/3-level chain, one key", |b| b.iter(|| limiter.check(black_box(&hot))));
+    let mut k = 0;
+    g.bench_function("check/3-level chain, random keys of 1M", |b| {
+        b.iter(|| {
+            k = (k + 1) & 4095;
+            limiter.check(black_box(&names[k]))
+        })
+    });
+    g.bench_function("check/unknown name", |b| b.iter(|| limiter.check(black_box("s3_nope_read"))));
+    g.bench_function("account/3-level chain, one key", |b| {
+        b.iter(|| limiter.account(black_box(&hot), 1).unwrap())
+    });
+    let real = Limiter::builder().clock(Arc::new(MonotonicClock::new())).build();
+    real.apply_quotas(&[QuotaUpdate {
+        id: 1,
+        name: hot.clone(),
+        epoch: 1,
+        deleted: false,
+        limits: Limits::from_units(1e6, 1e9, 1e9).unwrap(),
+        parent: None,
+    }]);
+    g.bench_function("check/one level, monotonic clock", |b| {
+        b.iter(|| real.check(black_box(&hot)))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(50).measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);

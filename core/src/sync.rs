@@ -364,11 +364,10 @@ impl SyncEngine {
                 // did not change at any root this round and are cold.
                 for &s in active.iter() {
                     let Some(&(b1, t1)) = round.seen.get(&s) else {
-                        c.set_inflow(s, 0.0);
-                        c.set_demand(s, 0.0);
+                        c.set_rates(s, 0.0, 0.0);
                         continue;
                     };
-                    c.set_demand(s, round.demand.get(&s).copied().unwrap_or(0) as f64);
+                    let demand = round.demand.get(&s).copied().unwrap_or(0) as f64;
                     let limit = c.limit(s) as f64;
                     let inflow = match c.estimator() {
                         Estimator::Static { correction_ratio } => correction_ratio * limit,
@@ -376,6 +375,7 @@ impl SyncEngine {
                             let (b2, t2) = c.base(s).unwrap_or((0, now));
                             let dt = if t1 == 0 { interval } else { t2.saturating_sub(t1) };
                             if dt == 0 {
+                                c.set_rates(s, c.inflow(s), demand);
                                 continue;
                             }
                             let own = c
@@ -393,12 +393,11 @@ impl SyncEngine {
                             }
                         }
                     };
-                    c.set_inflow(s, inflow);
+                    c.set_rates(s, inflow, demand);
                 }
             } else {
                 for &(s, ..) in &round.entries {
-                    c.set_inflow(s, 0.0);
-                    c.set_demand(s, 0.0);
+                    c.set_rates(s, 0.0, 0.0);
                 }
             }
             if rounds % 16 == 0 {

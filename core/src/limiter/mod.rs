@@ -105,6 +105,32 @@ impl Default for Estimator {
     }
 }
 
+/// The slots of one decision's parent chain.
+#[derive(Default)]
+struct Chain {
+    slots: [u32; MAX_CHAIN],
+    len: usize,
+}
+
+impl Chain {
+    fn push(&mut self, s: u32) {
+        if self.len < MAX_CHAIN {
+            self.slots[self.len] = s;
+            self.len += 1;
+        }
+    }
+
+    fn slots(&self) -> &[u32] {
+        &self.slots[..self.len]
+    }
+}
+
+enum Walk {
+    Unlimited,
+    Passed(f64),
+    Rejected(Decision),
+}
+
 /// Builder for a [`Limiter`].
 pub struct LimiterBuilder {
     clock: Arc<dyn Clock>,
@@ -256,25 +282,77 @@ impl Limiter {
         let idx = self.index.shards[Index::shard_of(h)].load().find(h, name.as_bytes())?;
         let slot = self.slots.get(idx)?;
         // A slot freed an instant ago (and not yet reused: quarantine) is not trusted.
-        if slot.id.load(Acquire) == 0 || slot.name_hash.load(Relaxed) != h {
+        if slot.id.load(Acquire) == 0 || slot.name_tag.load(Relaxed) != (h >> 32) as u32 {
             return None;
         }
         Some((idx, slot))
     }
 
     fn decide(&self, name: &str, weight: u64) -> Decision {
-        let Some((mut idx, mut slot)) = self.find(name) else {
-            return Decision::unlimited();
-        };
         let now = self.clock.now_nanos();
+        let mut chain = Chain::default();
+        match self.walk(name, now, &mut chain) {
+            Walk::Unlimited => Decision::unlimited(),
+            Walk::Rejected(d) => {
+                if weight > 0 {
+                    self.count_rejected(&chain, weight);
+                }
+                d
+            }
+            Walk::Passed(fill) => {
+                self.add_local(&chain, weight);
+                Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None }
+            }
+        }
+    }
+
+    /// Like [`account`](Self::account) for several names at once, all-or-nothing across all
+    /// of them: if any chain rejects, nothing is added anywhere (the refused weights count as
+    /// demand). The first rejection is returned; otherwise the pass of the last name that
+    /// matched a quota (`Unlimited` if none did).
+    pub fn account_many(&self, items: &[(&str, u64)]) -> Result<Decision, WeightError> {
+        if let Some(&(_, w)) = items.iter().find(|(_, w)| *w > MAX_WEIGHT_UNITS) {
+            return Err(WeightError(w));
+        }
+        let now = self.clock.now_nanos();
+        let mut chains = Vec::with_capacity(items.len());
+        let mut result = Decision::unlimited();
+        for &(name, weight) in items {
+            let mut chain = Chain::default();
+            match self.walk(name, now, &mut chain) {
+                Walk::Unlimited => {}
+                Walk::Rejected(d) => {
+                    self.count_rejected(&chain, weight * MILLI);
+                    for (c, w) in &chains {
+                        self.count_rejected(c, *w);
+                    }
+                    return Ok(d);
+                }
+                Walk::Passed(fill) => {
+                    result =
+                        Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None };
+                    chains.push((chain, weight * MILLI));
+                }
+            }
+        }
+        for (c, w) in &chains {
+            self.add_local(c, *w);
+        }
+        Ok(result)
+    }
+
+    /// Decides for `name`'s chain at `now`, recording the walked slots in `chain` (on a
+    /// rejection: those that passed, then the rejecting one and its ancestors).
+    fn walk(&self, name: &str, now: u64, chain: &mut Chain) -> Walk {
+        let Some((mut idx, mut slot)) = self.find(name) else {
+            return Walk::Unlimited;
+        };
         let fresh = self.fresh.load(Relaxed);
         let horizon = self.horizon_ns.load(Relaxed);
-        let mut chain = [0u32; MAX_CHAIN];
-        let mut len = 0;
         let mut leaf_fill = 0.0;
         loop {
             let fill = slot.estimate(now, fresh, horizon);
-            if len == 0 {
+            if chain.len == 0 {
                 leaf_fill = fill;
             }
             let low = slot.low.load(Relaxed);
@@ -283,27 +361,32 @@ impl Limiter {
             if fill > low as f64 && fresh {
                 // Seed 004: suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
-                let demand = f64::from_bits(slot.demand.load(Relaxed));
+                let (_, demand) = table::unpack_rates(slot.rates.load(Relaxed));
                 if demand > limit as f64 {
                     p = p.max(1.0 - limit as f64 / demand);
                 }
             }
-            if p > 0.0 && (p >= 1.0 || self.random.unit() < p) {
+            let rejected = p > 0.0 && (p >= 1.0 || self.random.unit() < p);
+            if rejected || chain.len < MAX_CHAIN {
+                chain.push(idx);
+            }
+            if rejected {
                 self.rejections.fetch_add(1, Relaxed);
-                if weight > 0 {
-                    self.count_rejected(&chain[..len], idx, weight);
+                // The ancestors above the rejecting quota also saw this attempt as demand.
+                let mut cur = slot.parent.load(Relaxed);
+                while cur != 0 && chain.len < MAX_CHAIN {
+                    chain.push(cur - 1);
+                    cur = self.slots.get(cur - 1).map_or(0, |s| s.parent.load(Relaxed));
                 }
-                return Decision {
+                return Walk::Rejected(Decision {
                     outcome: Outcome::Rejected,
                     quota: Some(self.slot_name(idx).into()),
                     fill: fill / MILLI as f64,
                     retry_after: Some(retry_after_secs(fill, low, limit)),
-                };
+                });
             }
-            chain[len] = idx;
-            len += 1;
             let parent = slot.parent.load(Relaxed);
-            if parent == 0 || len == MAX_CHAIN {
+            if parent == 0 || chain.len == MAX_CHAIN {
                 break;
             }
             match self.slots.get(parent - 1) {
@@ -314,47 +397,36 @@ impl Limiter {
                 _ => break,
             }
         }
-        if weight > 0 {
-            for &i in &chain[..len] {
-                if let Some(s) = self.slots.get(i) {
-                    if s.local.fetch_add(weight, Relaxed) == 0 {
-                        self.dirty.lock().push(i);
-                    }
+        Walk::Passed(leaf_fill / MILLI as f64)
+    }
+
+    fn add_local(&self, chain: &Chain, weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        for &i in chain.slots() {
+            if let Some(s) = self.slots.get(i) {
+                if s.local.fetch_add(weight, Relaxed) == 0 {
+                    self.dirty.lock().push(i);
                 }
             }
         }
-        Decision {
-            outcome: Outcome::Passed,
-            quota: None,
-            fill: leaf_fill / MILLI as f64,
-            retry_after: None,
-        }
     }
 
-    /// A refused attempt still counts as demand on every quota of its chain: the passed
-    /// levels, the rejecting one and its ancestors.
-    fn count_rejected(&self, passed: &[u32], rejecting: u32, weight: u64) {
-        let mut bump = |i: u32| {
+    /// A refused attempt still counts as demand on every quota of its chain.
+    fn count_rejected(&self, chain: &Chain, weight: u64) {
+        for &i in chain.slots() {
             if let Some(s) = self.slots.get(i) {
                 if s.rejected.fetch_add(weight, Relaxed) == 0 && s.local.load(Relaxed) == 0 {
                     self.dirty.lock().push(i);
                 }
-            }
-        };
-        passed.iter().copied().for_each(&mut bump);
-        let mut cur = rejecting;
-        for _ in passed.len()..MAX_CHAIN {
-            bump(cur);
-            match self.slots.get(cur).map(|s| s.parent.load(Relaxed)) {
-                Some(p) if p != 0 => cur = p - 1,
-                _ => break,
             }
         }
     }
 
     fn slot_name(&self, idx: u32) -> String {
         let Some(slot) = self.slots.get(idx) else { return String::new() };
-        let h = slot.name_hash.load(Relaxed);
+        let h = u64::from(slot.name_tag.load(Relaxed)) << 32;
         let shard = self.index.shards[Index::shard_of(h)].load();
         match shard.name_of_slot(idx) {
             Some(n) => String::from_utf8_lossy(n).into_owned(),
@@ -445,7 +517,16 @@ impl Limiter {
             w.quarantine.pop_front();
             w.free.push(s);
         }
-        let mut touched: HashMap<usize, Shard> = HashMap::new();
+        // Size every shard copy for what this batch adds to it, so a page of a bulk load
+        // allocates each shard once instead of growing it step by step (the freed steps would
+        // stay resident in the allocator).
+        let mut growth: HashMap<usize, (usize, usize)> = HashMap::new();
+        for u in updates.iter().filter(|u| !u.deleted) {
+            let g = growth.entry(Index::shard_of(self.hash(u.name.as_bytes()))).or_default();
+            g.0 += 1;
+            g.1 += 1 + u.name.len();
+        }
+        let mut touched = Touched { shards: HashMap::new(), growth, hasher: &self.hasher };
         let mut parent_jobs: Vec<(u32, Option<String>)> = Vec::new();
         let mut deleted: HashMap<u32, Box<str>> = HashMap::new();
         let mut max_epoch = 0;
@@ -483,7 +564,7 @@ impl Limiter {
                     report.stale += 1;
                     continue;
                 }
-                if slot.name_hash.load(Relaxed) != h {
+                if slot.name_tag.load(Relaxed) != (h >> 32) as u32 {
                     // Ids keep their name in the database; repoint defensively if not.
                     let old = self.slot_name(s);
                     let oh = self.hash(old.as_bytes());
@@ -495,7 +576,7 @@ impl Limiter {
                         s,
                         &hasher,
                     );
-                    slot.name_hash.store(h, Relaxed);
+                    slot.name_tag.store((h >> 32) as u32, Relaxed);
                 }
                 store_limits(slot, u);
                 parent_jobs.push((s, u.parent.clone()));
@@ -520,13 +601,12 @@ impl Limiter {
             };
             let slot = self.slots.ensure(s);
             store_limits(slot, u);
-            slot.name_hash.store(h, Relaxed);
+            slot.name_tag.store((h >> 32) as u32, Relaxed);
             slot.parent.store(0, Relaxed);
             slot.write_base(0, 0);
             slot.local.store(0, Relaxed);
-            slot.inflow.store(0, Relaxed);
             slot.rejected.store(0, Relaxed);
-            slot.demand.store(0, Relaxed);
+            slot.rates.store(0, Relaxed);
             slot.id.store(u.id, Release);
             let slots = &self.slots;
             w.by_id.insert_unique(hash_id(u.id), s, |&i| {
@@ -537,9 +617,9 @@ impl Limiter {
             report.inserted += 1;
         }
 
-        for (i, mut shard) in touched {
+        for (i, mut shard) in touched.shards {
             shard.compact_if_sparse(&hasher);
-            self.index.publish(i, shard);
+            self.index.publish(i, shard, &hasher);
         }
         if !deleted.is_empty() {
             // Children of a deleted quota lose the link but remember the name, so a re-created
@@ -565,9 +645,16 @@ impl Limiter {
                     self.slots.ensure(s).parent.store(0, Relaxed);
                     w.unresolved.remove(&s);
                 }
-                Some(p) => {
-                    w.unresolved.insert(s, p.into());
-                }
+                Some(p) => match self.find(&p) {
+                    Some((pi, _)) if pi != s => {
+                        self.slots.ensure(s).parent.store(pi + 1, Relaxed);
+                        w.unresolved.remove(&s);
+                    }
+                    _ => {
+                        self.slots.ensure(s).parent.store(0, Relaxed);
+                        w.unresolved.insert(s, p.into());
+                    }
+                },
             }
         }
         let slots = &self.slots;
@@ -618,9 +705,8 @@ impl Limiter {
         slot.id.store(0, Release);
         slot.parent.store(0, Relaxed);
         slot.local.store(0, Relaxed);
-        slot.inflow.store(0, Relaxed);
         slot.rejected.store(0, Relaxed);
-        slot.demand.store(0, Relaxed);
+        slot.rates.store(0, Relaxed);
         slot.write_base(0, 0);
         w.quarantine.push_back((now, s));
     }
@@ -686,10 +772,11 @@ impl CounterAccess<'_> {
         }
     }
 
-    /// Sets the cluster's attempted demand (milli-units/s; 0 when cold).
-    pub fn set_demand(&self, s: u32, d: f64) {
+    /// Sets what the rest of the cluster is estimated to add and the cluster's attempted
+    /// demand (both milli-units/s; 0, 0 for a cold counter).
+    pub fn set_rates(&self, s: u32, inflow: f64, demand: f64) {
         if let Some(x) = self.slot(s) {
-            x.demand.store(if d.is_finite() && d > 0.0 { d } else { 0.0 }.to_bits(), Relaxed);
+            x.rates.store(table::pack_rates(inflow, demand), Relaxed);
         }
     }
 
@@ -722,15 +809,7 @@ impl CounterAccess<'_> {
 
     /// The current inflow estimate, milli-units/s.
     pub fn inflow(&self, s: u32) -> f64 {
-        self.slot(s).map_or(0.0, |x| f64::from_bits(x.inflow.load(Relaxed)))
-    }
-
-    /// Sets what the rest of the cluster is estimated to add (milli-units/s; 0 = cold).
-    pub fn set_inflow(&self, s: u32, rate: f64) {
-        if let Some(x) = self.slot(s) {
-            let r = if rate.is_finite() && rate > 0.0 { rate } else { 0.0 };
-            x.inflow.store(r.to_bits(), Relaxed);
-        }
+        self.slot(s).map_or(0.0, |x| table::unpack_rates(x.rates.load(Relaxed)).0)
     }
 
     /// The estimator configured on the limiter.
@@ -759,8 +838,20 @@ fn store_limits(slot: &Slot, u: &QuotaUpdate) {
     slot.epoch.store(u.epoch, Relaxed);
 }
 
-fn shard_mut<'a>(touched: &'a mut HashMap<usize, Shard>, index: &Index, i: usize) -> &'a mut Shard {
-    touched.entry(i).or_insert_with(|| (**index.shards[i].load()).clone())
+/// Shard copies being edited by one [`Limiter::apply_quotas`] call.
+struct Touched<'h> {
+    shards: HashMap<usize, Shard>,
+    /// Per shard: entries and name bytes the batch may add.
+    growth: HashMap<usize, (usize, usize)>,
+    hasher: &'h foldhash::fast::FixedState,
+}
+
+fn shard_mut<'a>(touched: &'a mut Touched<'_>, index: &Index, i: usize) -> &'a mut Shard {
+    let (entries, bytes) = touched.growth.get(&i).copied().unwrap_or_default();
+    let h = touched.hasher;
+    touched.shards.entry(i).or_insert_with(|| {
+        index.shards[i].load().copy_with_room(entries, bytes, &|n| h.hash_one(n))
+    })
 }
 
 /// Names of the quotas currently held (for tests and debugging; walks the whole index).

@@ -3,7 +3,7 @@
 //!
 //! # Memory layout (the 150-bytes-per-quota budget)
 //!
-//! * A [`Slot`] is 104 bytes of atomics: quota numbers, parent link and counter state. Slots
+//! * A [`Slot`] is 96 bytes of atomics: quota numbers, parent link and counter state. Slots
 //!   live in chunks of 4096 that never move, so a reader holds a plain `&Slot` and the writer
 //!   updates numbers in place.
 //! * Names live once, in the index: each of [`SHARDS`] shards keeps a byte arena of
@@ -35,7 +35,8 @@ pub(crate) const MAX_SLOTS: u32 = (CHUNK * MAX_CHUNKS) as u32;
 #[derive(Default, Debug)]
 pub(crate) struct Slot {
     pub id: AtomicU64,
-    pub name_hash: AtomicU64,
+    /// The upper half of the name's hash: picks the index shard and double-checks lookups.
+    pub name_tag: AtomicU32,
     pub epoch: AtomicU64,
     /// milli-units per second
     pub limit: AtomicU64,
@@ -53,13 +54,25 @@ pub(crate) struct Slot {
     at: AtomicU64,
     /// Locally accounted, not yet handed to a sync round, milli-units.
     pub local: AtomicU64,
-    /// What the rest of the cluster is estimated to add, milli-units/s (`f64` bits); 0 for a
-    /// cold counter.
-    pub inflow: AtomicU64,
     /// Locally refused weight not yet handed to a sync round, milli-units.
     pub rejected: AtomicU64,
-    /// Cluster-wide attempted demand as last reported, milli-units/s (`f64` bits).
-    pub demand: AtomicU64,
+    /// Two `f32`s in milli-units/s, written together by the writer: the low half is what the
+    /// rest of the cluster is estimated to add (`inflow`, 0 for a cold counter), the high half
+    /// the cluster-wide attempted demand as last reported.
+    pub rates: AtomicU64,
+}
+
+/// Packs (`inflow`, `demand`) into [`Slot::rates`]. `f32` keeps 24 bits: plenty for rates
+/// that only steer an estimate.
+pub(crate) fn pack_rates(inflow: f64, demand: f64) -> u64 {
+    let clean = |x: f64| if x.is_finite() && x > 0.0 { x as f32 } else { 0.0 };
+    u64::from(clean(inflow).to_bits()) | u64::from(clean(demand).to_bits()) << 32
+}
+
+/// Unpacks [`Slot::rates`] into (`inflow`, `demand`).
+#[inline]
+pub(crate) fn unpack_rates(r: u64) -> (f64, f64) {
+    (f32::from_bits(r as u32) as f64, f32::from_bits((r >> 32) as u32) as f64)
 }
 
 impl Slot {
@@ -96,11 +109,11 @@ impl Slot {
     pub fn estimate(&self, now: u64, fresh: bool, horizon: u64) -> f64 {
         let (base, at) = self.read_base();
         let local = self.local.load(Relaxed) as f64;
-        let inflow_bits = self.inflow.load(Relaxed);
+        let inflow_bits = self.rates.load(Relaxed) as u32;
         if base == 0 && (inflow_bits == 0 || !fresh) {
             return local;
         }
-        let inflow = if fresh { f64::from_bits(inflow_bits) } else { 0.0 };
+        let inflow = if fresh { f32::from_bits(inflow_bits) as f64 } else { 0.0 };
         let limit = self.limit.load(Relaxed) as f64;
         let dt = now.saturating_sub(at);
         let (inside, outside) = if dt <= horizon { (dt, 0) } else { (horizon, dt - horizon) };
@@ -192,6 +205,21 @@ impl Shard {
         self.table.iter().find(|e| e.slot == slot).map(|e| name_at(&self.names, e.off))
     }
 
+    /// A copy with room for `entries` more names of `bytes` in total.
+    pub fn copy_with_room(
+        &self,
+        entries: usize,
+        bytes: usize,
+        hasher: &impl Fn(&[u8]) -> u64,
+    ) -> Shard {
+        let mut names = Vec::with_capacity(self.names.len() + bytes);
+        names.extend_from_slice(&self.names);
+        let mut table = self.table.clone();
+        let old = &self.names;
+        table.reserve(entries, |e| hasher(name_at(old, e.off)));
+        Shard { table, names, garbage: self.garbage }
+    }
+
     /// Rewrites the arena without garbage once garbage dominates.
     pub fn compact_if_sparse(&mut self, hasher: &impl Fn(&[u8]) -> u64) {
         if self.garbage < 1024 || self.garbage * 2 < self.names.len() {
@@ -233,7 +261,12 @@ impl Index {
         (hash >> 32) as usize & (SHARDS - 1)
     }
 
-    pub fn publish(&self, shard: usize, s: Shard) {
+    /// Replaces a shard. Copies are exact-sized: a table of a million quotas is cloned shard
+    /// by shard for every batch of changes, and growth slack would stay for good.
+    pub fn publish(&self, shard: usize, mut s: Shard, hasher: &impl Fn(&[u8]) -> u64) {
+        s.names.shrink_to_fit();
+        let names = &s.names;
+        s.table.shrink_to_fit(|e| hasher(name_at(names, e.off)));
         self.shards[shard].store(Arc::new(s));
     }
 }
@@ -244,8 +277,14 @@ mod tests {
     use std::hash::BuildHasher;
 
     #[test]
-    fn slot_is_104_bytes() {
-        assert_eq!(size_of::<Slot>(), 104);
+    fn slot_is_96_bytes() {
+        assert_eq!(size_of::<Slot>(), 96);
+    }
+
+    #[test]
+    fn rates_pack_and_unpack() {
+        assert_eq!(unpack_rates(pack_rates(1500.0, 3e12)), (1500.0, 3e12f32 as f64));
+        assert_eq!(unpack_rates(pack_rates(f64::NAN, -1.0)), (0.0, 0.0));
     }
 
     #[test]

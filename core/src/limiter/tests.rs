@@ -48,7 +48,7 @@ fn hot(l: &Limiter, name: &str, r: f64) {
     let id = l.quota(name).unwrap().id;
     l.with_counters(|c| {
         let s = c.slot_of(id).unwrap();
-        c.set_inflow(s, r * c.limit(s) as f64);
+        c.set_rates(s, r * c.limit(s) as f64, 0.0);
     });
 }
 
@@ -363,7 +363,7 @@ fn demand_above_the_limit_suppresses_its_excess_share() {
     let now = clock.now_nanos();
     set_fill(&l, "a", 11.0, now);
     // Demand 4x the limit: 3/4 of attempts are refused, far more than the fill zone's 0.1%.
-    l.with_counters(|c| c.set_demand(0, 400_000.0));
+    l.with_counters(|c| c.set_rates(0, 0.0, 400_000.0));
     let n = 20_000;
     let rejected = (0..n).filter(|_| l.check("a").outcome == Outcome::Rejected).count();
     let frac = rejected as f64 / n as f64;
@@ -396,4 +396,23 @@ fn refused_accounts_are_counted_as_demand_on_the_whole_chain() {
         got.sort();
         assert_eq!(got, vec![(1, 1000, 5000), (2, 1000, 5000), (3, 1000, 5000)]);
     });
+}
+
+#[test]
+fn account_many_is_all_or_nothing_across_names() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        q(1, "req", 1, 1.0, 100.0, 100.0, None),
+        q(2, "bytes", 2, 1.0, 10.0, 10.0, None),
+    ]);
+    let d = l.account_many(&[("req", 1), ("nope", 5), ("bytes", 8)]).unwrap();
+    assert_eq!(d.outcome, Outcome::Passed);
+    assert_eq!((l.quota("req").unwrap().fill, l.quota("bytes").unwrap().fill), (1.0, 8.0));
+    // bytes passes at F = 8 but then req must not count either when a later name rejects.
+    l.account("bytes", 3).unwrap();
+    let d = l.account_many(&[("req", 1), ("bytes", 1)]).unwrap();
+    assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::Rejected, Some("bytes")));
+    assert_eq!(l.quota("req").unwrap().fill, 1.0, "nothing added to req");
+    assert_eq!(l.account_many(&[("nope", 1)]).unwrap().outcome, Outcome::Unlimited);
+    assert_eq!(l.account_many(&[("req", u64::MAX)]), Err(WeightError(u64::MAX)));
 }

@@ -54,7 +54,8 @@ impl Transport for HttpTransport {
                 let body: String = body.chars().take(200).collect();
                 return Err(format!("HTTP {}: {}", status.as_u16(), body.trim()));
             }
-            resp.json::<SyncResponse>().await.map_err(|e| format!("bad answer: {e}"))
+            let body = resp.bytes().await.map_err(|e| describe(&e))?;
+            serde_json::from_slice::<SyncResponse>(&body).map_err(|e| format!("bad answer: {e}"))
         })
     }
 }
