@@ -1,1 +1,252 @@
-//! The nginx module: filled in by the nginx-module issue.
+//! # ngx_http_yarl_module
+//!
+//! YARL in nginx: cluster-wide quotas decided in every worker with no network call on the
+//! request path (SPEC §3).
+//!
+//! # Brief overview
+//!
+//! * `conf`: the directives (`yarl_roots`, `yarl_check`, `yarl_account`, ...) and merging.
+//! * `handler`: the PREACCESS handler, `$yarl_status` and `$yarl_quota`.
+//! * `worker`: the per-worker limiter and its background sync thread.
+//! * `stats` / `report`: the `yarl_stats` JSON page.
+//! * `parse`: directive values, without nginx (unit-tested in tests/).
+//!
+//! Layout follows ngx-rust's examples: a unit `Module` implementing `HttpModule`, the command
+//! table and module context as statics, and the exported `ngx_http_yarl_module` plus the
+//! `ngx_modules` table that `load_module` looks up.
+//!
+//! Every `extern "C"` entry point catches panics: unwinding into nginx would abort the worker.
+
+mod conf;
+mod handler;
+mod parse;
+mod report;
+mod stats;
+mod worker;
+
+use conf::{command, LocConf, MainConf};
+use core::ptr::{addr_of, addr_of_mut};
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
+    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t,
+    ngx_module_t, ngx_process, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
+    NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_NOTICE, NGX_PROCESS_SINGLE,
+    NGX_PROCESS_WORKER,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::{ngx_log_error, ngx_string};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// The module's configuration hooks (ngx-rust's `HttpModule` supplies create/merge).
+pub(crate) struct Module;
+
+impl HttpModule for Module {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: nginx writes the module's indices once while loading it, before any of our
+        // code reads them; we never write it.
+        unsafe { &*addr_of!(ngx_http_yarl_module) }
+    }
+
+    unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // Variables must exist before any directive (ours or log_format) names them.
+        let vars: [(ngx_str_t, usize); 2] = [
+            (ngx_string!("yarl_status"), handler::VAR_STATUS),
+            (ngx_string!("yarl_quota"), handler::VAR_QUOTA),
+        ];
+        for (mut name, which) in vars {
+            // SAFETY: `cf` is nginx's; ngx_http_add_variable copies the name into its pool.
+            let v = unsafe {
+                ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t)
+            };
+            if v.is_null() {
+                return Status::NGX_ERROR.0;
+            }
+            // SAFETY: `v` was just returned by nginx and is not shared yet.
+            unsafe {
+                (*v).get_handler = Some(handler::variable_get);
+                (*v).data = which;
+            }
+        }
+        Status::NGX_OK.0
+    }
+
+    unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: nginx passes the http block's configuration context.
+        let Some(cmcf) = (unsafe { NgxHttpCoreModule::main_conf_mut(&*cf) }) else {
+            return Status::NGX_ERROR.0;
+        };
+        let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
+        // SAFETY: the phase's handler array is an ngx_array_t of ngx_http_handler_pt.
+        let h = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return Status::NGX_ERROR.0;
+        }
+        // SAFETY: `h` is a fresh element of that array.
+        unsafe { *h = Some(handler::access_handler) };
+        Status::NGX_OK.0
+    }
+}
+
+// SAFETY: create_main_conf/create_loc_conf (ngx-rust defaults) allocate exactly these types.
+unsafe impl HttpModuleMainConf for Module {
+    type MainConf = MainConf;
+}
+
+// SAFETY: as above.
+unsafe impl HttpModuleLocationConf for Module {
+    type LocationConf = LocConf;
+}
+
+const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+
+static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 12] = [
+    command(
+        ngx_string!("yarl_roots"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
+        conf::set_roots,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_sync_interval"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_sync_interval,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_sync_timeout"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_sync_timeout,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_sync_token"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_sync_token,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_check"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        conf::set_check,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_account"),
+        HTTP_ANY | NGX_CONF_TAKE12,
+        conf::set_account,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_status"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        conf::set_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_dry_run"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        conf::set_dry_run,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_log_level"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        conf::set_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_retry_after"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        conf::set_retry_after,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_stats"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        conf::set_stats,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    ngx_command_t::empty(),
+];
+
+static NGX_HTTP_YARL_MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: Some(Module::preconfiguration),
+    postconfiguration: Some(Module::postconfiguration),
+    create_main_conf: Some(Module::create_main_conf),
+    init_main_conf: None,
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(Module::create_loc_conf),
+    merge_loc_conf: Some(Module::merge_loc_conf),
+};
+
+// `load_module` dlsym()s `ngx_modules`, `ngx_module_names` and `ngx_module_order`.
+ngx::ngx_modules!(ngx_http_yarl_module);
+
+/// The module, as nginx sees it.
+#[used]
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_http_yarl_module: ngx_module_t = ngx_module_t {
+    ctx: addr_of!(NGX_HTTP_YARL_MODULE_CTX) as _,
+    commands: addr_of_mut!(NGX_HTTP_YARL_COMMANDS) as _,
+    type_: NGX_HTTP_MODULE as _,
+    init_process: Some(init_process),
+    exit_process: Some(exit_process),
+    ..ngx_module_t::default()
+};
+
+/// Starts this worker's limiter and sync thread. Never fails the worker: returning an error
+/// would make it exit and the master respawn it in a loop; without a sync thread the module
+/// only fails open.
+unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: `ngx_process` is written by the master before forking, read-only here.
+    let process = unsafe { ngx_process } as u32;
+    // Cache manager/loader helpers run init_process too; they serve no requests.
+    if process != NGX_PROCESS_WORKER && process != NGX_PROCESS_SINGLE {
+        return Status::NGX_OK.0;
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: nginx passes the live cycle; its http conf context holds our MainConf.
+        let Some(mc) = Module::main_conf(unsafe { &*cycle }) else { return Ok(false) };
+        if !mc.used {
+            return Ok(false);
+        }
+        worker::start(mc).map(|()| true)
+    }));
+    // SAFETY: the cycle's log is valid while the cycle lives.
+    let log = unsafe { (*cycle).log };
+    match r {
+        Ok(Ok(true)) => {
+            ngx_log_error!(NGX_LOG_NOTICE, log, "yarl: sync thread started");
+        }
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => {
+            ngx_log_error!(NGX_LOG_ALERT, log, "yarl: {}; quotas will not be synced", e);
+        }
+        Err(_) => {
+            ngx_log_error!(NGX_LOG_ALERT, log, "yarl: internal error starting the worker");
+        }
+    }
+    Status::NGX_OK.0
+}
+
+/// Stops and joins the sync thread before nginx frees the cycle and calls `exit()`.
+unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    let had = worker::status().is_some();
+    let r = catch_unwind(worker::stop);
+    // SAFETY: the cycle and its log are still valid during exit_process.
+    let log = unsafe { (*cycle).log };
+    match r {
+        Ok(()) if had => {
+            ngx_log_error!(NGX_LOG_NOTICE, log, "yarl: sync thread joined");
+        }
+        Ok(()) => {}
+        Err(_) => {
+            ngx_log_error!(NGX_LOG_ALERT, log, "yarl: internal error stopping the sync thread");
+        }
+    }
+}

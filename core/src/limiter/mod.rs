@@ -434,6 +434,11 @@ impl Limiter {
         }
     }
 
+    /// Whether a quota called `name` is held (an index lookup, nothing else).
+    pub fn contains(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+
     /// The quota called `name`, with its estimated fill now.
     pub fn quota(&self, name: &str) -> Option<QuotaInfo> {
         let (_, slot) = self.find(name)?;

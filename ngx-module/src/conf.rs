@@ -1,0 +1,490 @@
+//! Configuration: the http-level sync settings, the per-location rules, and the directive
+//! setters that fill them.
+//!
+//! Every setter is a thin `extern "C"` shell around a Rust function returning
+//! `Result<(), ConfError>`; the shell logs the error at `[emerg]` (naming the directive and the
+//! value, the way nginx's own slots word it) and catches panics.
+
+use crate::parse::{self, LogLevel};
+use crate::Module;
+use core::ffi::{c_char, c_void};
+use core::ptr;
+use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::ffi::{
+    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
+    ngx_http_complex_value_t, ngx_parse_time, ngx_str_t, ngx_uint_t, NGX_ERROR, NGX_LOG_EMERG,
+    NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+};
+use ngx::http::NgxHttpCoreModule;
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
+use ngx::ngx_conf_log_error;
+use std::time::Duration;
+
+/// Defaults of SPEC §3.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// Defaults of SPEC §3.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
+const DEFAULT_STATUS: u16 = 429;
+
+/// `http`-level settings: one limiter and one sync thread per worker follow them.
+#[derive(Debug, Default)]
+pub struct MainConf {
+    /// `yarl_roots`, normalized.
+    pub roots: Option<Vec<String>>,
+    /// `yarl_sync_interval`.
+    pub interval: Option<Duration>,
+    /// `yarl_sync_timeout`.
+    pub timeout: Option<Duration>,
+    /// `yarl_sync_token`.
+    pub token: Option<String>,
+    /// Some directive of the module is used: only then do workers run a limiter and a thread.
+    pub used: bool,
+}
+
+impl MainConf {
+    /// The sync interval in force.
+    pub fn interval(&self) -> Duration {
+        self.interval.unwrap_or(DEFAULT_INTERVAL)
+    }
+
+    /// The sync call timeout in force.
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(DEFAULT_TIMEOUT)
+    }
+}
+
+/// Check-only or check-and-count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleKind {
+    /// `yarl_check`
+    Check,
+    /// `yarl_account`
+    Account,
+}
+
+/// The weight of a `yarl_account` rule.
+#[derive(Debug, Clone, Copy)]
+pub enum Weight {
+    /// Known at configuration time.
+    Fixed(u64),
+    /// A complex value evaluated per request (e.g. `$content_length`).
+    Variable(*mut ngx_http_complex_value_t),
+}
+
+/// One `yarl_check` / `yarl_account` line.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    /// Which role.
+    pub kind: RuleKind,
+    /// The quota name, compiled; lives in the cycle pool like the rest of the configuration.
+    pub name: *mut ngx_http_complex_value_t,
+    /// `Fixed(0)` for checks.
+    pub weight: Weight,
+}
+
+/// Per-location settings. Unset values stay `None` through merging, the accessors apply the
+/// defaults.
+#[derive(Debug, Default)]
+pub struct LocConf {
+    /// Rules of this level, or inherited whole from the nearest outer level that has any
+    /// (the `limit_req` rule).
+    pub rules: Vec<Rule>,
+    /// `yarl_status`.
+    pub status: Option<u16>,
+    /// `yarl_dry_run`.
+    pub dry_run: Option<bool>,
+    /// `yarl_log_level`.
+    pub log_level: Option<LogLevel>,
+    /// `yarl_retry_after`.
+    pub retry_after: Option<bool>,
+}
+
+impl LocConf {
+    /// Rejection status.
+    pub fn status(&self) -> u16 {
+        self.status.unwrap_or(DEFAULT_STATUS)
+    }
+
+    /// Whether rejections are only logged.
+    pub fn dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
+
+    /// nginx log level of the rejection line.
+    pub fn log_level(&self) -> ngx_uint_t {
+        (match self.log_level.unwrap_or(LogLevel::Error) {
+            LogLevel::Info => NGX_LOG_INFO,
+            LogLevel::Notice => NGX_LOG_NOTICE,
+            LogLevel::Warn => NGX_LOG_WARN,
+            LogLevel::Error => NGX_LOG_ERR,
+        }) as ngx_uint_t
+    }
+
+    /// Whether rejections carry `Retry-After`.
+    pub fn retry_after(&self) -> bool {
+        self.retry_after.unwrap_or(true)
+    }
+}
+
+impl Merge for LocConf {
+    fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
+        if self.rules.is_empty() {
+            self.rules = prev.rules.clone();
+        }
+        self.status = self.status.or(prev.status);
+        self.dry_run = self.dry_run.or(prev.dry_run);
+        self.log_level = self.log_level.or(prev.log_level);
+        self.retry_after = self.retry_after.or(prev.retry_after);
+        Ok(())
+    }
+}
+
+/// A directive error.
+enum ConfError {
+    /// Logged here at `[emerg]`.
+    Message(String),
+    /// nginx already logged it (e.g. a bad variable in a complex value).
+    Logged,
+}
+
+impl From<String> for ConfError {
+    fn from(s: String) -> Self {
+        ConfError::Message(s)
+    }
+}
+
+type ConfResult = Result<(), ConfError>;
+
+/// The arguments of the directive being parsed; `[0]` is its name.
+///
+/// # Safety
+/// `cf` must be the `ngx_conf_t` nginx passed to a directive setter.
+unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a mut [ngx_str_t] {
+    // SAFETY: while a setter runs, `cf->args` is an array of `ngx_str_t` holding the
+    // directive name and its arguments (nginx checked their count against the TAKE flags).
+    unsafe { (*(*cf).args).as_slice_mut() }
+}
+
+fn text(s: &ngx_str_t) -> String {
+    String::from_utf8_lossy(s.as_bytes()).into_owned()
+}
+
+fn invalid(args: &[ngx_str_t], i: usize, why: &str) -> ConfError {
+    ConfError::Message(format!(
+        "invalid value \"{}\" in \"{}\" directive, {}",
+        text(&args[i]),
+        text(&args[0]),
+        why
+    ))
+}
+
+fn duplicate(args: &[ngx_str_t]) -> ConfError {
+    ConfError::Message(format!("\"{}\" directive is duplicate", text(&args[0])))
+}
+
+/// Runs a setter body: logs its error at `[emerg]`, never lets a panic reach nginx.
+fn run_setter(cf: *mut ngx_conf_t, body: impl FnOnce() -> ConfResult) -> *mut c_char {
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or_else(|_| {
+            Err(ConfError::Message("yarl: internal error while parsing the directive".into()))
+        });
+    match result {
+        Ok(()) => NGX_CONF_OK,
+        Err(ConfError::Logged) => NGX_CONF_ERROR,
+        Err(ConfError::Message(m)) => {
+            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{}", m);
+            NGX_CONF_ERROR
+        }
+    }
+}
+
+/// # Safety
+/// `cf` must be a directive setter's `ngx_conf_t` inside the `http` block.
+unsafe fn main_conf<'a>(cf: *mut ngx_conf_t) -> Result<&'a mut MainConf, ConfError> {
+    // SAFETY: the caller guarantees `cf` is valid; inside `http {}` its ctx is an
+    // `ngx_http_conf_ctx_t` whose main_conf holds our `MainConf` (created by create_main_conf).
+    unsafe { Module::main_conf_mut(&*cf) }
+        .ok_or_else(|| ConfError::Message("yarl: no http configuration".into()))
+}
+
+fn time_arg(args: &mut [ngx_str_t], i: usize) -> Result<Duration, ConfError> {
+    // SAFETY: `args[i]` is a valid nginx string from the configuration parser;
+    // ngx_parse_time only reads it.
+    let ms = unsafe { ngx_parse_time(&mut args[i], 0) };
+    if ms == NGX_ERROR as isize || ms <= 0 {
+        return Err(invalid(args, i, "it must be a positive time such as \"500ms\" or \"1s\""));
+    }
+    Ok(Duration::from_millis(ms as u64))
+}
+
+/// Compiles a complex value (an argument that may contain variables) into the cycle pool.
+///
+/// # Safety
+/// `cf` must be a directive setter's `ngx_conf_t`; `value` an element of its `args`.
+unsafe fn compile(
+    cf: *mut ngx_conf_t,
+    value: *mut ngx_str_t,
+) -> Result<*mut ngx_http_complex_value_t, ConfError> {
+    // SAFETY: `cf->pool` is the cycle's configuration pool, valid while parsing.
+    let pool = unsafe { Pool::from_ngx_pool((*cf).pool) };
+    let cv = pool.calloc_type::<ngx_http_complex_value_t>();
+    if cv.is_null() {
+        return Err(ConfError::Message("yarl: out of memory".into()));
+    }
+    // SAFETY: an all-zero ngx_http_compile_complex_value_t is its documented initial state
+    // (nginx's own modules ngx_memzero it); the fields set below are the required ones.
+    let mut ccv: ngx_http_compile_complex_value_t = unsafe { core::mem::zeroed() };
+    ccv.cf = cf;
+    ccv.value = value;
+    ccv.complex_value = cv;
+    // SAFETY: ccv is initialized as ngx_http_compile_complex_value expects; on failure nginx
+    // has logged the reason itself.
+    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != NGX_OK as isize {
+        return Err(ConfError::Logged);
+    }
+    Ok(cv)
+}
+
+/// Whether a compiled complex value has no variables (its text is `(*cv).value`).
+fn is_constant(cv: *mut ngx_http_complex_value_t) -> bool {
+    // SAFETY: `cv` was just filled by ngx_http_compile_complex_value.
+    unsafe { (*cv).lengths.is_null() }
+}
+
+macro_rules! setter {
+    ($name:ident, $body:ident) => {
+        pub(crate) extern "C" fn $name(
+            cf: *mut ngx_conf_t,
+            _cmd: *mut ngx_command_t,
+            conf: *mut c_void,
+        ) -> *mut c_char {
+            run_setter(cf, || $body(cf, conf))
+        }
+    };
+}
+
+setter!(set_roots, roots);
+setter!(set_sync_interval, sync_interval);
+setter!(set_sync_timeout, sync_timeout);
+setter!(set_sync_token, sync_token);
+setter!(set_check, check);
+setter!(set_account, account);
+setter!(set_status, status);
+setter!(set_dry_run, dry_run);
+setter!(set_log_level, log_level);
+setter!(set_retry_after, retry_after);
+setter!(set_stats, stats);
+
+fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so `conf` is our MainConf.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.roots.is_some() {
+        return Err(duplicate(args));
+    }
+    let mut list: Vec<String> = Vec::with_capacity(args.len() - 1);
+    for i in 1..args.len() {
+        let url = args[i].to_str().map_err(|_| invalid(args, i, "it must be UTF-8"))?;
+        let url = parse::parse_root_url(url).map_err(|why| invalid(args, i, why))?;
+        if list.contains(&url) {
+            return Err(invalid(args, i, "the root is listed twice"));
+        }
+        list.push(url);
+    }
+    mc.roots = Some(list);
+    mc.used = true;
+    Ok(())
+}
+
+fn sync_interval(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.interval.is_some() {
+        return Err(duplicate(args));
+    }
+    mc.interval = Some(time_arg(args, 1)?);
+    Ok(())
+}
+
+fn sync_timeout(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.timeout.is_some() {
+        return Err(duplicate(args));
+    }
+    mc.timeout = Some(time_arg(args, 1)?);
+    Ok(())
+}
+
+fn sync_token(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.token.is_some() {
+        return Err(duplicate(args));
+    }
+    let token = args[1].to_str().map_err(|_| invalid(args, 1, "it must be UTF-8"))?;
+    // The token goes into an HTTP header: refuse what a header cannot carry.
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfError::Message(format!(
+            "invalid value in \"{}\" directive, the token must be non-empty printable ASCII \
+             without blanks",
+            text(&args[0])
+        )));
+    }
+    mc.token = Some(token.to_owned());
+    Ok(())
+}
+
+/// Compiles a quota-name argument; a constant name is validated now, one with variables on
+/// every request (an invalid evaluated name simply matches no quota).
+fn quota_name(
+    cf: *mut ngx_conf_t,
+    args: &mut [ngx_str_t],
+) -> Result<*mut ngx_http_complex_value_t, ConfError> {
+    if args[1].is_empty() {
+        return Err(invalid(args, 1, "the quota name is empty"));
+    }
+    let value: *mut ngx_str_t = &mut args[1];
+    // SAFETY: `cf` is nginx's, `value` an element of its args.
+    let cv = unsafe { compile(cf, value)? };
+    if is_constant(cv) {
+        let name = args[1].to_str().map_err(|_| invalid(args, 1, "it must be UTF-8"))?;
+        if let Err(e) = yarl_core::validate_name(name) {
+            return Err(invalid(args, 1, &format!("invalid quota name: {e}")));
+        }
+    }
+    Ok(cv)
+}
+
+fn mark_used(cf: *mut ngx_conf_t) -> ConfResult {
+    // SAFETY: called from a setter inside `http {}`.
+    unsafe { main_conf(cf) }?.used = true;
+    Ok(())
+}
+
+fn check(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET, so `conf` is our LocConf.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    let name = quota_name(cf, args)?;
+    lc.rules.push(Rule { kind: RuleKind::Check, name, weight: Weight::Fixed(0) });
+    mark_used(cf)
+}
+
+fn account(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    let name = quota_name(cf, args)?;
+    let weight = if args.len() < 3 {
+        Weight::Fixed(1)
+    } else {
+        let value: *mut ngx_str_t = &mut args[2];
+        // SAFETY: `cf` is nginx's, `value` an element of its args.
+        let cv = unsafe { compile(cf, value)? };
+        if is_constant(cv) {
+            let w = args[2].to_str().ok().and_then(parse::parse_weight).ok_or_else(|| {
+                invalid(args, 2, "the weight must be an integer from 0 to 1000000000000")
+            })?;
+            Weight::Fixed(w)
+        } else {
+            Weight::Variable(cv)
+        }
+    };
+    lc.rules.push(Rule { kind: RuleKind::Account, name, weight });
+    mark_used(cf)
+}
+
+fn status(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if lc.status.is_some() {
+        return Err(duplicate(args));
+    }
+    let code = args[1].to_str().ok().and_then(parse::parse_status);
+    lc.status = Some(code.ok_or_else(|| invalid(args, 1, "it must be between 400 and 599"))?);
+    Ok(())
+}
+
+fn flag(cf: *mut ngx_conf_t, slot: &mut Option<bool>) -> ConfResult {
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if slot.is_some() {
+        return Err(duplicate(args));
+    }
+    let v = args[1].to_str().ok().and_then(parse::parse_flag);
+    *slot = Some(v.ok_or_else(|| invalid(args, 1, "it must be \"on\" or \"off\""))?);
+    Ok(())
+}
+
+fn dry_run(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    flag(cf, &mut lc.dry_run)
+}
+
+fn retry_after(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    flag(cf, &mut lc.retry_after)
+}
+
+fn log_level(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if lc.log_level.is_some() {
+        return Err(duplicate(args));
+    }
+    let v = args[1].to_str().ok().and_then(parse::parse_log_level);
+    lc.log_level = Some(v.ok_or_else(|| {
+        invalid(args, 1, "it must be \"info\", \"notice\", \"warn\" or \"error\"")
+    })?);
+    Ok(())
+}
+
+fn stats(cf: *mut ngx_conf_t, _conf: *mut c_void) -> ConfResult {
+    // SAFETY: `cf` is a location-level setter's: its ctx holds the core module's location
+    // configuration, which is where content handlers are installed (as stub_status does).
+    let clcf = unsafe { NgxHttpCoreModule::location_conf_mut(&*cf) }
+        .ok_or_else(|| ConfError::Message("yarl: no location configuration".into()))?;
+    if clcf.handler.is_some() {
+        // SAFETY: called from a setter with nginx's `cf`.
+        let args = unsafe { args(cf) };
+        return Err(ConfError::Message(format!(
+            "\"{}\" directive conflicts with another content handler in this location",
+            text(&args[0])
+        )));
+    }
+    clcf.handler = Some(crate::stats::stats_handler);
+    mark_used(cf)
+}
+
+/// A null-terminated command table entry; kept here so lib.rs lists the table in one place.
+pub(crate) const fn command(
+    name: ngx_str_t,
+    type_: u32,
+    set: extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
+    conf: usize,
+) -> ngx_command_t {
+    ngx_command_t {
+        name,
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf,
+        offset: 0,
+        post: ptr::null_mut(),
+    }
+}

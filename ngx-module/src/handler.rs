@@ -1,0 +1,338 @@
+//! The PREACCESS handler, its per-request state, and `$yarl_status` / `$yarl_quota`.
+//!
+//! # Why PREACCESS
+//! It is where `limit_req` and `limit_conn` run: rate limiting happens before `allow`/`deny`
+//! and authentication, is not affected by `satisfy any` (which only changes how ACCESS-phase
+//! verdicts combine), and costs nothing but a table lookup. A pass is `NGX_DECLINED` (next
+//! handler of the phase, so `limit_req` after us still runs), never `NGX_OK`, which would
+//! skip the rest of the phase.
+//!
+//! # Order and all-or-nothing
+//! Check rules are decided first, in configuration order (they count nothing); then all
+//! account rules together with `Limiter::account_many`: the request is counted on every quota
+//! of every account chain, or, if any of them rejects, on none (seed `002_…`).
+//!
+//! # Decided once per request
+//! The decision is stored in a request-pool cleanup entry, not only in the module context:
+//! an internal redirect (`error_page`, `try_files`) zeroes module contexts and runs the phases
+//! again, and must neither count the request twice nor reject its error page. The entry is
+//! found again by its cleanup handler, the pattern `ngx_http_realip_module` uses.
+
+use crate::conf::{LocConf, RuleKind, Weight};
+use crate::parse::{self, RuntimeWeight};
+use crate::worker::{self, Counted, COUNTERS};
+use crate::Module;
+use core::ffi::c_void;
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_http_request_t, ngx_int_t, ngx_pool_cleanup_add, ngx_variable_value_t, NGX_LOG_ERR,
+    NGX_LOG_WARN,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
+use ngx::ngx_log_error;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use yarl_core::{Limiter, Outcome};
+
+/// The value of `$yarl_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YarlStatus {
+    /// Every matched quota passed.
+    Passed,
+    /// Rejected with `yarl_status`.
+    Rejected,
+    /// Would have been rejected; passed because of `yarl_dry_run on`.
+    RejectedDryRun,
+    /// No rule matched a quota.
+    Unlimited,
+}
+
+impl YarlStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            YarlStatus::Passed => "PASSED",
+            YarlStatus::Rejected => "REJECTED",
+            YarlStatus::RejectedDryRun => "REJECTED_DRY_RUN",
+            YarlStatus::Unlimited => "UNLIMITED",
+        }
+    }
+}
+
+/// What the handler decided for one request. Lives in the request pool (see module docs).
+#[derive(Debug)]
+pub struct Ctx {
+    status: YarlStatus,
+    /// The rejecting quota, else the last name that matched a quota.
+    quota: Option<Box<str>>,
+}
+
+/// The pool cleanup that owns a [`Ctx`]: drops it with the request pool. Its address also
+/// identifies our entry among the pool's cleanups.
+unsafe extern "C" fn ctx_cleanup(data: *mut c_void) {
+    // SAFETY: `data` is the Ctx written by `store_ctx`; the pool runs each cleanup once.
+    unsafe { core::ptr::drop_in_place(data.cast::<Ctx>()) };
+}
+
+fn is_ctx_cleanup(h: Option<unsafe extern "C" fn(*mut c_void)>) -> bool {
+    h.is_some_and(|f| core::ptr::eq(f as *const (), ctx_cleanup as *const ()))
+}
+
+/// The decision already made for this request, if any.
+fn find_ctx(r: &Request) -> Option<&Ctx> {
+    if let Some(c) = r.get_module_ctx::<Ctx>(Module::module()) {
+        return Some(c);
+    }
+    let raw: &ngx_http_request_t = r.as_ref();
+    // SAFETY: `r->pool` is the request's live pool; its cleanup list is a well-formed,
+    // null-terminated list owned by that pool, and only our handler's entries are read as Ctx.
+    unsafe {
+        let mut c = (*raw.pool).cleanup;
+        while !c.is_null() {
+            if is_ctx_cleanup((*c).handler) && !(*c).data.is_null() {
+                let ctx = (*c).data.cast::<Ctx>();
+                r.set_module_ctx(ctx.cast(), Module::module());
+                return Some(&*ctx);
+            }
+            c = (*c).next;
+        }
+    }
+    None
+}
+
+fn store_ctx(r: &Request, ctx: Ctx) -> bool {
+    let raw: &ngx_http_request_t = r.as_ref();
+    // SAFETY: ngx_pool_cleanup_add allocates `size` bytes aligned to NGX_ALIGNMENT (8, enough
+    // for Ctx) in the live request pool; the Ctx is written before the handler is set, and
+    // dropped by `ctx_cleanup` when the pool is destroyed.
+    unsafe {
+        let cln = ngx_pool_cleanup_add(raw.pool, core::mem::size_of::<Ctx>());
+        if cln.is_null() || (*cln).data.is_null() {
+            return false;
+        }
+        let p = (*cln).data.cast::<Ctx>();
+        debug_assert!(p.is_aligned());
+        p.write(ctx);
+        (*cln).handler = Some(ctx_cleanup);
+        r.set_module_ctx(p.cast(), Module::module());
+    }
+    true
+}
+
+/// The handler registered in the PREACCESS phase.
+pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with a valid request.
+    let r = unsafe { Request::from_ngx_http_request(r) };
+    match catch_unwind(AssertUnwindSafe(|| access(r))) {
+        Ok(s) => s.0,
+        Err(_) => {
+            // Fail open: a bug in the module must not fail the request.
+            ngx_log_error!(
+                NGX_LOG_ERR,
+                r.log(),
+                "yarl: internal error in the access handler, request passed"
+            );
+            Status::NGX_DECLINED.0
+        }
+    }
+}
+
+struct Verdict {
+    status: YarlStatus,
+    quota: Option<Box<str>>,
+    fill: f64,
+    retry_after: Option<u32>,
+}
+
+fn access(r: &mut Request) -> Status {
+    if !r.is_main() {
+        return Status::NGX_DECLINED;
+    }
+    let Some(lc) = Module::location_conf(r) else { return Status::NGX_DECLINED };
+    if lc.rules.is_empty() || find_ctx(r).is_some() {
+        return Status::NGX_DECLINED;
+    }
+    let Some(limiter) = worker::limiter() else {
+        // No limiter in this process (start failed, logged at init): fail open.
+        return Status::NGX_DECLINED;
+    };
+    let dry = lc.dry_run();
+    let v = decide(r, lc, limiter, dry);
+    let log = r.log();
+    if let (YarlStatus::Rejected | YarlStatus::RejectedDryRun, Some(q)) = (v.status, &v.quota) {
+        ngx_log_error!(
+            lc.log_level(),
+            log,
+            "limiting requests by quota \"{}\", fill {:.3}{}",
+            q,
+            v.fill,
+            if dry { ", dry run" } else { "" }
+        );
+    }
+    COUNTERS.count(match v.status {
+        YarlStatus::Passed => Counted::Passed,
+        YarlStatus::Unlimited => Counted::Unlimited,
+        YarlStatus::Rejected => Counted::Rejected,
+        YarlStatus::RejectedDryRun => Counted::RejectedDryRun,
+    });
+    let status = v.status;
+    let retry_after = v.retry_after;
+    if !store_ctx(r, Ctx { status, quota: v.quota }) {
+        ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot store the request state, request passed");
+        return Status::NGX_DECLINED;
+    }
+    if status != YarlStatus::Rejected {
+        return Status::NGX_DECLINED;
+    }
+    if lc.retry_after() {
+        let secs = retry_after.unwrap_or(1).to_string();
+        if r.add_header_out("Retry-After", &secs).is_none() {
+            ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot add the Retry-After header");
+        }
+    }
+    Status(lc.status() as ngx_int_t)
+}
+
+fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
+    let rejected = |d: yarl_core::Decision, name: &str| Verdict {
+        status: if dry { YarlStatus::RejectedDryRun } else { YarlStatus::Rejected },
+        quota: d.quota.or_else(|| Some(name.into())),
+        fill: d.fill,
+        retry_after: d.retry_after,
+    };
+    let mut matched: Option<Box<str>> = None;
+    let mut accounts: Vec<(&str, u64)> = Vec::new();
+    for rule in &lc.rules {
+        // SAFETY: rule names are compiled complex values in the cycle pool, alive as long as
+        // the configuration this request runs under.
+        let Some(name) = r.get_complex_value(unsafe { &*rule.name }) else { continue };
+        // An empty or non-UTF-8 evaluated name cannot be a quota: it matches nothing, the way
+        // an empty `limit_req_zone` key does not limit.
+        let Ok(name) = name.to_str() else { continue };
+        if name.is_empty() {
+            continue;
+        }
+        match (rule.kind, rule.weight) {
+            (RuleKind::Check, _) => {
+                let d = limiter.check(name);
+                match d.outcome {
+                    Outcome::Unlimited => {}
+                    Outcome::Passed => matched = Some(name.into()),
+                    Outcome::Rejected => return rejected(d, name),
+                }
+            }
+            (RuleKind::Account, w) => {
+                let units = match w {
+                    Weight::Fixed(n) => n,
+                    Weight::Variable(cv) => weight_of(r, cv, name),
+                };
+                accounts.push((name, units));
+            }
+        }
+    }
+    if !accounts.is_empty() {
+        // All account lines of the location count together or not at all.
+        match limiter.account_many(&accounts) {
+            Ok(d) if d.outcome == Outcome::Rejected => {
+                let name = d.quota.clone().unwrap_or_default();
+                return rejected(d, &name);
+            }
+            Ok(d) if d.outcome == Outcome::Passed => {
+                if let Some((n, _)) = accounts.iter().rev().find(|(n, _)| limiter.contains(n)) {
+                    matched = Some((*n).into());
+                }
+            }
+            // Unlimited; or weights above the maximum, which runtime_weight and the directive
+            // parser already clamp: never worth failing a request over.
+            _ => {}
+        }
+    }
+    let status = if matched.is_some() { YarlStatus::Passed } else { YarlStatus::Unlimited };
+    Verdict { status, quota: matched, fill: 0.0, retry_after: None }
+}
+
+fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &str) -> u64 {
+    // SAFETY: `cv` is a compiled complex value in the cycle pool (see `decide`).
+    let raw = r.get_complex_value(unsafe { &*cv }).map(|s| s.as_bytes()).unwrap_or_default();
+    let w = parse::runtime_weight(raw);
+    match w {
+        RuntimeWeight::Invalid => {
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                r.log(),
+                "yarl: weight \"{}\" for quota \"{}\" is not a number, counted as 0",
+                String::from_utf8_lossy(raw),
+                name
+            );
+        }
+        RuntimeWeight::Clamped(m) => {
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                r.log(),
+                "yarl: weight \"{}\" for quota \"{}\" is too large, counted as {}",
+                String::from_utf8_lossy(raw),
+                name,
+                m
+            );
+        }
+        RuntimeWeight::Empty | RuntimeWeight::Value(_) => {}
+    }
+    w.units()
+}
+
+/// Fills `v` with `bytes`, which must outlive the request.
+///
+/// # Safety
+/// `v` must be the variable value nginx passed to a getter.
+unsafe fn set_value(v: *mut ngx_variable_value_t, bytes: &[u8]) {
+    // SAFETY: per the caller; nginx only reads `data` for `len` bytes.
+    unsafe {
+        let v = &mut *v;
+        v.data = bytes.as_ptr().cast_mut();
+        v.set_len(bytes.len() as u32);
+        v.set_valid(1);
+        v.set_no_cacheable(0);
+        v.set_not_found(0);
+    }
+}
+
+/// # Safety
+/// As [`set_value`].
+unsafe fn set_not_found(v: *mut ngx_variable_value_t) {
+    // SAFETY: per the caller.
+    unsafe { (*v).set_not_found(1) };
+}
+
+/// Which variable a getter serves.
+pub(crate) const VAR_STATUS: usize = 0;
+/// Which variable a getter serves.
+pub(crate) const VAR_QUOTA: usize = 1;
+
+/// Getter of `$yarl_status` and `$yarl_quota` (`data` says which). Not found when no rule
+/// decided this request, like `$limit_req_status`.
+pub(crate) unsafe extern "C" fn variable_get(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_variable_value_t,
+    data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx calls variable getters with a valid request.
+    let r = unsafe { Request::from_ngx_http_request(r) };
+    let ok = catch_unwind(AssertUnwindSafe(|| {
+        let value: Option<&[u8]> = match (find_ctx(r), data) {
+            (Some(c), VAR_STATUS) => Some(c.status.as_str().as_bytes()),
+            (Some(c), VAR_QUOTA) => c.quota.as_deref().map(str::as_bytes),
+            _ => None,
+        };
+        // SAFETY: `v` is nginx's; the bytes are 'static or owned by the Ctx, which lives in
+        // the request pool until the request is freed, after logging.
+        unsafe {
+            match value {
+                Some(b) => set_value(v, b),
+                None => set_not_found(v),
+            }
+        }
+    }));
+    if ok.is_err() {
+        // SAFETY: as above.
+        unsafe { set_not_found(v) };
+    }
+    Status::NGX_OK.0
+}

@@ -1,0 +1,191 @@
+//! Directive values and per-request weights, parsed without nginx so they can be tested with
+//! `cargo test` (tests/parse.rs includes this file).
+//!
+//! Everything here returns `None`/`Err` with a reason; the directive setters turn that into an
+//! `[emerg]` that names the directive and the value, as nginx's own slots do.
+
+/// Largest weight one request may add, the core's `MAX_WEIGHT_UNITS` (SPEC §2: weights up to
+/// 1e12).
+pub const MAX_WEIGHT: u64 = 1_000_000_000_000;
+
+/// `on` / `off`, as `ngx_conf_set_flag_slot` accepts them (case-insensitive).
+pub fn parse_flag(s: &str) -> Option<bool> {
+    if s.eq_ignore_ascii_case("on") {
+        Some(true)
+    } else if s.eq_ignore_ascii_case("off") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// A rejection status: 400–599, the bounds `limit_req_status` uses.
+pub fn parse_status(s: &str) -> Option<u16> {
+    if s.is_empty() || s.len() > 3 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u16>().ok().filter(|c| (400..=599).contains(c))
+}
+
+/// The levels `yarl_log_level` accepts, the same set as `limit_req_log_level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// `info`
+    Info,
+    /// `notice`
+    Notice,
+    /// `warn`
+    Warn,
+    /// `error`
+    Error,
+}
+
+/// `info`, `notice`, `warn` or `error`.
+pub fn parse_log_level(s: &str) -> Option<LogLevel> {
+    match s {
+        "info" => Some(LogLevel::Info),
+        "notice" => Some(LogLevel::Notice),
+        "warn" => Some(LogLevel::Warn),
+        "error" => Some(LogLevel::Error),
+        _ => None,
+    }
+}
+
+/// A constant `yarl_account` weight: a decimal integer from 0 to [`MAX_WEIGHT`].
+pub fn parse_weight(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 13 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u64>().ok().filter(|&w| w <= MAX_WEIGHT)
+}
+
+/// What a weight variable evaluated to on one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeWeight {
+    /// Empty or unset (e.g. `$content_length` of a GET): nothing to count, weight 0.
+    Empty,
+    /// A usable weight.
+    Value(u64),
+    /// A number above [`MAX_WEIGHT`]: counted as [`MAX_WEIGHT`], which rejects on any
+    /// realistic quota rather than letting a huge request through uncounted.
+    Clamped(u64),
+    /// Not a number: counted as 0, and the handler logs it.
+    Invalid,
+}
+
+impl RuntimeWeight {
+    /// The weight to account.
+    pub fn units(self) -> u64 {
+        match self {
+            RuntimeWeight::Empty | RuntimeWeight::Invalid => 0,
+            RuntimeWeight::Value(w) | RuntimeWeight::Clamped(w) => w,
+        }
+    }
+}
+
+/// Parses an evaluated weight variable; surrounding blanks are tolerated because header
+/// values may carry them.
+pub fn runtime_weight(raw: &[u8]) -> RuntimeWeight {
+    let s = raw.trim_ascii();
+    if s.is_empty() {
+        return RuntimeWeight::Empty;
+    }
+    if !s.iter().all(u8::is_ascii_digit) {
+        return RuntimeWeight::Invalid;
+    }
+    let mut v: u64 = 0;
+    for &b in s {
+        v = match v.checked_mul(10).and_then(|v| v.checked_add(u64::from(b - b'0'))) {
+            Some(v) if v <= MAX_WEIGHT => v,
+            _ => return RuntimeWeight::Clamped(MAX_WEIGHT),
+        };
+    }
+    RuntimeWeight::Value(v)
+}
+
+/// Checks one `yarl_roots` URL and returns it without a trailing slash (the transport appends
+/// `/v1/sync`).
+///
+/// Only `http://` is accepted: the core's transport is built without TLS, and accepting an
+/// `https://` root that can never be reached would silently disable syncing.
+pub fn parse_root_url(s: &str) -> Result<String, &'static str> {
+    let rest = if let Some(r) = strip_prefix_ignore_case(s, "http://") {
+        r
+    } else if strip_prefix_ignore_case(s, "https://").is_some() {
+        return Err("https is not supported, roots are reached over plain http");
+    } else {
+        return Err("it must start with \"http://\"");
+    };
+    if s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        return Err("it must not contain blanks");
+    }
+    if rest.contains(['?', '#']) {
+        return Err("it must not have a query or fragment");
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err("credentials in the URL are not supported, use yarl_sync_token");
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let end = v6.find(']').ok_or("unterminated IPv6 address")?;
+        let after = &v6[end + 1..];
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or("invalid port")?),
+        };
+        (&v6[..end], port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("the host is missing");
+    }
+    if !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b)) {
+        return Err("invalid host");
+    }
+    if let Some(p) = port {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => {}
+            _ => return Err("invalid port"),
+        }
+    }
+    let path = path.trim_end_matches('/');
+    Ok(format!("http://{authority}{path}"))
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix).then(|| &s[prefix.len()..])
+}
+
+/// Decodes `%XX` escapes of a query argument (`yarl_stats?quota=a%3Ab`); `None` when the
+/// result is not UTF-8 or an escape is malformed.
+pub fn percent_decode(raw: &[u8]) -> Option<String> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'%' => {
+                let hex = raw.get(i + 1..i + 3)?;
+                let hex = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}

@@ -1,0 +1,96 @@
+//! The nginx-free parts of the module: directive values and runtime weights.
+//!
+//! The library itself cannot be linked into a test executable (it references nginx's
+//! symbols), so the pure module is compiled in here directly.
+
+#[allow(dead_code)]
+#[path = "../src/parse.rs"]
+mod parse;
+
+use parse::*;
+
+#[test]
+fn flags_are_on_or_off() {
+    assert_eq!(parse_flag("on"), Some(true));
+    assert_eq!(parse_flag("OFF"), Some(false));
+    assert_eq!(parse_flag("yes"), None);
+    assert_eq!(parse_flag(""), None);
+}
+
+#[test]
+fn status_is_bounded_like_limit_req_status() {
+    assert_eq!(parse_status("429"), Some(429));
+    assert_eq!(parse_status("400"), Some(400));
+    assert_eq!(parse_status("599"), Some(599));
+    for bad in ["399", "600", "200", "", "42x", "+429", "0429", "4290", "-1"] {
+        assert_eq!(parse_status(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn log_levels() {
+    assert_eq!(parse_log_level("info"), Some(LogLevel::Info));
+    assert_eq!(parse_log_level("notice"), Some(LogLevel::Notice));
+    assert_eq!(parse_log_level("warn"), Some(LogLevel::Warn));
+    assert_eq!(parse_log_level("error"), Some(LogLevel::Error));
+    assert_eq!(parse_log_level("debug"), None);
+    assert_eq!(parse_log_level("crit"), None);
+}
+
+#[test]
+fn config_weights() {
+    assert_eq!(parse_weight("0"), Some(0));
+    assert_eq!(parse_weight("1"), Some(1));
+    assert_eq!(parse_weight("1000000000000"), Some(MAX_WEIGHT));
+    for bad in ["1000000000001", "-1", "1.5", "", "abc", "99999999999999999999"] {
+        assert_eq!(parse_weight(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn runtime_weights() {
+    assert_eq!(runtime_weight(b""), RuntimeWeight::Empty);
+    assert_eq!(runtime_weight(b"  "), RuntimeWeight::Empty);
+    assert_eq!(runtime_weight(b"1234"), RuntimeWeight::Value(1234));
+    assert_eq!(runtime_weight(b" 7 "), RuntimeWeight::Value(7));
+    assert_eq!(runtime_weight(b"12a"), RuntimeWeight::Invalid);
+    assert_eq!(runtime_weight(b"-5"), RuntimeWeight::Invalid);
+    assert_eq!(runtime_weight(b"1000000000001"), RuntimeWeight::Clamped(MAX_WEIGHT));
+    assert_eq!(runtime_weight(b"184467440737095516150"), RuntimeWeight::Clamped(MAX_WEIGHT));
+    assert_eq!(runtime_weight(b"12a").units(), 0);
+    assert_eq!(runtime_weight(b"").units(), 0);
+    assert_eq!(runtime_weight(b"99999999999999").units(), MAX_WEIGHT);
+}
+
+#[test]
+fn root_urls() {
+    assert_eq!(parse_root_url("http://127.0.0.1:7700").unwrap(), "http://127.0.0.1:7700");
+    assert_eq!(parse_root_url("http://root.example:80/").unwrap(), "http://root.example:80");
+    assert_eq!(parse_root_url("HTTP://r/yarl/").unwrap(), "http://r/yarl");
+    assert_eq!(parse_root_url("http://[::1]:7700").unwrap(), "http://[::1]:7700");
+    assert!(parse_root_url("https://r:7700").unwrap_err().contains("https"));
+    for bad in [
+        "127.0.0.1:7700",
+        "http://",
+        "http://:80",
+        "http://r:0",
+        "http://r:99999",
+        "http://r:x",
+        "http://r?a=1",
+        "http://u:p@r",
+        "http://r r",
+        "http://[::1",
+        "ftp://r",
+    ] {
+        assert!(parse_root_url(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn percent_decoding() {
+    assert_eq!(percent_decode(b"a%3Ab%40c").as_deref(), Some("a:b@c"));
+    assert_eq!(percent_decode(b"plain.name").as_deref(), Some("plain.name"));
+    assert_eq!(percent_decode(b"bad%4"), None);
+    assert_eq!(percent_decode(b"bad%zz"), None);
+    assert_eq!(percent_decode(b"%ff"), None);
+}
