@@ -32,9 +32,54 @@ pub struct RootConfig {
     pub max_entries: usize,
     /// Time constant of the per-counter rate meter shown by the admin API (ns).
     pub rate_tau_ns: u64,
-    /// Time constant of the attempted-demand meter limiters decide with (ns): short, so
-    /// suppression follows a step in load within about a sync interval.
-    pub demand_tau_ns: u64,
+}
+
+/// Width of one bucket of the demand window, ns.
+const DEMAND_BUCKET_NS: u64 = 250_000_000;
+/// Full buckets the demand rate is averaged over: 2 s, a whole number of 1 s, 500 ms, 250 ms
+/// … sync intervals, so each limiter's once-per-interval batches count exactly as often
+/// whenever the window is read (an exponential average read right after one's own batch
+/// landed would be biased high, and suppress too much).
+const DEMAND_BUCKETS: u64 = 8;
+const DEMAND_SLOTS: usize = DEMAND_BUCKETS as usize + 1;
+
+/// Attempted (admitted + refused) milli-units per 250 ms bucket, over the last 2 s.
+#[derive(Debug, Clone, Copy, Default)]
+struct DemandWindow {
+    buckets: [u64; DEMAND_SLOTS],
+    /// Index (time / bucket width) of the newest bucket.
+    head: u64,
+}
+
+impl DemandWindow {
+    fn add(&mut self, amount: u64, now: u64) {
+        let b = now / DEMAND_BUCKET_NS;
+        if b > self.head {
+            for k in (self.head + 1)..=b.min(self.head + DEMAND_SLOTS as u64) {
+                self.buckets[(k % DEMAND_SLOTS as u64) as usize] = 0;
+            }
+            self.head = b;
+        }
+        // A batch stamped in an older bucket (time never goes back here) lands in the newest.
+        let slot = (self.head % DEMAND_SLOTS as u64) as usize;
+        self.buckets[slot] = self.buckets[slot].saturating_add(amount);
+    }
+
+    /// Milli-units per second over the last [`DEMAND_BUCKETS`] full buckets before `now`.
+    fn rate(&self, now: u64) -> f64 {
+        let b = now / DEMAND_BUCKET_NS;
+        let first = b.saturating_sub(DEMAND_BUCKETS);
+        let sum: u64 = (first..b)
+            .filter(|&k| k <= self.head && k + (DEMAND_SLOTS as u64) > self.head)
+            .map(|k| self.buckets[(k % DEMAND_SLOTS as u64) as usize])
+            .fold(0u64, u64::saturating_add);
+        sum as f64 * NANOS_PER_SEC as f64 / (DEMAND_BUCKETS * DEMAND_BUCKET_NS) as f64
+    }
+
+    fn is_recent(&self, now: u64) -> bool {
+        self.head + DEMAND_SLOTS as u64 > now / DEMAND_BUCKET_NS
+            && self.buckets.iter().any(|&b| b > 0)
+    }
 }
 
 impl Default for RootConfig {
@@ -45,7 +90,6 @@ impl Default for RootConfig {
             limiter_idle_ns: 600 * NANOS_PER_SEC,
             max_entries: 2_000_000,
             rate_tau_ns: 5 * NANOS_PER_SEC,
-            demand_tau_ns: NANOS_PER_SEC,
         }
     }
 }
@@ -83,9 +127,7 @@ struct RootCounter {
     /// Admitted inflow: milli-units per second as of `rate_at`.
     rate: f64,
     rate_at: u64,
-    /// Attempted (admitted + rejected) milli-units per second as of `demand_at`.
-    demand: f64,
-    demand_at: u64,
+    demand: DemandWindow,
 }
 
 /// An exponentially weighted rate: `amount` arriving at `now` on a meter reading `rate` at
@@ -222,12 +264,12 @@ impl RootState {
             self.stats.deltas_unknown += 1;
             return;
         };
-        let (rate_tau, demand_tau) = (self.config.rate_tau_ns, self.config.demand_tau_ns);
+        let rate_tau = self.config.rate_tau_ns;
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
         c.bucket.add(amount);
         meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
-        meter(&mut c.demand, &mut c.demand_at, amount.saturating_add(rejected), now, demand_tau);
+        c.demand.add(amount.saturating_add(rejected), now);
         self.stats.deltas_applied += 1;
         self.bump(id);
     }
@@ -292,7 +334,7 @@ impl RootState {
             .range(since.saturating_add(1)..)
             .filter_map(|(_, id)| {
                 let c = self.counters.get(id)?;
-                let demand = meter_at(c.demand, c.demand_at, now, self.config.demand_tau_ns);
+                let demand = c.demand.rate(now);
                 Some((*id, c.bucket.fill_at(now, self.live_limit(*id)?), demand as u64))
             })
             .collect();
@@ -345,14 +387,16 @@ impl RootState {
         })
     }
 
-    /// Drops drained counters and forgotten limiters; call it now and then (e.g. every few
+    /// Drops drained counters without recent demand, and forgotten limiters; call it now and then (e.g. every few
     /// seconds). Limiters drain their copies at the same rate, so nothing needs telling.
     pub fn sweep(&mut self, now: u64) {
         let quotas = &self.quotas;
         let changes = &mut self.changes;
         self.counters.retain(|id, c| {
             let limit = quotas.get(id).map_or(0, |q| q.limits.limit);
-            let keep = limit > 0 && c.bucket.fill_at(now, limit) > 0;
+            // A counter that drained but still sees demand keeps its window: dropping it would
+            // restart the demand from zero and let a burst through.
+            let keep = limit > 0 && (c.bucket.fill_at(now, limit) > 0 || c.demand.is_recent(now));
             if !keep {
                 changes.remove(&c.version);
             }

@@ -357,6 +357,11 @@ impl SyncEngine {
                     c.anchor_local(s, v, now);
                 }
                 c.sub_local(s, v);
+                // Requests accounted while the round was in flight left the counter non-zero,
+                // so no 0 -> non-zero transition will list it again: list it now.
+                if c.has_pending(s) {
+                    c.mark_dirty(s);
+                }
                 active.insert(s);
             }
             if round.any_ok {

@@ -765,6 +765,16 @@ impl CounterAccess<'_> {
         self.slot(s).map_or(0, |x| x.local.load(Relaxed))
     }
 
+    /// Whether `s` has counts no round has taken yet.
+    pub fn has_pending(&self, s: u32) -> bool {
+        self.slot(s).is_some_and(|x| x.local.load(Relaxed) > 0 || x.rejected.load(Relaxed) > 0)
+    }
+
+    /// Lists `s` for the next round again.
+    pub fn mark_dirty(&self, s: u32) {
+        self.limiter.dirty.lock().push(s);
+    }
+
     /// Takes the locally refused weight (it only feeds the roots' demand meters).
     pub fn take_rejected(&self, s: u32) -> u64 {
         self.slot(s).map_or(0, |x| x.rejected.swap(0, Relaxed))

@@ -172,9 +172,11 @@ fn refuses_bad_requests() {
 #[test]
 fn sweep_drops_drained_counters_and_idle_limiters() {
     let mut r = root();
-    r.sync(&req("a", vec![(1, vec![(1, 2_000), (2, 2_000)])]), S).unwrap();
+    r.sync(&req("a", vec![(1, vec![(1, 10_000), (2, 2_000)])]), S).unwrap();
     r.sweep(S + S / 2);
-    assert_eq!(r.counter_count(), 1, "q2 drained (1000/s), q1 not (1/s)");
+    assert_eq!(r.counter_count(), 2, "q2 drained but its demand is recent");
+    r.sweep(4 * S);
+    assert_eq!(r.counter_count(), 1, "q2 drained (1000/s) and quiet, q1 not (1/s)");
     r.sweep(700 * S);
     assert_eq!((r.counter_count(), r.limiter_count()), (0, 0));
 }
@@ -205,17 +207,25 @@ fn counter_view_reports_rate_and_probability() {
 #[test]
 fn demand_counts_rejected_attempts_too() {
     let mut r = root();
-    // 1000 units admitted and 2000 refused per second, for 5 s, in 0.5 s batches.
-    for i in 1..=10u64 {
-        let b = DeltaBatch { seq: i, deltas: vec![(2, 500_000, 1_000_000)] };
-        let q = SyncRequest { batches: vec![b], ..req("a", vec![]) };
-        let resp = r.sync(&q, i * S / 2).unwrap();
-        let (_, _, demand) = resp.counters[0];
-        if i == 10 {
-            // An EWMA with tau = 1 s of 1500 units every 0.5 s hovers around 3000/s.
-            assert!((2_500_000..=4_000_000).contains(&demand), "{demand}");
+    // Two limiters, each sending 300 units admitted + 600 refused once a second, half a
+    // second apart: 1800 units/s attempted in all, whenever the window is read.
+    let mut seq = [0u64; 2];
+    for k in 1..=20u64 {
+        let l = (k % 2) as usize;
+        seq[l] += 1;
+        let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)] };
+        let q = SyncRequest { batches: vec![b], ..req(&format!("l{l}"), vec![]) };
+        let resp = r.sync(&q, k * S / 2 + 1).unwrap();
+        if k > 5 {
+            let (_, _, demand) = resp.counters[0];
+            assert!((1_700_000..=1_900_000).contains(&demand), "{k}: {demand}");
         }
     }
-    let v = r.counter(2, 5 * S).unwrap();
-    assert!(v.rate < 1_200.0, "the admin rate shows admitted only: {v:?}");
+    let v = r.counter(2, 10 * S).unwrap();
+    assert!(v.rate < 700.0, "the admin rate shows admitted only: {v:?}");
+    // Demand keeps a drained counter alive through a sweep; silence lets it go.
+    r.sweep(10 * S + S / 2);
+    assert_eq!(r.counter_count(), 1);
+    r.sweep(20 * S);
+    assert_eq!(r.counter_count(), 0);
 }

@@ -237,3 +237,28 @@ fn protocol_mismatch_counts_as_failure() {
     assert_eq!(st.roots[0].ok, Some(false));
     assert!(st.roots[0].last_error.as_deref().unwrap().contains("version 9"));
 }
+
+/// Regression: traffic accounted while a round was in flight was never sent (the slot only
+/// entered the dirty list on a 0 -> non-zero transition, which the in-flight increments
+/// prevented), so roots saw nothing and the limiter's local fill grew until it rejected all.
+#[test]
+fn counts_made_during_a_round_go_out_with_the_next() {
+    let clock = ManualClock::at(S);
+    let mut r = root_with(&[quota(1, "a", 0.001, 1e6, 1e6)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+    for i in 1..=5u64 {
+        n.limiter.account("a", 1).unwrap();
+        let now = clock.now_nanos();
+        for call in n.engine.begin_round(now) {
+            // An account lands between the request and its answer.
+            n.limiter.account("a", 10).unwrap();
+            let resp = r.sync(&call.request, now).unwrap();
+            n.engine.on_response(call.root, Ok(resp), Duration::ZERO, now);
+        }
+        n.engine.end_round(now);
+        let sent = r.counter(1, now).unwrap().fill;
+        assert_eq!(sent, (11 * i - 10) as f64, "round {i}");
+    }
+    assert_eq!(n.limiter.quota("a").unwrap().fill, 55.0);
+}
