@@ -1,0 +1,304 @@
+//! The admin API: quotas in units (floats) on the outside, fixed point in the database.
+//!
+//! Bodies are read as bytes and parsed here rather than with axum's `Json`, so every
+//! rejection (bad JSON, too large, unreadable) gets the same `{"error": …}` shape.
+
+use crate::db::{NewQuota, StoreError, StoredQuota};
+use crate::error::ApiError;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering::Relaxed;
+use yarl_core::units::milli_to_units;
+use yarl_core::{validate_name, QuotaSpec};
+
+/// Default and largest page of `GET /v1/quotas`.
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1_000;
+
+/// The body of `PUT /v1/quotas/{name}`. Unknown fields are refused so a typo such as
+/// `"lowburst"` is an error, not a silently defaulted value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaBody {
+    /// Optional; must equal the name in the path.
+    #[serde(default)]
+    name: Option<String>,
+    limit: f64,
+    low_burst: f64,
+    high_burst: f64,
+    #[serde(default)]
+    parent: Option<String>,
+}
+
+/// One item of `POST /v1/quotas:batch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchItem {
+    name: String,
+    limit: f64,
+    low_burst: f64,
+    high_burst: f64,
+    #[serde(default)]
+    parent: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct QuotaJson {
+    name: String,
+    id: u64,
+    epoch: u64,
+    limit: f64,
+    low_burst: f64,
+    high_burst: f64,
+    parent: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+}
+
+impl From<StoredQuota> for QuotaJson {
+    fn from(q: StoredQuota) -> Self {
+        QuotaJson {
+            id: q.id,
+            epoch: q.epoch,
+            limit: milli_to_units(q.limits.limit),
+            low_burst: milli_to_units(q.limits.low_burst),
+            high_burst: milli_to_units(q.limits.high_burst),
+            parent: q.parent,
+            deleted: q.deleted,
+            name: q.name,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CounterJson {
+    fill: f64,
+    rate: f64,
+    drop_probability: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct QuotaWithCounter {
+    #[serde(flatten)]
+    quota: QuotaJson,
+    /// `null` until this root has loaded the quota (at most one poll interval).
+    counter: Option<CounterJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Page {
+    quotas: Vec<QuotaJson>,
+    /// Pass as `after` to get the next page; `null` on the last page.
+    next: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct BatchResult {
+    count: usize,
+    first_epoch: Option<u64>,
+    last_epoch: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListParams {
+    #[serde(default)]
+    prefix: String,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+/// Turns a body rejection into the API's error shape.
+pub(crate) fn read_body(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge { limit }
+        } else {
+            ApiError::Body(r.body_text())
+        }
+    })
+}
+
+fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(n)| n)
+        .map_err(|r| ApiError::BadRequest(format!("bad quota name: {}", r.body_text())))
+}
+
+fn invalid(index: Option<usize>, e: impl std::fmt::Display) -> ApiError {
+    ApiError::Invalid { index, message: e.to_string() }
+}
+
+/// Records a failed write for metrics and the rate-limited database log, then passes it on.
+fn refused(st: &AppState, e: ApiError) -> ApiError {
+    st.0.metrics.admin_refused.fetch_add(1, Relaxed);
+    if let ApiError::Store { source, .. } = &e {
+        st.db_failed(source);
+    }
+    e
+}
+
+pub(crate) async fn put(
+    State(st): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    let result = async {
+        let name = path_name(name)?;
+        let body = read_body(body, crate::BODY_LIMIT)?;
+        let b: QuotaBody =
+            serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+        if let Some(n) = &b.name {
+            if *n != name {
+                return Err(invalid(None, format!("body names {n:?} but the path names {name:?}")));
+            }
+        }
+        let spec = QuotaSpec {
+            limit: b.limit,
+            low_burst: b.low_burst,
+            high_burst: b.high_burst,
+            parent: b.parent,
+        };
+        let limits = spec.validate(&name).map_err(|e| invalid(None, e))?;
+        let written =
+            st.0.store.put_many(vec![NewQuota { name, limits, parent: spec.parent }]).await?;
+        Ok(written)
+    }
+    .await;
+    let written = result.map_err(|e| refused(&st, e))?;
+    st.db_ok();
+    st.0.metrics.quota_writes.fetch_add(1, Relaxed);
+    let stored = written.quotas.first().cloned();
+    st.catch_up(written).await;
+    let q = stored.ok_or_else(|| ApiError::Internal("write returned no row".into()))?;
+    tracing::info!(name = %q.name, id = q.id, epoch = q.epoch, "quota written");
+    Ok(Json(q.into()))
+}
+
+pub(crate) async fn get(
+    State(st): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<QuotaWithCounter>, ApiError> {
+    let name = path_name(name)?;
+    validate_name(&name).map_err(|e| invalid(None, e))?;
+    let q = st.0.store.get(name.clone()).await.map_err(|e| refused(&st, e.into()))?;
+    let q = q.ok_or(ApiError::Store { source: StoreError::NotFound(name), batch: false })?;
+    let now = st.now();
+    let counter = st.0.root.lock().counter(q.id, now).map(|c| CounterJson {
+        fill: c.fill,
+        rate: c.rate,
+        drop_probability: c.drop_probability,
+    });
+    Ok(Json(QuotaWithCounter { quota: q.into(), counter }))
+}
+
+pub(crate) async fn delete(
+    State(st): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    let result = async {
+        let name = path_name(name)?;
+        validate_name(&name).map_err(|e| invalid(None, e))?;
+        Ok(st.0.store.delete(name).await?)
+    }
+    .await;
+    let written = result.map_err(|e| refused(&st, e))?;
+    st.db_ok();
+    st.0.metrics.quota_writes.fetch_add(1, Relaxed);
+    let tomb = written.quotas.first().cloned();
+    st.catch_up(written).await;
+    let q = tomb.ok_or_else(|| ApiError::Internal("delete returned no row".into()))?;
+    tracing::info!(name = %q.name, id = q.id, epoch = q.epoch, "quota deleted");
+    Ok(Json(q.into()))
+}
+
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Page>, ApiError> {
+    let Query(p) = params.map_err(|r| ApiError::BadRequest(r.body_text()))?;
+    if !p.prefix.is_empty() {
+        validate_name(&p.prefix).map_err(|e| ApiError::BadRequest(format!("prefix: {e}")))?;
+    }
+    if let Some(a) = &p.after {
+        validate_name(a).map_err(|e| ApiError::BadRequest(format!("after: {e}")))?;
+    }
+    let limit = p.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be from 1 to {MAX_PAGE}, got {limit}"
+        )));
+    }
+    // One row more than asked tells whether another page exists.
+    let mut rows =
+        st.0.store.list(p.prefix, p.after, limit + 1).await.map_err(|e| refused(&st, e.into()))?;
+    let next = if rows.len() > limit as usize {
+        rows.truncate(limit as usize);
+        rows.last().map(|q| q.name.clone())
+    } else {
+        None
+    };
+    Ok(Json(Page { quotas: rows.into_iter().map(Into::into).collect(), next }))
+}
+
+pub(crate) async fn batch(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<BatchResult>, ApiError> {
+    let result = async {
+        let body = read_body(body, crate::BATCH_BODY_LIMIT)?;
+        // Parsing and validating a million items takes a second of CPU: keep it off the
+        // async workers that answer syncs.
+        let quotas = tokio::task::spawn_blocking(move || parse_batch(&body))
+            .await
+            .map_err(|e| ApiError::Internal(format!("batch parser: {e}")))??;
+        let written =
+            st.0.store
+                .put_many(quotas)
+                .await
+                .map_err(|source| ApiError::Store { source, batch: true })?;
+        Ok(written)
+    }
+    .await;
+    let written = result.map_err(|e| refused(&st, e))?;
+    st.db_ok();
+    let count = written.quotas.len();
+    st.0.metrics.quota_writes.fetch_add(count as u64, Relaxed);
+    let res = BatchResult {
+        count,
+        first_epoch: (count > 0).then_some(written.base_epoch + 1),
+        last_epoch: (count > 0).then(|| written.last_epoch()),
+    };
+    st.catch_up(written).await;
+    if count > 0 {
+        tracing::info!(count, last_epoch = res.last_epoch, "quota batch written");
+    }
+    Ok(Json(res))
+}
+
+fn parse_batch(body: &[u8]) -> Result<Vec<NewQuota>, ApiError> {
+    let items: Vec<BatchItem> =
+        serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| {
+            let spec = QuotaSpec {
+                limit: it.limit,
+                low_burst: it.low_burst,
+                high_burst: it.high_burst,
+                parent: it.parent,
+            };
+            let limits = spec
+                .validate(&it.name)
+                .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
+            Ok(NewQuota { name: it.name, limits, parent: spec.parent })
+        })
+        .collect()
+}

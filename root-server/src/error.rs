@@ -1,0 +1,130 @@
+//! The one error type of the HTTP API. Every variant documents its status; every response
+//! body is `{"error": "…"}` naming what is wrong (batch errors add the item's `index`).
+//! Database details reach the client only as "unavailable" plus the driver's message,
+//! which names no credentials (URLs are never part of it).
+
+use crate::db::StoreError;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use yarl_core::proto::SyncError;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// 400: the body is not the JSON the route takes.
+    #[error("bad JSON: {0}")]
+    BadJson(String),
+    /// 400: a bad path or query parameter.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 413: the body is larger than the route accepts.
+    #[error("request body too large: this route accepts at most {limit} bytes")]
+    TooLarge {
+        /// The route's limit in bytes.
+        limit: usize,
+    },
+    /// 400: the body could not be read.
+    #[error("could not read the request body: {0}")]
+    Body(String),
+    /// 401: the route needs a bearer token and none was sent.
+    #[error("missing bearer token: send \"Authorization: Bearer <token>\"")]
+    MissingToken,
+    /// 401: the bearer token is not the configured one.
+    #[error("wrong bearer token")]
+    WrongToken,
+    /// 422: the quota is invalid (the message names the field); `index` is set in batches.
+    #[error("{}{message}", .index.map(|i| format!("item {i}: ")).unwrap_or_default())]
+    Invalid {
+        /// Index of the offending batch item.
+        index: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+    /// The database refused the write or could not be reached; the status depends on the
+    /// kind: 404 not found, 409 cycle or children, 422 unknown parent / duplicate / depth,
+    /// 503 unavailable, 500 invalid database contents.
+    #[error("{}{source}", if *.batch { .source.item_index().map(|i| format!("item {i}: ")).unwrap_or_default() } else { String::new() })]
+    Store {
+        /// The cause.
+        source: StoreError,
+        /// Whether the request was a batch (messages then name the item index).
+        batch: bool,
+    },
+    /// 400/413/429: the sync request was refused.
+    #[error("{0}")]
+    Sync(SyncError),
+    /// 500: a bug; the message says where.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// 404: no such route.
+    #[error("no route for {0}")]
+    NoRoute(String),
+    /// 405: the route exists but not with this method.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+}
+
+impl From<StoreError> for ApiError {
+    fn from(source: StoreError) -> Self {
+        ApiError::Store { source, batch: false }
+    }
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadJson(_) | ApiError::BadRequest(_) | ApiError::Body(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::MissingToken | ApiError::WrongToken => StatusCode::UNAUTHORIZED,
+            ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Store { source, .. } => match source {
+                StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+                StoreError::Cycle { .. } | StoreError::HasChildren { .. } => StatusCode::CONFLICT,
+                StoreError::UnknownParent { .. }
+                | StoreError::ChainTooDeep { .. }
+                | StoreError::Duplicate { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            ApiError::Sync(e) => match e {
+                SyncError::TooLarge(..) => StatusCode::PAYLOAD_TOO_LARGE,
+                SyncError::TooManyLimiters(_) => StatusCode::TOO_MANY_REQUESTS,
+                _ => StatusCode::BAD_REQUEST,
+            },
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    fn index(&self) -> Option<usize> {
+        match self {
+            ApiError::Invalid { index, .. } => *index,
+            ApiError::Store { source, batch: true } => source.item_index(),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::debug!(error = %self, "request failed");
+        }
+        let mut body = serde_json::json!({ "error": self.to_string() });
+        if let Some(i) = self.index() {
+            body["index"] = i.into();
+        }
+        let mut resp = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}

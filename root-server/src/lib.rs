@@ -1,0 +1,105 @@
+//! # yarl-root
+//!
+//! The YARL root server: limiters send it what they counted, it sums the deltas of all
+//! limiters (exactly once, in memory) and answers with the cluster-wide counters and the
+//! quotas they have not seen yet. Quotas live in a database (SQLite or PostgreSQL) that
+//! several roots may share; an admin API drives it with curl.
+//!
+//! # Brief overview
+//!
+//! * [`app`]: the router (sync route, admin routes, health, metrics), testable without a
+//!   socket.
+//! * [`AppState`]: the core's `RootState` behind a lock, plus the store and the poller.
+//! * [`db`]: the [`db::QuotaStore`] trait and its SQLite and PostgreSQL implementations.
+//! * [`ApiError`]: every error and its status.
+//!
+//! # Routes and body limits
+//!
+//! | route | body limit | token |
+//! |---|---|---|
+//! | `POST /v1/sync` | [`SYNC_BODY_LIMIT`] | sync |
+//! | `POST /v1/quotas:batch` | [`BATCH_BODY_LIMIT`] | admin |
+//! | `PUT/GET/DELETE /v1/quotas/{name}`, `GET /v1/quotas` | [`BODY_LIMIT`] | admin |
+//! | `GET /healthz`, `GET /metrics` | [`BODY_LIMIT`] | none |
+//!
+//! `/v1/quotas:batch` cannot collide with a quota name: names are matched only after
+//! `/v1/quotas/`, so a quota called `quotas:batch` is `/v1/quotas/quotas:batch`.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod admin;
+mod auth;
+pub mod db;
+mod error;
+mod metrics;
+mod state;
+mod sync_api;
+
+pub use error::ApiError;
+pub use state::{AppState, Background, Settings};
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, Uri};
+use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use std::sync::Arc;
+
+/// Body limit of the admin and other small routes (1 MiB).
+pub const BODY_LIMIT: usize = 1 << 20;
+/// Body limit of `POST /v1/sync` (64 MiB: a limiter with a million active counters sends
+/// about 30 MB of deltas).
+pub const SYNC_BODY_LIMIT: usize = 64 << 20;
+/// Body limit of `POST /v1/quotas:batch` (256 MiB: a million quotas take about 100 MB).
+pub const BATCH_BODY_LIMIT: usize = 256 << 20;
+
+/// The whole HTTP API over `state`.
+pub fn app(state: AppState) -> Router {
+    let token = |t: &Option<String>| auth::Token(t.as_deref().map(|t| Arc::from(t.as_bytes())));
+    let admin_token = token(&state.0.settings.admin_token);
+    let sync_token = token(&state.0.settings.sync_token);
+
+    let admin = Router::new()
+        .route("/v1/quotas", get(admin::list))
+        .route(
+            "/v1/quotas:batch",
+            post(admin::batch).layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT)),
+        )
+        .route("/v1/quotas/{name}", put(admin::put).get(admin::get).delete(admin::delete))
+        // route_layer: only matched routes ask for a token, so unknown paths stay 404s.
+        .route_layer(from_fn_with_state(admin_token, auth::require));
+    let sync = Router::new()
+        .route("/v1/sync", post(sync_api::sync).layer(DefaultBodyLimit::max(SYNC_BODY_LIMIT)))
+        .route_layer(from_fn_with_state(sync_token, auth::require));
+
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .merge(admin)
+        .merge(sync)
+        .fallback(|uri: Uri| async move { ApiError::NoRoute(uri.path().to_owned()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        // The outer limit applies wherever a route sets none of its own (the inner layer
+        // runs later and overrides it).
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
+    use std::sync::atomic::Ordering::Relaxed;
+    let db_up = !st.0.metrics.db_down.load(Relaxed);
+    Json(serde_json::json!({
+        "status": "ok",
+        "database": if db_up { "up" } else { "down" },
+        "epoch": st.epoch(),
+    }))
+}
+
+async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
+    let snap = st.snapshot();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        st.0.metrics.render(&snap, st.0.store.kind()),
+    )
+}

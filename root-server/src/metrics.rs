@@ -1,0 +1,144 @@
+//! Prometheus text exposition, written by hand: a dozen series do not justify a metrics
+//! framework, and atomics keep the sync path free of extra locks.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+use yarl_core::root::RootStats;
+
+/// Upper bounds (seconds) of the sync latency histogram buckets.
+const BUCKETS: [f64; 12] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+
+/// Counters the server keeps besides the root state's own.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    sync_ok: AtomicU64,
+    sync_refused: AtomicU64,
+    sync_buckets: [AtomicU64; BUCKETS.len()],
+    sync_sum_ns: AtomicU64,
+    pub(crate) db_errors: AtomicU64,
+    pub(crate) db_down: AtomicBool,
+    pub(crate) polls: AtomicU64,
+    pub(crate) quota_writes: AtomicU64,
+    pub(crate) admin_refused: AtomicU64,
+}
+
+/// Gauges read from the root state at scrape time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Snapshot {
+    pub stats: RootStats,
+    pub limiters: usize,
+    pub quotas: usize,
+    pub counters: usize,
+    pub epoch: u64,
+}
+
+impl Metrics {
+    /// Records one sync request that took `took` (request parsing to answer serialised).
+    pub(crate) fn sync_done(&self, ok: bool, took: Duration) {
+        if ok { &self.sync_ok } else { &self.sync_refused }.fetch_add(1, Relaxed);
+        let secs = took.as_secs_f64();
+        for (b, &le) in self.sync_buckets.iter().zip(BUCKETS.iter()) {
+            if secs <= le {
+                b.fetch_add(1, Relaxed);
+            }
+        }
+        self.sync_sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    pub(crate) fn render(&self, s: &Snapshot, store: &str) -> String {
+        let mut o = String::with_capacity(4096);
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            "yarl_root_deltas_applied_total",
+            "Delta entries added to counters.",
+            s.stats.deltas_applied,
+        );
+        counter(
+            "yarl_root_deltas_unknown_total",
+            "Delta entries for quotas this root does not know (dropped).",
+            s.stats.deltas_unknown,
+        );
+        counter(
+            "yarl_root_duplicate_batches_total",
+            "Delta batches skipped because they were applied before (retries).",
+            s.stats.duplicate_batches,
+        );
+        counter(
+            "yarl_root_hints_applied_total",
+            "Limiter hints that raised a counter.",
+            s.stats.hints_applied,
+        );
+        counter(
+            "yarl_root_db_errors_total",
+            "Failed quota database operations.",
+            self.db_errors.load(Relaxed),
+        );
+        counter(
+            "yarl_root_db_polls_total",
+            "Successful polls of the quota database.",
+            self.polls.load(Relaxed),
+        );
+        counter(
+            "yarl_root_quota_writes_total",
+            "Quotas created, replaced or deleted through this root.",
+            self.quota_writes.load(Relaxed),
+        );
+        counter(
+            "yarl_root_admin_refused_total",
+            "Admin requests answered with an error.",
+            self.admin_refused.load(Relaxed),
+        );
+
+        let mut gauge = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        gauge("yarl_root_limiters", "Limiters currently tracked.", s.limiters as u64);
+        gauge("yarl_root_quotas", "Live quotas held in memory.", s.quotas as u64);
+        gauge("yarl_root_counters", "Non-empty counters held.", s.counters as u64);
+        gauge("yarl_root_epoch", "Highest quota epoch held.", s.epoch);
+        gauge(
+            "yarl_root_db_up",
+            "1 if the last quota database operation succeeded.",
+            u64::from(!self.db_down.load(Relaxed)),
+        );
+
+        let ok = self.sync_ok.load(Relaxed);
+        let refused = self.sync_refused.load(Relaxed);
+        let _ = writeln!(
+            o,
+            "# HELP yarl_root_sync_requests_total Sync requests, by result.\n\
+             # TYPE yarl_root_sync_requests_total counter\n\
+             yarl_root_sync_requests_total{{result=\"ok\"}} {ok}\n\
+             yarl_root_sync_requests_total{{result=\"refused\"}} {refused}"
+        );
+        let _ = writeln!(
+            o,
+            "# HELP yarl_root_sync_duration_seconds Time to answer a parsed sync request.\n\
+             # TYPE yarl_root_sync_duration_seconds histogram"
+        );
+        for (b, le) in self.sync_buckets.iter().zip(BUCKETS) {
+            let _ = writeln!(
+                o,
+                "yarl_root_sync_duration_seconds_bucket{{le=\"{le}\"}} {}",
+                b.load(Relaxed)
+            );
+        }
+        let total = ok + refused;
+        let _ = writeln!(o, "yarl_root_sync_duration_seconds_bucket{{le=\"+Inf\"}} {total}");
+        let _ = writeln!(
+            o,
+            "yarl_root_sync_duration_seconds_sum {}",
+            self.sync_sum_ns.load(Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(o, "yarl_root_sync_duration_seconds_count {total}");
+        let _ = writeln!(
+            o,
+            "# HELP yarl_root_info The database kind.\n# TYPE yarl_root_info gauge\nyarl_root_info{{db=\"{store}\"}} 1"
+        );
+        o
+    }
+}

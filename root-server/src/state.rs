@@ -1,0 +1,235 @@
+//! The shared server state: the core's [`RootState`] behind a lock, the quota store, and
+//! the background tasks that keep the two in step.
+//!
+//! # How quotas get from the database into memory
+//!
+//! A poller reads rows with an epoch above `cursor` (the highest epoch applied) every poll
+//! interval and applies them in epoch order. A write through *this* root also applies its
+//! rows at once, but only when it is the very next write (`base_epoch == cursor`); otherwise
+//! it polls first. Skipping that rule would let this root hand limiters epoch 8 before it
+//! saw another root's epoch 7, and limiters, which ask for `epoch > 8` from then on, would
+//! never receive 7 from this root.
+
+use crate::db::{QuotaStore, StoreError, Written};
+use crate::metrics::{Metrics, Snapshot};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use yarl_core::{Clock, Epoch, MonotonicClock, QuotaUpdate, RootConfig, RootState};
+
+/// Rows per poll query, and updates applied per lock acquisition: bounds how long a sync
+/// waits behind a bulk apply.
+const APPLY_CHUNK: usize = 10_000;
+
+/// Server settings beyond the listening address and database URL.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often the database is polled for changes.
+    pub poll_interval: Duration,
+    /// How often drained counters and idle limiters are dropped.
+    pub sweep_interval: Duration,
+    /// Bearer token of the admin routes.
+    pub admin_token: Option<String>,
+    /// Bearer token of `POST /v1/sync`.
+    pub sync_token: Option<String>,
+    /// The core's limits.
+    pub root: RootConfig,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            poll_interval: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(5),
+            admin_token: None,
+            sync_token: None,
+            root: RootConfig::default(),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub root: Mutex<RootState>,
+    pub store: Arc<dyn QuotaStore>,
+    pub clock: MonotonicClock,
+    pub settings: Settings,
+    pub metrics: Metrics,
+    /// Highest epoch applied; held across a poll so polls and write catch-ups never
+    /// interleave.
+    cursor: tokio::sync::Mutex<Epoch>,
+    /// Clock time of the last logged database error (rate limit: one per poll interval).
+    last_db_log: AtomicU64,
+}
+
+/// Cheap to clone; handed to every handler.
+#[derive(Clone)]
+pub struct AppState(pub(crate) Arc<Inner>);
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("store", &self.0.store.kind()).finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// A root with empty memory over `store`; call [`AppState::load`] before serving.
+    pub fn new(store: Arc<dyn QuotaStore>, settings: Settings) -> Self {
+        AppState(Arc::new(Inner {
+            root: Mutex::new(RootState::new(settings.root.clone())),
+            store,
+            clock: MonotonicClock::new(),
+            settings,
+            metrics: Metrics::default(),
+            cursor: tokio::sync::Mutex::new(0),
+            last_db_log: AtomicU64::new(0),
+        }))
+    }
+
+    /// Reads every quota from the database into memory; returns how many rows were read.
+    pub async fn load(&self) -> Result<usize, StoreError> {
+        let mut cursor = self.0.cursor.lock().await;
+        self.poll_locked(&mut cursor).await
+    }
+
+    /// Reads the changes since the last poll; returns how many rows were applied.
+    pub async fn poll(&self) -> Result<usize, StoreError> {
+        let mut cursor = self.0.cursor.lock().await;
+        self.poll_locked(&mut cursor).await
+    }
+
+    /// The highest epoch applied to memory.
+    pub fn epoch(&self) -> Epoch {
+        self.0.root.lock().epoch()
+    }
+
+    /// Starts the poller and the sweeper; they stop when the returned value is dropped.
+    pub fn spawn_background(&self) -> Background {
+        let st = self.clone();
+        let poller = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(st.0.settings.poll_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match st.poll().await {
+                    Ok(_) => st.db_ok(),
+                    Err(e) => st.db_failed(&e),
+                }
+            }
+        });
+        let st = self.clone();
+        let sweeper = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(st.0.settings.sweep_interval);
+            loop {
+                tick.tick().await;
+                let now = st.now();
+                st.0.root.lock().sweep(now);
+            }
+        });
+        Background { handles: vec![poller, sweeper] }
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.0.clock.now_nanos()
+    }
+
+    async fn poll_locked(&self, cursor: &mut Epoch) -> Result<usize, StoreError> {
+        let mut total = 0;
+        loop {
+            let rows = self.0.store.changes_since(*cursor, APPLY_CHUNK as u32).await?;
+            let n = rows.len();
+            if let Some(last) = rows.last() {
+                *cursor = last.epoch;
+            }
+            self.apply(rows.into_iter().map(|q| q.into_update()));
+            total += n;
+            if n < APPLY_CHUNK {
+                break;
+            }
+        }
+        self.0.metrics.polls.fetch_add(1, Relaxed);
+        Ok(total)
+    }
+
+    fn apply(&self, updates: impl Iterator<Item = QuotaUpdate>) {
+        let mut updates = updates.peekable();
+        while updates.peek().is_some() {
+            let chunk: Vec<QuotaUpdate> = updates.by_ref().take(APPLY_CHUNK).collect();
+            let now = self.now();
+            self.0.root.lock().apply_quotas(chunk, now);
+        }
+    }
+
+    /// Brings memory up to a write this root just committed (see the module docs).
+    pub(crate) async fn catch_up(&self, w: Written) {
+        let mut cursor = self.0.cursor.lock().await;
+        let last = w.last_epoch();
+        if *cursor >= last {
+            return;
+        }
+        if *cursor == w.base_epoch {
+            self.apply(w.quotas.into_iter().map(|q| q.into_update()));
+            *cursor = last;
+            return;
+        }
+        drop(w);
+        if let Err(e) = self.poll_locked(&mut cursor).await {
+            // The write is committed; the poller will bring it in once the database answers.
+            self.db_failed(&e);
+        }
+    }
+
+    pub(crate) fn db_ok(&self) {
+        if self.0.metrics.db_down.swap(false, Relaxed) {
+            tracing::info!(db = self.0.store.kind(), "quota database reachable again");
+        }
+    }
+
+    /// Counts a database failure and logs it at most once per poll interval, however many
+    /// requests fail.
+    pub(crate) fn db_failed(&self, e: &StoreError) {
+        if !matches!(e, StoreError::Unavailable(_) | StoreError::Invalid(_)) {
+            return;
+        }
+        let m = &self.0.metrics;
+        m.db_errors.fetch_add(1, Relaxed);
+        m.db_down.store(true, Relaxed);
+        let now = self.now().max(1);
+        let every = u64::try_from(self.0.settings.poll_interval.as_nanos()).unwrap_or(u64::MAX);
+        let last = self.0.last_db_log.load(Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= every)
+            && self.0.last_db_log.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+        {
+            tracing::warn!(
+                db = self.0.store.kind(),
+                "quota database unavailable, serving limiters from memory: {e}"
+            );
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let root = self.0.root.lock();
+        Snapshot {
+            stats: root.stats(),
+            limiters: root.limiter_count(),
+            quotas: root.quota_count(),
+            counters: root.counter_count(),
+            epoch: root.epoch(),
+        }
+    }
+}
+
+/// The running background tasks; dropping it stops them.
+#[derive(Debug)]
+pub struct Background {
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for h in &self.handles {
+            h.abort();
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! The HTTP API through `app(...).oneshot(...)` over a real SQLite file: every route and
+//! every error the SPEC names.
+
+mod common;
+
+use axum::http::{Method, StatusCode};
+use common::{call, err, quota, sqlite_store, state};
+use serde_json::{json, Value};
+use yarl_root::Settings;
+
+const GET: Method = Method::GET;
+const PUT: Method = Method::PUT;
+const POST: Method = Method::POST;
+const DELETE: Method = Method::DELETE;
+
+async fn root() -> (yarl_root::AppState, tempfile::TempDir) {
+    let (store, _, dir) = sqlite_store().await;
+    (state(store, Settings::default()).await, dir)
+}
+
+#[tokio::test]
+async fn create_read_list_delete() {
+    let (st, _d) = root().await;
+    let (s, v) = call(&st, PUT, "/v1/quotas/api", Some(&quota(10.0, 5.0, 10.0, None)), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v,
+        json!({"name":"api","id":1,"epoch":1,"limit":10.0,"low_burst":5.0,"high_burst":10.0,"parent":null})
+    );
+    let child = quota(0.5, 1.0, 2.0, Some("api"));
+    let (s, v) = call(&st, PUT, "/v1/quotas/api:user@1", Some(&child), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!((v["id"].as_u64(), v["epoch"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(v["parent"], "api");
+
+    // Replacing keeps the id and takes a new epoch.
+    let (s, v) = call(&st, PUT, "/v1/quotas/api", Some(&quota(20.0, 5.0, 10.0, None)), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        (v["id"].as_u64(), v["epoch"].as_u64(), v["limit"].as_f64()),
+        (Some(1), Some(3), Some(20.0))
+    );
+
+    let (s, v) = call(&st, GET, "/v1/quotas/api", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["limit"], 20.0);
+    assert_eq!(v["counter"], json!({"fill":0.0,"rate":0.0,"drop_probability":0.0}));
+
+    let (s, v) = call(&st, GET, "/v1/quotas", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> =
+        v["quotas"].as_array().unwrap().iter().map(|q| q["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["api", "api:user@1"]);
+    assert_eq!(v["next"], Value::Null);
+
+    let (s, v) = call(&st, DELETE, "/v1/quotas/api", None, None).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(err(&v).contains("parent of \"api:user@1\""), "{v}");
+
+    let (s, v) = call(&st, DELETE, "/v1/quotas/api:user@1", None, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!((v["deleted"].as_bool(), v["epoch"].as_u64()), (Some(true), Some(4)));
+    let (s, v) = call(&st, GET, "/v1/quotas/api:user@1", None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(err(&v).contains("\"api:user@1\" does not exist"), "{v}");
+    let (s, v) = call(&st, DELETE, "/v1/quotas/api:user@1", None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+
+    // Now childless, the parent can go; the memory followed every write.
+    let (s, _) = call(&st, DELETE, "/v1/quotas/api", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(st.epoch(), 5);
+}
+
+#[tokio::test]
+async fn live_counter_follows_syncs() {
+    let (st, _d) = root().await;
+    call(&st, PUT, "/v1/quotas/api", Some(&quota(1.0, 10.0, 20.0, None)), None).await;
+    let sync =
+        json!({"v":1,"limiter":"l1","batches":[{"seq":1,"deltas":[[1,15000,0]]}]}).to_string();
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&sync), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api", None, None).await;
+    let fill = v["counter"]["fill"].as_f64().unwrap();
+    assert!((14.0..=15.0).contains(&fill), "{v}");
+    let p = v["counter"]["drop_probability"].as_f64().unwrap();
+    assert!((0.4..=0.5).contains(&p), "{v}");
+    assert!(v["counter"]["rate"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[tokio::test]
+async fn quota_errors_name_the_problem() {
+    let (st, _d) = root().await;
+    call(&st, PUT, "/v1/quotas/p", Some(&quota(1.0, 1.0, 2.0, None)), None).await;
+    call(&st, PUT, "/v1/quotas/c", Some(&quota(1.0, 1.0, 2.0, Some("p"))), None).await;
+    let cases: &[(&str, String, StatusCode, &str)] = &[
+        ("/v1/quotas/x", "{\"limit\": 1,".into(), StatusCode::BAD_REQUEST, "bad JSON"),
+        ("/v1/quotas/x", "[1,2]".into(), StatusCode::BAD_REQUEST, "bad JSON"),
+        (
+            "/v1/quotas/x",
+            r#"{"limit":1,"low_burst":1}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "missing field `high_burst`",
+        ),
+        (
+            "/v1/quotas/x",
+            r#"{"limit":1,"low_burst":1,"high_burst":2,"lowburst":3}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "unknown field `lowburst`",
+        ),
+        (
+            "/v1/quotas/x",
+            quota(1.0, 3.0, 2.0, None),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "low_burst (3) must not be greater than high_burst (2)",
+        ),
+        (
+            "/v1/quotas/x",
+            quota(0.0, 1.0, 2.0, None),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "limit must be",
+        ),
+        (
+            "/v1/quotas/x",
+            quota(1.0, -1.0, 2.0, None),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "low_burst must be",
+        ),
+        (
+            "/v1/quotas/x",
+            quota(1.0, 1.0, 2.0, Some("nope")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "parent \"nope\" of quota \"x\" does not exist",
+        ),
+        (
+            "/v1/quotas/x",
+            quota(1.0, 1.0, 2.0, Some("bad parent")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "parent: name has ' '",
+        ),
+        (
+            "/v1/quotas/x",
+            quota(1.0, 1.0, 2.0, Some("x")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "its own parent",
+        ),
+        (
+            "/v1/quotas/p",
+            quota(1.0, 1.0, 2.0, Some("c")),
+            StatusCode::CONFLICT,
+            "cycle: p -> c -> p",
+        ),
+        (
+            "/v1/quotas/a%20b",
+            quota(1.0, 1.0, 2.0, None),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "name has ' ' at byte 1",
+        ),
+        (
+            "/v1/quotas/%C3%A4",
+            quota(1.0, 1.0, 2.0, None),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "name has 'ä'",
+        ),
+        (
+            &*Box::leak(format!("/v1/quotas/{}", "a".repeat(256)).into_boxed_str()),
+            quota(1.0, 1.0, 2.0, None),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "256 bytes long",
+        ),
+        (
+            "/v1/quotas/x",
+            r#"{"name":"y","limit":1,"low_burst":1,"high_burst":2}"#.into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "body names \"y\" but the path names \"x\"",
+        ),
+    ];
+    for (uri, body, status, msg) in cases {
+        let (s, v) = call(&st, PUT, uri, Some(body), None).await;
+        assert_eq!(s, *status, "{uri} {body}: {v}");
+        assert!(err(&v).contains(msg), "{uri} {body}: {v} should mention {msg:?}");
+    }
+    // Nothing was written by any of them.
+    assert_eq!(st.epoch(), 2);
+    let (s, v) = call(&st, GET, "/v1/quotas/a%20b", None, None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+}
+
+#[tokio::test]
+async fn too_large_bodies() {
+    let (st, _d) = root().await;
+    let big = format!(
+        "{{\"limit\":1,\"low_burst\":1,\"high_burst\":2,\"parent\":\"{}\"}}",
+        "a".repeat(2 << 20)
+    );
+    let (s, v) = call(&st, PUT, "/v1/quotas/x", Some(&big), None).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(err(&v).contains("too large") && err(&v).contains("1048576"), "{v}");
+    // The batch route takes far more than 1 MiB.
+    let items: Vec<Value> = (0..40_000)
+        .map(|i| json!({"name": format!("bulk.{i:06}"), "limit": 1, "low_burst": 0, "high_burst": 1}))
+        .collect();
+    let body = serde_json::to_string(&items).unwrap();
+    assert!(body.len() > 2 << 20);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&body), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v, json!({"count": 40_000, "first_epoch": 1, "last_epoch": 40_000}));
+}
+
+#[tokio::test]
+async fn tokens() {
+    let (store, _, _d) = sqlite_store().await;
+    let settings = Settings {
+        admin_token: Some("adm-secret".into()),
+        sync_token: Some("sync-secret".into()),
+        ..Settings::default()
+    };
+    let st = state(store, settings).await;
+    let body = quota(1.0, 1.0, 2.0, None);
+    let sync = json!({"v":1,"limiter":"l1"}).to_string();
+    for (m, uri, b) in [
+        (PUT, "/v1/quotas/x", Some(body.as_str())),
+        (GET, "/v1/quotas/x", None),
+        (DELETE, "/v1/quotas/x", None),
+        (GET, "/v1/quotas", None),
+        (POST, "/v1/quotas:batch", Some("[]")),
+    ] {
+        let (s, v) = call(&st, m.clone(), uri, b, None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{m} {uri}");
+        assert!(err(&v).contains("missing bearer token"), "{v}");
+        let (s, v) = call(&st, m.clone(), uri, b, Some("adm-secreT")).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{m} {uri}");
+        assert_eq!(err(&v), "wrong bearer token");
+        // The sync token does not open admin routes.
+        let (s, _) = call(&st, m.clone(), uri, b, Some("sync-secret")).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{m} {uri}");
+    }
+    let (s, v) = call(&st, PUT, "/v1/quotas/x", Some(&body), Some("adm-secret")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&sync), None).await;
+    assert_eq!(
+        (s, err(&v)),
+        (StatusCode::UNAUTHORIZED, "missing bearer token: send \"Authorization: Bearer <token>\"")
+    );
+    let (s, _) = call(&st, POST, "/v1/sync", Some(&sync), Some("adm-secret")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&sync), Some("sync-secret")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["quotas"][0]["name"], "x");
+    // Health and metrics stay open for probes and scrapers.
+    assert_eq!(call(&st, GET, "/healthz", None, None).await.0, StatusCode::OK);
+    assert_eq!(call(&st, GET, "/metrics", None, None).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn batch_is_all_or_nothing() {
+    let (st, _d) = root().await;
+    call(&st, PUT, "/v1/quotas/root", Some(&quota(100.0, 10.0, 20.0, None)), None).await;
+    let item = |n: &str, p: Option<&str>| json!({"name": n, "limit": 1, "low_burst": 1, "high_burst": 2, "parent": p});
+    let cases: Vec<(Value, StatusCode, &str)> = vec![
+        (
+            json!([item("a", Some("root")), item("b", Some("ghost"))]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: parent \"ghost\" of quota \"b\" does not exist",
+        ),
+        (
+            json!([item("a", None), item("a", None)]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: quota \"a\" appears twice (items 0 and 1)",
+        ),
+        (
+            json!([item("a", Some("b")), item("b", Some("a"))]),
+            StatusCode::CONFLICT,
+            "item 0: quota \"a\" would close a parent cycle: a -> b -> a",
+        ),
+        (
+            json!([item("a", None), {"name": "b", "limit": 1, "low_burst": 5, "high_burst": 2}]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: quota \"b\": low_burst (5) must not be greater than high_burst (2)",
+        ),
+        (
+            json!([item("a", None), item("b c", None)]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: quota \"b c\": name has ' '",
+        ),
+        (
+            json!([item("a", None), {"name": "b", "limit": 1}]),
+            StatusCode::BAD_REQUEST,
+            "missing field `low_burst`",
+        ),
+        (json!({"name": "a"}), StatusCode::BAD_REQUEST, "bad JSON"),
+    ];
+    for (body, status, msg) in cases {
+        let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&body.to_string()), None).await;
+        assert_eq!(s, status, "{body}: {v}");
+        assert!(err(&v).contains(msg), "{body}: {v} should mention {msg:?}");
+    }
+    let (_, v) = call(&st, GET, "/v1/quotas", None, None).await;
+    assert_eq!(v["quotas"].as_array().unwrap().len(), 1, "a failed batch wrote something: {v}");
+    assert_eq!(st.epoch(), 1);
+
+    // Parents may come later in the same batch; the whole batch lands with one epoch each.
+    let good = json!([item("c", Some("b")), item("b", Some("root")), item("root", None)]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&good.to_string()), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v, json!({"count": 3, "first_epoch": 2, "last_epoch": 4}));
+    let (_, v) = call(&st, GET, "/v1/quotas/root", None, None).await;
+    assert_eq!((v["id"].as_u64(), v["epoch"].as_u64()), (Some(1), Some(4)), "{v}");
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some("[]"), None).await;
+    assert_eq!(
+        (s, v),
+        (StatusCode::OK, json!({"count": 0, "first_epoch": null, "last_epoch": null}))
+    );
+}
+
+#[tokio::test]
+async fn list_pages_in_name_order() {
+    let (st, _d) = root().await;
+    let names = ["B", "a", "a_b", "a.c", "ab", "b:1", "b@2", "s3_x", "s3_y", "s3_z"];
+    let items: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"name": n, "limit": 1, "low_burst": 0, "high_burst": 0}))
+        .collect();
+    let (s, _) =
+        call(&st, POST, "/v1/quotas:batch", Some(&serde_json::to_string(&items).unwrap()), None)
+            .await;
+    assert_eq!(s, StatusCode::OK);
+    let mut all = Vec::new();
+    let mut uri = "/v1/quotas?limit=3".to_owned();
+    loop {
+        let (s, v) = call(&st, GET, &uri, None, None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let page: Vec<String> = v["quotas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["name"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(page.len() <= 3);
+        all.extend(page);
+        match v["next"].as_str() {
+            Some(n) => uri = format!("/v1/quotas?limit=3&after={n}"),
+            None => break,
+        }
+    }
+    let mut sorted: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    sorted.sort(); // bytewise
+    assert_eq!(all, sorted);
+
+    let (_, v) = call(&st, GET, "/v1/quotas?prefix=s3_&limit=2", None, None).await;
+    assert_eq!(v["quotas"].as_array().unwrap().len(), 2);
+    assert_eq!(v["next"], "s3_y");
+    let (_, v) = call(&st, GET, "/v1/quotas?prefix=s3_&after=s3_y", None, None).await;
+    assert_eq!(v["quotas"][0]["name"], "s3_z");
+    assert_eq!(v["next"], Value::Null);
+    // `_` is literal, not a wildcard.
+    let (_, v) = call(&st, GET, "/v1/quotas?prefix=a_", None, None).await;
+    assert_eq!(v["quotas"].as_array().unwrap().len(), 1, "{v}");
+
+    for (q, msg) in [
+        ("limit=0", "limit must be from 1 to 1000"),
+        ("limit=1001", "limit must be from 1 to 1000"),
+        ("limit=x", "limit"),
+        ("prefix=a%20", "prefix: name has ' '"),
+        ("after=%2F", "after: name has '/'"),
+    ] {
+        let (s, v) = call(&st, GET, &format!("/v1/quotas?{q}"), None, None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{q}: {v}");
+        assert!(err(&v).contains(msg), "{q}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn batch_route_does_not_shadow_names_with_colons() {
+    let (st, _d) = root().await;
+    let (s, v) =
+        call(&st, PUT, "/v1/quotas/quotas:batch", Some(&quota(1.0, 1.0, 1.0, None)), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["name"], "quotas:batch");
+    let (s, v) = call(&st, GET, "/v1/quotas/quotas:batch", None, None).await;
+    assert_eq!((s, &v["name"]), (StatusCode::OK, &json!("quotas:batch")));
+    let (s, v) = call(&st, PUT, "/v1/quotas:batch", Some("[]"), None).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{v}");
+    assert!(err(&v).contains("method not allowed"));
+    let (s, v) = call(&st, GET, "/v1/nothing", None, None).await;
+    assert_eq!((s, err(&v)), (StatusCode::NOT_FOUND, "no route for /v1/nothing"));
+}
+
+#[tokio::test]
+async fn sync_route() {
+    let (st, _d) = root().await;
+    call(&st, PUT, "/v1/quotas/a", Some(&quota(1.0, 100.0, 200.0, None)), None).await;
+    let req = |seq: u64, since: Value| {
+        json!({"v":1,"limiter":"l1","root_instance":since,"batches":[{"seq":seq,"deltas":[[1,5000,0],[99,1000,0]]}]}).to_string()
+    };
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&req(1, Value::Null)), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["v"].as_u64(), v["acked_seq"].as_u64(), v["epoch"].as_u64()),
+        (Some(1), Some(1), Some(1))
+    );
+    assert_eq!(v["quotas"][0]["name"], "a");
+    assert_eq!(v["quotas"][0]["limit"], 1000, "wire amounts are milli-units");
+    let fill = v["counters"][0][1].as_u64().unwrap();
+    assert!((4990..=5000).contains(&fill), "{v}");
+    // The same batch again (a retry after a lost answer) is not counted twice.
+    let inst = v["root_instance"].clone();
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&req(1, inst)), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["acked_seq"], 1);
+    let (_, m) = call(&st, GET, "/metrics", None, None).await;
+    let m = m.as_str().unwrap();
+    for line in [
+        "yarl_root_sync_requests_total{result=\"ok\"} 2",
+        "yarl_root_duplicate_batches_total 1",
+        "yarl_root_deltas_applied_total 1",
+        "yarl_root_deltas_unknown_total 1",
+        "yarl_root_limiters 1",
+        "yarl_root_quotas 1",
+        "yarl_root_counters 1",
+        "yarl_root_db_errors_total 0",
+        "yarl_root_sync_duration_seconds_count 2",
+        "yarl_root_info{db=\"sqlite\"} 1",
+    ] {
+        assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
+    }
+
+    for (body, status, msg) in [
+        ("{\"v\":1,", StatusCode::BAD_REQUEST, "bad JSON"),
+        (r#"{"v":2,"limiter":"l"}"#, StatusCode::BAD_REQUEST, "unsupported protocol version 2"),
+        (r#"{"v":1,"limiter":""}"#, StatusCode::BAD_REQUEST, "limiter id"),
+        (
+            r#"{"v":1,"limiter":"l","batches":[{"seq":1,"deltas":[[1,-5,0]]}]}"#,
+            StatusCode::BAD_REQUEST,
+            "bad JSON",
+        ),
+    ] {
+        let (s, v) = call(&st, POST, "/v1/sync", Some(body), None).await;
+        assert_eq!(s, status, "{body}: {v}");
+        assert!(err(&v).contains(msg), "{body}: {v}");
+    }
+    let (s, v) = call(&st, GET, "/healthz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v, json!({"status": "ok", "database": "up", "epoch": 1}));
+}

@@ -1,0 +1,254 @@
+//! One storage suite, run against SQLite and against a real PostgreSQL
+//! (`scripts/with-postgres.sh cargo test -p yarl-root`; skipped without `YARL_TEST_PG_URL`).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use yarl_core::Limits;
+use yarl_root::db::{self, NewQuota, QuotaStore, StoreError};
+
+fn nq(name: &str, parent: Option<&str>) -> NewQuota {
+    NewQuota {
+        name: name.into(),
+        limits: Limits { limit: 1_500, low_burst: 1_000, high_burst: 2_000 },
+        parent: parent.map(Into::into),
+    }
+}
+
+async fn put(s: &dyn QuotaStore, name: &str, parent: Option<&str>) -> Result<u64, StoreError> {
+    let w = s.put_many(vec![nq(name, parent)]).await?;
+    Ok(w.quotas[0].epoch)
+}
+
+async fn all_changes(s: &dyn QuotaStore, since: u64) -> Vec<yarl_root::db::StoredQuota> {
+    s.changes_since(since, 1_000_000).await.unwrap()
+}
+
+macro_rules! suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let (store, _, _dir) = crate::common::sqlite_store().await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let Some(base) = crate::common::pg_url(concat!("postgres::", stringify!($test))) else { return };
+                    let url = crate::common::fresh_pg_db(&base).await;
+                    let store = yarl_root::db::open(&url).await.unwrap();
+                    super::$test(store).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    writes_get_increasing_epochs_and_keep_ids,
+    tombstones,
+    graph_rules,
+    batch_is_atomic,
+    list_is_bytewise_with_literal_prefix,
+    concurrent_writers_never_hide_an_epoch,
+);
+
+async fn writes_get_increasing_epochs_and_keep_ids(s: Arc<dyn QuotaStore>) {
+    let w = s.put_many(vec![nq("a", None), nq("b", Some("a"))]).await.unwrap();
+    assert_eq!(w.base_epoch, 0);
+    assert_eq!(
+        w.quotas.iter().map(|q| (q.epoch, q.name.as_str())).collect::<Vec<_>>(),
+        [(1, "a"), (2, "b")]
+    );
+    let id_a = w.quotas[0].id;
+    let w = s
+        .put_many(vec![NewQuota {
+            limits: Limits { limit: 7, low_burst: 0, high_burst: 0 },
+            ..nq("a", None)
+        }])
+        .await
+        .unwrap();
+    assert_eq!((w.base_epoch, w.quotas[0].epoch, w.quotas[0].id), (2, 3, id_a));
+    let a = s.get("a".into()).await.unwrap().unwrap();
+    assert_eq!((a.id, a.epoch, a.limits.limit, a.parent), (id_a, 3, 7, None));
+    assert_eq!(s.get("b".into()).await.unwrap().unwrap().parent.as_deref(), Some("a"));
+    assert!(s.get("zz".into()).await.unwrap().is_none());
+    // The change log: one row per quota at its latest epoch, in epoch order.
+    let ch = all_changes(&*s, 0).await;
+    assert_eq!(
+        ch.iter().map(|q| (q.name.as_str(), q.epoch)).collect::<Vec<_>>(),
+        [("b", 2), ("a", 3)]
+    );
+    assert_eq!(all_changes(&*s, 2).await.len(), 1);
+    assert!(all_changes(&*s, 3).await.is_empty());
+    assert_eq!(s.changes_since(0, 1).await.unwrap().len(), 1);
+}
+
+async fn tombstones(s: Arc<dyn QuotaStore>) {
+    put(&*s, "p", None).await.unwrap();
+    put(&*s, "c", Some("p")).await.unwrap();
+    match s.delete("p".into()).await {
+        Err(StoreError::HasChildren { name, children }) => {
+            assert_eq!((name.as_str(), children), ("p", vec!["c".to_owned()]))
+        }
+        other => panic!("{other:?}"),
+    }
+    let w = s.delete("c".into()).await.unwrap();
+    assert_eq!((w.base_epoch, w.quotas[0].epoch, w.quotas[0].deleted), (2, 3, true));
+    let id_c = w.quotas[0].id;
+    assert!(matches!(s.delete("c".into()).await, Err(StoreError::NotFound(n)) if n == "c"));
+    assert!(s.get("c".into()).await.unwrap().is_none());
+    // The tombstone is in the change log so limiters learn about the delete.
+    let ch = all_changes(&*s, 2).await;
+    assert_eq!((ch.len(), ch[0].deleted, ch[0].epoch, ch[0].name.as_str()), (1, true, 3, "c"));
+    // A tombstone is no parent.
+    assert!(matches!(put(&*s, "x", Some("c")).await, Err(StoreError::UnknownParent { .. })));
+    s.delete("p".into()).await.unwrap();
+    // Re-creating keeps the id, with a new epoch.
+    let w = s.put_many(vec![nq("c", None)]).await.unwrap();
+    assert_eq!((w.quotas[0].id, w.quotas[0].epoch, w.quotas[0].deleted), (id_c, 5, false));
+    assert!(s.list(String::new(), None, 10).await.unwrap().iter().all(|q| q.name == "c"));
+}
+
+async fn graph_rules(s: Arc<dyn QuotaStore>) {
+    put(&*s, "a", None).await.unwrap();
+    put(&*s, "b", Some("a")).await.unwrap();
+    put(&*s, "c", Some("b")).await.unwrap();
+    match put(&*s, "a", Some("c")).await {
+        Err(StoreError::Cycle { cycle, .. }) => assert_eq!(cycle, ["a", "c", "b", "a"]),
+        other => panic!("{other:?}"),
+    }
+    match put(&*s, "d", Some("nope")).await {
+        Err(StoreError::UnknownParent { parent, .. }) => assert_eq!(parent, "nope"),
+        other => panic!("{other:?}"),
+    }
+    // Chains deeper than limiters follow are refused, through stored rows too.
+    let mut prev = "c".to_owned();
+    for i in 3..yarl_core::MAX_CHAIN {
+        let n = format!("n{i}");
+        put(&*s, &n, Some(&prev)).await.unwrap();
+        prev = n;
+    }
+    assert!(
+        matches!(put(&*s, "deep", Some(&prev)).await, Err(StoreError::ChainTooDeep { depth, .. }) if depth == yarl_core::MAX_CHAIN + 1)
+    );
+    // Re-parenting without a cycle is fine; nothing of the refused writes is stored.
+    put(&*s, "c", Some("a")).await.unwrap();
+    let names: BTreeSet<String> = all_changes(&*s, 0).await.into_iter().map(|q| q.name).collect();
+    assert!(!names.contains("d") && !names.contains("deep"));
+}
+
+async fn batch_is_atomic(s: Arc<dyn QuotaStore>) {
+    put(&*s, "root", None).await.unwrap();
+    let bad = vec![nq("x1", Some("root")), nq("x2", Some("x1")), nq("x3", Some("ghost"))];
+    match s.put_many(bad).await {
+        Err(e @ StoreError::UnknownParent { .. }) => assert_eq!(e.item_index(), Some(2)),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        s.put_many(vec![nq("y", None), nq("y", None)]).await,
+        Err(StoreError::Duplicate { index: 1, first: 0, .. })
+    ));
+    assert_eq!(all_changes(&*s, 0).await.len(), 1, "a refused batch left rows behind");
+    // A large batch crossing insert chunks, replacing some rows, with parents inside.
+    let mut items: Vec<NewQuota> =
+        (0..25_000).map(|i| nq(&format!("k{i:05}"), Some("root"))).collect();
+    items.push(nq("root", None));
+    items.push(nq("leaf", Some("k24999")));
+    let w = s.put_many(items).await.unwrap();
+    assert_eq!((w.base_epoch, w.last_epoch(), w.quotas.len()), (1, 25_003, 25_002));
+    assert!(w.quotas.iter().all(|q| q.id > 0));
+    let ch = all_changes(&*s, 0).await;
+    assert_eq!(ch.len(), 25_002);
+    assert!(ch.windows(2).all(|p| p[0].epoch + 1 == p[1].epoch));
+    let by_db: Vec<(u64, u64)> = ch.iter().map(|q| (q.id, q.epoch)).collect();
+    let by_write: Vec<(u64, u64)> = w.quotas.iter().map(|q| (q.id, q.epoch)).collect();
+    assert_eq!(by_db, by_write, "the ids a write reports must be the stored ones");
+}
+
+async fn list_is_bytewise_with_literal_prefix(s: Arc<dyn QuotaStore>) {
+    let names = ["a_b", "aXb", "a.b", "Ab", "ab", "a", "b", "a_bc"];
+    s.put_many(names.iter().map(|n| nq(n, None)).collect()).await.unwrap();
+    s.delete("ab".into()).await.unwrap();
+    let list = |p: &str, after: Option<&str>, n| {
+        let s = s.clone();
+        let (p, after) = (p.to_owned(), after.map(str::to_owned));
+        async move { s.list(p, after, n).await.unwrap().into_iter().map(|q| q.name).collect::<Vec<_>>() }
+    };
+    assert_eq!(list("", None, 100).await, ["Ab", "a", "a.b", "aXb", "a_b", "a_bc", "b"]);
+    assert_eq!(list("a_", None, 100).await, ["a_b", "a_bc"]);
+    assert_eq!(list("a", Some("a.b"), 2).await, ["aXb", "a_b"]);
+    assert!(list("zz", None, 100).await.is_empty());
+}
+
+/// Several writers commit concurrently while a poller follows `epoch > cursor`: the poller
+/// must end up with every row, and epochs must be dense. On PostgreSQL this fails without
+/// serialising epoch assignment until commit.
+async fn concurrent_writers_never_hide_an_epoch(s: Arc<dyn QuotaStore>) {
+    const WRITERS: usize = 6;
+    const EACH: usize = 25;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (s, done) = (s.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut cursor = 0;
+            let mut seen = BTreeSet::new();
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                for q in s.changes_since(cursor, 1_000).await.unwrap() {
+                    assert!(q.epoch > cursor);
+                    cursor = q.epoch;
+                    seen.insert(q.name);
+                }
+                if finished {
+                    return seen;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let s = s.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                put(&*s, &format!("w{w}.{i}"), None).await.unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let seen = poller.await.unwrap();
+    assert_eq!(seen.len(), WRITERS * EACH, "the poller skipped rows");
+    let epochs: Vec<u64> = all_changes(&*s, 0).await.iter().map(|q| q.epoch).collect();
+    assert_eq!(epochs, (1..=(WRITERS * EACH) as u64).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn reopen_runs_migrations_once() {
+    let (s, url, _dir) = common::sqlite_store().await;
+    put(&*s, "kept", None).await.unwrap();
+    let again = db::open(&url).await.unwrap();
+    assert_eq!(again.get("kept".into()).await.unwrap().unwrap().epoch, 1);
+    assert_eq!(put(&*again, "next", None).await.unwrap(), 2);
+    let Some(base) = common::pg_url("reopen_runs_migrations_once (postgres part)") else { return };
+    let url = common::fresh_pg_db(&base).await;
+    let s = db::open(&url).await.unwrap();
+    put(&*s, "kept", None).await.unwrap();
+    let again = db::open(&url).await.unwrap();
+    assert_eq!(put(&*again, "next", None).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn bad_urls_are_refused() {
+    let e = db::open("mysql://x").await.err().unwrap().to_string();
+    assert!(e.contains("unsupported database URL"), "{e}");
+}
