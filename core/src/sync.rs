@@ -149,6 +149,8 @@ struct RoundState {
     /// Every slot some root reported this round, with its (`base`, `at`) before the first
     /// report: the measured estimator compares the two.
     seen: HashMap<u32, (u64, u64)>,
+    /// When the round began: once it ends, `local` only counts what came after.
+    began: u64,
     any_ok: bool,
     more: bool,
 }
@@ -166,6 +168,8 @@ pub struct SyncEngine {
     round: RoundState,
     rounds: u64,
     cluster_fresh: bool,
+    /// When the previous round began: this round's batch was counted since then.
+    last_began: Option<u64>,
 }
 
 impl SyncEngine {
@@ -203,6 +207,7 @@ impl SyncEngine {
             round: RoundState::default(),
             rounds: 0,
             cluster_fresh: false,
+            last_began: None,
         })
     }
 
@@ -219,7 +224,7 @@ impl SyncEngine {
     /// Starts a round at `now`: returns the calls to make.
     pub fn begin_round(&mut self, now: u64) -> Vec<RootCall> {
         let dirty = self.limiter.take_dirty();
-        let mut round = RoundState::default();
+        let mut round = RoundState { began: now, ..RoundState::default() };
         self.limiter.with_counters(|c| {
             for s in dirty {
                 let (v, r) = (c.local(s), c.take_rejected(s));
@@ -347,6 +352,7 @@ impl SyncEngine {
     /// Finishes the round at `now`.
     pub fn end_round(&mut self, now: u64) -> RoundReport {
         let round = std::mem::take(&mut self.round);
+        let last_began = self.last_began.replace(round.began);
         let active = &mut self.active;
         let rounds = self.rounds;
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
@@ -375,7 +381,19 @@ impl SyncEngine {
                     let demand = round.demand.get(&s).copied().unwrap_or(0) as f64;
                     let limit = c.limit(s) as f64;
                     let inflow = match c.estimator() {
-                        Estimator::Static { correction_ratio } => correction_ratio * limit,
+                        Estimator::Static { correction_ratio } => {
+                            // The ratio is the whole cluster's inflow; this limiter's own
+                            // share is counted exactly in `local`, so the others add the rest.
+                            let own = c
+                                .id_of(s)
+                                .and_then(|id| round.position.get(&id))
+                                .map_or(0, |&k| round.entries[k].2);
+                            let secs = last_began.map_or(interval, |b| {
+                                round.began.saturating_sub(b).max(interval / 2)
+                            }) as f64
+                                * 1e-9;
+                            (correction_ratio * limit - own as f64 / secs).max(0.0)
+                        }
                         Estimator::Measured => {
                             let (b2, t2) = c.base(s).unwrap_or((0, now));
                             let dt = if t1 == 0 { interval } else { t2.saturating_sub(t1) };
@@ -409,6 +427,7 @@ impl SyncEngine {
                 active.retain(|&s| c.synced(s, now) > 0 || c.local(s) > 0);
             }
         });
+        self.limiter.set_local_since(round.began);
         self.rounds += 1;
         self.cluster_fresh = round.any_ok;
         self.limiter.set_cluster_fresh(round.any_ok);

@@ -9,13 +9,14 @@
 //! second. The fill a decision uses is the article's extrapolation:
 //!
 //! ```text
-//! F(now) = max(0, base + (inflow - limit)·min(dt, H) - limit·max(0, dt - H)) + local
+//! F(now) = max(0, base + local + (inflow - limit)·min(dt, H) - limit·max(0, dt - H))
 //! ```
 //!
 //! with `dt = now - at` and `H` the horizon (one sync interval by default): the bucket drains
 //! at `limit`, and for one interval after a sync the others are assumed to keep adding
 //! `inflow`. [`Estimator`] says where `inflow` comes from: the article's static
-//! `correction_ratio · limit`, or the rate measured between two syncs (the article's
+//! `correction_ratio · limit` for the whole cluster less this limiter's own last-interval
+//! rate, or the rate measured between two syncs (the article's
 //! "dynamic ratio"). A counter that no root reported as changed in the last round is cold:
 //! nobody adds to it, `inflow` is 0 and it drains at once. While no root answers at all,
 //! nothing is extrapolated: the limiter limits on what it knows locally (fail-open, SPEC §1).
@@ -87,8 +88,9 @@ pub struct QuotaInfo {
 /// Where a counter's `inflow` (what the rest of the cluster adds per second) comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Estimator {
-    /// The article's constant: others add `correction_ratio · limit` per second while the
-    /// counter is hot. Clamped to [0, 2].
+    /// The article's constant: the cluster adds `correction_ratio · limit` per second while
+    /// the counter is hot, of which this limiter's own rate in the last interval is counted
+    /// exactly in `local`, so the others add the rest. Clamped to [0, 2].
     Static {
         /// The article's `correction_ratio`.
         correction_ratio: f64,
@@ -99,7 +101,7 @@ pub enum Estimator {
 }
 
 impl Default for Estimator {
-    /// The article's static ratio of 1.0, until the simulator issue picks a default.
+    /// The article's static ratio of 1.0: the steadiest in the simulator (`docs/accuracy.md`).
     fn default() -> Self {
         Estimator::Static { correction_ratio: 1.0 }
     }
@@ -137,6 +139,8 @@ pub struct LimiterBuilder {
     random: Box<dyn Random>,
     estimator: Estimator,
     horizon: Duration,
+    demand: bool,
+    local_guard: bool,
 }
 
 impl LimiterBuilder {
@@ -175,8 +179,29 @@ impl LimiterBuilder {
         self
     }
 
+    /// Whether a counter above `low_burst` also drops the share `1 - limit / demand` of
+    /// requests, with `demand` the cluster's attempted rate as the roots meter it (seed
+    /// `004_…`; default on, see `docs/accuracy.md`). Off leaves only the fill-based zone.
+    pub fn demand(mut self, on: bool) -> Self {
+        self.demand = on;
+        self
+    }
+
+    /// The local guard (default on, see `docs/accuracy.md`): reject at once when this
+    /// limiter's own accounted weight since its last sync round would exceed
+    /// `limit · (dt + horizon / 10)`, with `dt` the time since that round began. One host
+    /// alone can never legitimately go faster than the whole quota, so this needs no news
+    /// from the cluster, costs one atomic load and a multiply per decision, and caps a spike
+    /// on a single host at the limit within the first interval, before any sync could report
+    /// it (without it the host may admit up to `high_burst` per interval).
+    pub fn local_guard(mut self, on: bool) -> Self {
+        self.local_guard = on;
+        self
+    }
+
     /// Builds the limiter. It holds no quotas until [`Limiter::apply_quotas`] or a sync.
     pub fn build(self) -> Limiter {
+        let now = self.clock.now_nanos();
         Limiter {
             slots: Slots::new(),
             index: Index::new(),
@@ -186,6 +211,9 @@ impl LimiterBuilder {
             clock: self.clock,
             random: self.random,
             estimator: self.estimator,
+            demand: self.demand,
+            local_guard: self.local_guard,
+            local_since: AtomicU64::new(now),
             fresh: AtomicBool::new(false),
             horizon_ns: AtomicU64::new(u64::try_from(self.horizon.as_nanos()).unwrap_or(u64::MAX)),
             epoch: AtomicU64::new(0),
@@ -222,6 +250,11 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     random: Box<dyn Random>,
     estimator: Estimator,
+    demand: bool,
+    local_guard: bool,
+    /// Clock time from which `local` counts (the start of the last finished sync round):
+    /// the local guard's `dt`.
+    local_since: AtomicU64,
     fresh: AtomicBool,
     horizon_ns: AtomicU64,
     epoch: AtomicU64,
@@ -253,6 +286,8 @@ impl Limiter {
             random: Box::new(ThreadRandom),
             estimator: Estimator::default(),
             horizon: Duration::from_secs(1),
+            demand: true,
+            local_guard: false,
         }
     }
 
@@ -291,7 +326,7 @@ impl Limiter {
     fn decide(&self, name: &str, weight: u64) -> Decision {
         let now = self.clock.now_nanos();
         let mut chain = Chain::default();
-        match self.walk(name, now, &mut chain) {
+        match self.walk(name, now, weight, &mut chain) {
             Walk::Unlimited => Decision::unlimited(),
             Walk::Rejected(d) => {
                 if weight > 0 {
@@ -319,7 +354,7 @@ impl Limiter {
         let mut result = Decision::unlimited();
         for &(name, weight) in items {
             let mut chain = Chain::default();
-            match self.walk(name, now, &mut chain) {
+            match self.walk(name, now, weight * MILLI, &mut chain) {
                 Walk::Unlimited => {}
                 Walk::Rejected(d) => {
                     self.count_rejected(&chain, weight * MILLI);
@@ -343,12 +378,18 @@ impl Limiter {
 
     /// Decides for `name`'s chain at `now`, recording the walked slots in `chain` (on a
     /// rejection: those that passed, then the rejecting one and its ancestors).
-    fn walk(&self, name: &str, now: u64, chain: &mut Chain) -> Walk {
+    fn walk(&self, name: &str, now: u64, weight: u64, chain: &mut Chain) -> Walk {
         let Some((mut idx, mut slot)) = self.find(name) else {
             return Walk::Unlimited;
         };
         let fresh = self.fresh.load(Relaxed);
         let horizon = self.horizon_ns.load(Relaxed);
+        // Seconds `local` has been counting, for the local guard; only read when it is on.
+        let guard_dt = if self.local_guard && weight > 0 {
+            Some(now.saturating_sub(self.local_since.load(Relaxed)) as f64 * 1e-9)
+        } else {
+            None
+        };
         let mut leaf_fill = 0.0;
         loop {
             let fill = slot.estimate(now, fresh, horizon);
@@ -357,8 +398,19 @@ impl Limiter {
             }
             let low = slot.low.load(Relaxed);
             let limit = slot.limit.load(Relaxed);
-            let mut p = drop_probability(fill, low, slot.high.load(Relaxed));
-            if fill > low as f64 && fresh {
+            let high = slot.high.load(Relaxed);
+            let mut p = drop_probability(fill, low, high);
+            if let Some(dt) = guard_dt {
+                // One host alone may not outrun the whole quota; a tenth of an interval's
+                // worth absorbs arrival noise. (Subtracting what the others were last seen
+                // adding reacts faster but rejects a lone busy host under the limit:
+                // docs/accuracy.md.)
+                let room = limit as f64 * (dt + horizon as f64 * 1e-10);
+                if slot.local.load(Relaxed).saturating_add(weight) as f64 > room {
+                    p = 1.0;
+                }
+            }
+            if self.demand && fill > low as f64 && fresh {
                 // Seed 004: suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
                 let (_, demand) = table::unpack_rates(slot.rates.load(Relaxed));
@@ -731,6 +783,11 @@ impl Limiter {
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    /// `local` now only holds what was accounted since `t` (a round that began at `t` ended).
+    pub(crate) fn set_local_since(&self, t: u64) {
+        self.local_since.store(t, Relaxed);
     }
 
     pub(crate) fn set_cluster_fresh(&self, fresh: bool) {

@@ -109,16 +109,20 @@ impl Slot {
     pub fn estimate(&self, now: u64, fresh: bool, horizon: u64) -> f64 {
         let (base, at) = self.read_base();
         let local = self.local.load(Relaxed) as f64;
-        let inflow_bits = self.rates.load(Relaxed) as u32;
-        if base == 0 && (inflow_bits == 0 || !fresh) {
+        if at == 0 {
+            // Never synced nor anchored: no time reference to drain from.
             return local;
         }
-        let inflow = if fresh { f32::from_bits(inflow_bits) as f64 } else { 0.0 };
+        let inflow =
+            if fresh { f32::from_bits(self.rates.load(Relaxed) as u32) as f64 } else { 0.0 };
         let limit = self.limit.load(Relaxed) as f64;
         let dt = now.saturating_sub(at);
         let (inside, outside) = if dt <= horizon { (dt, 0) } else { (horizon, dt - horizon) };
         let drain = ((limit - inflow) * inside as f64 + limit * outside as f64) * 1e-9;
-        (base as f64 - drain).max(0.0) + local
+        // The bucket drains what this limiter added since as well: draining only the synced
+        // part counted a lone busy host's own traffic twice (once as `local`, once as the
+        // cluster it stood for) and rejected it under the limit (docs/accuracy.md).
+        (base as f64 + local - drain).max(0.0)
     }
 }
 

@@ -416,3 +416,45 @@ fn account_many_is_all_or_nothing_across_names() {
     assert_eq!(l.account_many(&[("nope", 1)]).unwrap().outcome, Outcome::Unlimited);
     assert_eq!(l.account_many(&[("req", u64::MAX)]), Err(WeightError(u64::MAX)));
 }
+
+#[test]
+fn demand_switch_off_leaves_only_the_fill_zone() {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder()
+        .clock(Arc::new(clock.clone()))
+        .random(SeededRandom::new(7))
+        .demand(false)
+        .build();
+    l.set_cluster_fresh(true);
+    l.apply_quotas(&[q(1, "a", 1, 100.0, 10.0, 1000.0, None)]);
+    set_fill(&l, "a", 11.0, clock.now_nanos());
+    l.with_counters(|c| c.set_rates(0, 0.0, 400_000.0));
+    let rejected = (0..2000).filter(|_| !l.check("a").allowed()).count();
+    assert!(rejected < 20, "demand off, yet {rejected} of 2000 refused");
+}
+
+#[test]
+fn local_guard_caps_one_hosts_own_rate_at_the_limit() {
+    let clock = ManualClock::at(10 * S);
+    let build = |guard: bool| {
+        let l = Limiter::builder()
+            .clock(Arc::new(clock.clone()))
+            .random(SeededRandom::new(1))
+            .local_guard(guard)
+            .build();
+        // 100/s with a large burst: the bucket alone would take 1000 at once.
+        l.apply_quotas(&[q(1, "a", 1, 100.0, 1000.0, 1000.0, None)]);
+        l
+    };
+    let guarded = build(true);
+    let open = build(false);
+    // Half a second after the limiter's reference time: 100 · (0.5 + 0.1) = 60 fit.
+    clock.advance(std::time::Duration::from_millis(500));
+    let passed = (0..200).filter(|_| guarded.account("a", 1).unwrap().allowed()).count();
+    assert_eq!(passed, 60);
+    assert_eq!((0..200).filter(|_| open.account("a", 1).unwrap().allowed()).count(), 200);
+    // Time gives room back at the limit's rate; check (weight 0) is never guarded.
+    clock.advance(std::time::Duration::from_millis(100));
+    assert_eq!((0..50).filter(|_| guarded.account("a", 1).unwrap().allowed()).count(), 10);
+    assert!(guarded.check("a").allowed());
+}

@@ -1,0 +1,418 @@
+//! The discrete-event simulation: real `Limiter`s, `SyncEngine`s and `RootState`s, one
+//! virtual clock, a network that delays, jitters and loses sync calls.
+
+use crate::load::{Arrivals, Load, Weights};
+use crate::reference::{FixedWindow, SlidingWindow, TokenBucket};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Duration;
+use yarl_core::proto::{SyncRequest, SyncResponse};
+use yarl_core::{
+    Clock, Estimator, Limiter, Limits, ManualClock, QuotaUpdate, RootConfig, RootState,
+    SeededRandom, SyncConfig, SyncEngine,
+};
+
+const NS: f64 = 1e9;
+/// Virtual time starts here, so negative clock skews stay positive.
+const EPOCH_NS: u64 = 1_000 * 1_000_000_000;
+const QUOTA: &str = "q";
+
+/// The network between limiters and roots.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Network {
+    /// One-way-and-back latency of a sync call before jitter.
+    pub delay: Duration,
+    /// Uniform extra latency in `[0, jitter]`, per call.
+    pub jitter: Duration,
+    /// Probability that a call fails (half of them lose the request, so the root never
+    /// sees it, half lose the answer, so the root counted it but the limiter times out).
+    pub loss: f64,
+    /// Per-call timeout of the limiter.
+    pub timeout: Duration,
+    /// Every host's and root's clock is off the true time by a uniform offset in
+    /// `[-max_skew, max_skew]`.
+    pub max_skew: Duration,
+}
+
+impl Default for Network {
+    /// A datacenter: 2 ms + up to 3 ms jitter, 1% lost calls, ±20 ms clock skew.
+    fn default() -> Self {
+        Network {
+            delay: Duration::from_millis(2),
+            jitter: Duration::from_millis(3),
+            loss: 0.01,
+            timeout: Duration::from_millis(500),
+            max_skew: Duration::from_millis(20),
+        }
+    }
+}
+
+/// One simulated cluster and its traffic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Limiters (hosts).
+    pub hosts: usize,
+    /// Root servers.
+    pub roots: usize,
+    /// The quota's limit, units per second.
+    pub limit: f64,
+    /// Sync interval.
+    pub interval: Duration,
+    /// Simulated seconds.
+    pub seconds: u64,
+    /// Offered traffic.
+    pub load: Load,
+    /// Request weights.
+    pub weights: Weights,
+    /// Network and clocks.
+    pub net: Network,
+    /// Seed of everything random in the run.
+    pub seed: u64,
+}
+
+/// The yarl-core configuration under test.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarlConfig {
+    /// `low_burst`, in seconds of the limit (0.5 = half a second's worth).
+    pub low_s: f64,
+    /// `high_burst`, in seconds of the limit.
+    pub high_s: f64,
+    /// Extrapolation between syncs.
+    pub estimator: Estimator,
+    /// Attempted-demand suppression.
+    pub demand: bool,
+    /// The local guard.
+    pub guard: bool,
+}
+
+/// What decides each request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Strategy {
+    /// The real yarl-core, configured so.
+    Yarl(YarlConfig),
+    /// Reference: each host alone, a token bucket of `limit / hosts` per second holding
+    /// `burst_s` seconds of it (nginx `limit_req` on every host).
+    TokenBucket {
+        /// Bucket size in seconds of the per-host rate.
+        burst_s: f64,
+    },
+    /// Reference: one exact central counter per calendar second (a Redis `INCR` per request).
+    FixedWindow,
+    /// Reference: seed `001_…`'s sliding-window approximation over 1 s, central and exact.
+    SlidingWindow,
+}
+
+/// Everything measured in one run, per whole second of true time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunResult {
+    /// Offered weight per second.
+    pub offered: Vec<f64>,
+    /// Admitted weight per second.
+    pub admitted: Vec<f64>,
+    /// Rejected weight per second.
+    pub rejected: Vec<f64>,
+    /// True time (s) of every rejection, in order.
+    pub rejection_times: Vec<f64>,
+    /// The quota's limit, units per second.
+    pub limit: f64,
+}
+
+/// A host's clock: the shared virtual time plus this host's skew.
+struct SkewClock {
+    base: ManualClock,
+    offset: i64,
+}
+
+impl Clock for SkewClock {
+    fn now_nanos(&self) -> u64 {
+        self.base.now_nanos().saturating_add_signed(self.offset)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrival,
+    Round(usize),
+    AtRoot(usize),
+    Answer(usize),
+    Sweep,
+}
+
+/// A sync call on its way.
+struct Call {
+    host: usize,
+    root: usize,
+    request: SyncRequest,
+    sent_at: u64,
+    /// False when the answer will be lost or come after the timeout.
+    answered: bool,
+    result: Option<Result<SyncResponse, String>>,
+}
+
+struct Host {
+    limiter: Arc<Limiter>,
+    engine: SyncEngine,
+    offset: i64,
+    /// Calls of the round in flight still unanswered.
+    outstanding: usize,
+    in_flight: bool,
+}
+
+struct Yarl {
+    hosts: Vec<Host>,
+    roots: Vec<(RootState, i64)>,
+    calls: Vec<Option<Call>>,
+}
+
+enum Decider {
+    Yarl(Box<Yarl>),
+    Buckets(Vec<TokenBucket>),
+    Fixed(FixedWindow),
+    Sliding(SlidingWindow),
+}
+
+struct Queue {
+    heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+}
+
+impl Queue {
+    fn push(&mut self, at: u64, e: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, e)));
+    }
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn skew(rng: &mut fastrand::Rng, max: Duration) -> i64 {
+    let m = i64::try_from(ns(max)).unwrap_or(i64::MAX / 2);
+    if m == 0 {
+        0
+    } else {
+        rng.i64(-m..=m)
+    }
+}
+
+/// Runs `scenario` with `strategy`. Deterministic: the same inputs give the same result.
+pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
+    // yarl-core draws limiter and root ids from fastrand's thread-local generator; seed it so
+    // reruns are bit-identical.
+    fastrand::seed(scenario.seed);
+    let mut rng = fastrand::Rng::with_seed(scenario.seed);
+    let clock = ManualClock::at(EPOCH_NS);
+    let secs = scenario.seconds as usize;
+    let mut out = RunResult {
+        offered: vec![0.0; secs],
+        admitted: vec![0.0; secs],
+        rejected: vec![0.0; secs],
+        rejection_times: Vec::new(),
+        limit: scenario.limit,
+    };
+    let interval = ns(scenario.interval);
+    let mut q = Queue { heap: BinaryHeap::new(), seq: 0 };
+    let mut decider = match *strategy {
+        Strategy::Yarl(cfg) => {
+            Decider::Yarl(Box::new(build_yarl(scenario, &cfg, &clock, &mut rng, &mut q)))
+        }
+        Strategy::TokenBucket { burst_s } => {
+            let rate = scenario.limit / scenario.hosts as f64;
+            // At least one request's worth, or a bucket could never pass anything.
+            let cap = (rate * burst_s).max(scenario.weights.mean());
+            Decider::Buckets(vec![TokenBucket::new(rate, cap); scenario.hosts])
+        }
+        Strategy::FixedWindow => Decider::Fixed(FixedWindow::new(scenario.limit, 1.0)),
+        Strategy::SlidingWindow => Decider::Sliding(SlidingWindow::new(scenario.limit, 1.0)),
+    };
+    if matches!(decider, Decider::Yarl(_)) {
+        q.push(EPOCH_NS + 5 * 1_000_000_000, Event::Sweep);
+    }
+    let mut arrivals =
+        Arrivals::new(&scenario.load, scenario.limit, scenario.weights, scenario.hosts);
+    let mut traffic_rng = fastrand::Rng::with_seed(scenario.seed ^ 0x5eed_0f7a_ff1c);
+    let (t0, h0) = arrivals.next(&mut traffic_rng);
+    let mut next_host = h0;
+    if t0.is_finite() {
+        q.push(EPOCH_NS + (t0 * NS) as u64, Event::Arrival);
+    }
+    let end = EPOCH_NS + scenario.seconds * 1_000_000_000;
+
+    while let Some(Reverse((at, _, ev))) = q.heap.pop() {
+        if at >= end {
+            break;
+        }
+        clock.set(at);
+        let true_s = (at - EPOCH_NS) as f64 / NS;
+        match ev {
+            Event::Arrival => {
+                let w = scenario.weights.sample(&mut traffic_rng);
+                let sec = true_s as usize;
+                out.offered[sec] += w as f64;
+                let ok = match &mut decider {
+                    Decider::Yarl(y) => {
+                        y.hosts[next_host].limiter.account(QUOTA, w).expect("weight").allowed()
+                    }
+                    Decider::Buckets(b) => b[next_host].take(true_s, w as f64),
+                    Decider::Fixed(f) => f.take(true_s, w as f64),
+                    Decider::Sliding(s) => s.take(true_s, w as f64),
+                };
+                if ok {
+                    out.admitted[sec] += w as f64;
+                } else {
+                    out.rejected[sec] += w as f64;
+                    out.rejection_times.push(true_s);
+                }
+                let (t, h) = arrivals.next(&mut traffic_rng);
+                next_host = h;
+                if t.is_finite() {
+                    q.push(EPOCH_NS + (t * NS) as u64, Event::Arrival);
+                }
+            }
+            Event::Round(h) => {
+                let Decider::Yarl(y) = &mut decider else { continue };
+                // A round still waiting for a slow root delays the next (the sync thread
+                // awaits every call before sleeping).
+                if y.hosts[h].in_flight {
+                    q.push(at + interval / 10, Event::Round(h));
+                    continue;
+                }
+                q.push(at + interval, Event::Round(h));
+                y.begin(h, at, &scenario.net, &mut rng, &mut q);
+            }
+            Event::AtRoot(c) => {
+                let Decider::Yarl(y) = &mut decider else { continue };
+                y.at_root(c, at);
+            }
+            Event::Answer(c) => {
+                let Decider::Yarl(y) = &mut decider else { continue };
+                y.answer(c, at, &scenario.net, &mut rng, &mut q);
+            }
+            Event::Sweep => {
+                let Decider::Yarl(y) = &mut decider else { continue };
+                for (r, off) in &mut y.roots {
+                    r.sweep(at.saturating_add_signed(*off));
+                }
+                q.push(at + 5 * 1_000_000_000, Event::Sweep);
+            }
+        }
+    }
+    out
+}
+
+fn build_yarl(
+    s: &Scenario,
+    cfg: &YarlConfig,
+    clock: &ManualClock,
+    rng: &mut fastrand::Rng,
+    q: &mut Queue,
+) -> Yarl {
+    let quota = QuotaUpdate {
+        id: 1,
+        name: QUOTA.into(),
+        epoch: 1,
+        deleted: false,
+        limits: Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
+            .expect("valid limits"),
+        parent: None,
+    };
+    let roots: Vec<(RootState, i64)> = (0..s.roots)
+        .map(|_| {
+            let mut r = RootState::new(RootConfig::default());
+            r.apply_quotas([quota.clone()], 0);
+            (r, skew(rng, s.net.max_skew))
+        })
+        .collect();
+    let urls: Vec<String> = (0..s.roots).map(|i| format!("http://root-{i}")).collect();
+    let config =
+        SyncConfig { interval: s.interval, timeout: s.net.timeout, ..SyncConfig::default() };
+    let hosts = (0..s.hosts)
+        .map(|i| {
+            let offset = skew(rng, s.net.max_skew);
+            let limiter = Arc::new(
+                Limiter::builder()
+                    .clock(Arc::new(SkewClock { base: clock.clone(), offset }))
+                    .random(SeededRandom::new(s.seed.wrapping_mul(1_000_003) ^ i as u64))
+                    .estimator(cfg.estimator)
+                    .horizon(s.interval)
+                    .demand(cfg.demand)
+                    .local_guard(cfg.guard)
+                    .build(),
+            );
+            // Every limiter knows the quota before traffic starts (it would after its first
+            // sync anyway; this keeps the first second about counting, not about discovery).
+            limiter.apply_quotas(std::slice::from_ref(&quota));
+            let engine = SyncEngine::new(limiter.clone(), urls.clone(), config.clone())
+                .expect("fresh limiter, positive interval");
+            Host { limiter, engine, offset, outstanding: 0, in_flight: false }
+        })
+        .collect();
+    // Limiters sync at independent phases within the interval, as real hosts do.
+    for h in 0..s.hosts {
+        q.push(EPOCH_NS + rng.u64(0..ns(s.interval).max(1)), Event::Round(h));
+    }
+    Yarl { hosts, roots, calls: Vec::new() }
+}
+
+impl Yarl {
+    fn begin(&mut self, h: usize, at: u64, net: &Network, rng: &mut fastrand::Rng, q: &mut Queue) {
+        let host = &mut self.hosts[h];
+        let now = at.saturating_add_signed(host.offset);
+        let calls = host.engine.begin_round(now);
+        if calls.is_empty() {
+            host.engine.end_round(now);
+            return;
+        }
+        host.in_flight = true;
+        host.outstanding = calls.len();
+        let timeout = ns(net.timeout);
+        for call in calls {
+            let id = self.calls.len();
+            let rtt = ns(net.delay) + rng.u64(0..=ns(net.jitter));
+            let lost = rng.f64() < net.loss;
+            let request_lost = lost && rng.bool();
+            let answered = !lost && rtt < timeout;
+            if !request_lost {
+                q.push(at + rtt / 2, Event::AtRoot(id));
+            }
+            q.push(at + if answered { rtt } else { timeout }, Event::Answer(id));
+            self.calls.push(Some(Call {
+                host: h,
+                root: call.root,
+                request: call.request,
+                sent_at: at,
+                answered,
+                result: None,
+            }));
+        }
+    }
+
+    fn at_root(&mut self, c: usize, at: u64) {
+        let Some(call) = self.calls[c].as_mut() else { return };
+        let (root, off) = &mut self.roots[call.root];
+        let r = root.sync(&call.request, at.saturating_add_signed(*off)).map_err(|e| e.to_string());
+        if call.answered {
+            call.result = Some(r);
+        }
+    }
+
+    fn answer(&mut self, c: usize, at: u64, net: &Network, rng: &mut fastrand::Rng, q: &mut Queue) {
+        let Some(call) = self.calls[c].take() else { return };
+        let host = &mut self.hosts[call.host];
+        let now = at.saturating_add_signed(host.offset);
+        let result = match call.result {
+            Some(r) if call.answered => r,
+            _ => Err("timed out".to_string()),
+        };
+        host.engine.on_response(call.root, result, Duration::from_nanos(at - call.sent_at), now);
+        host.outstanding -= 1;
+        if host.outstanding == 0 {
+            host.in_flight = false;
+            if host.engine.end_round(now).more {
+                self.begin(call.host, at, net, rng, q);
+            }
+        }
+    }
+}

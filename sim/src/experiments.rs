@@ -1,0 +1,192 @@
+//! The scenarios and strategies of the accuracy report, and the table row of one strategy.
+
+use crate::cluster::{run, Network, RunResult, Scenario, Strategy, YarlConfig};
+use crate::load::{Load, Spread, Weights};
+use std::time::Duration;
+use yarl_core::Estimator;
+
+/// The report's fixed seed.
+pub const SEED: u64 = 20_240_917;
+/// The quota's limit in the 50-host scenarios, units per second.
+pub const LIMIT: f64 = 1000.0;
+/// When steps and stops happen, seconds.
+pub const STEP_S: usize = 10;
+/// When the echo scenario's overload stops, seconds.
+pub const STOP_S: usize = 15;
+/// Where steady-state measurements start: the first interval is blind by design (every
+/// limiter admits until its first sync after traffic starts).
+pub const WARMUP_S: usize = 5;
+
+/// The configuration yarl-core ships as its default, as this report chose it.
+pub fn chosen_default() -> YarlConfig {
+    YarlConfig {
+        low_s: 1.5,
+        high_s: 3.0,
+        estimator: Estimator::Static { correction_ratio: 1.0 },
+        demand: true,
+        guard: false,
+    }
+}
+
+/// A 50-host, 2-root, 1 s-sync scenario with the default network.
+pub fn base(load: Load, seconds: u64) -> Scenario {
+    Scenario {
+        hosts: 50,
+        roots: 2,
+        limit: LIMIT,
+        interval: Duration::from_secs(1),
+        seconds,
+        load,
+        weights: Weights::One,
+        net: Network::default(),
+        seed: SEED,
+    }
+}
+
+/// 3x the limit, spread evenly, 30 s.
+pub fn steady_3x() -> Scenario {
+    base(Load::steady(3.0, Spread::Uniform), 30)
+}
+
+/// 0.9x the limit, spread evenly, 30 s.
+pub fn under_09x() -> Scenario {
+    base(Load::steady(0.9, Spread::Uniform), 30)
+}
+
+/// 0.9x the limit, all of it on one host.
+pub fn under_09x_one_host() -> Scenario {
+    base(Load::steady(0.9, Spread::Hot { share: 1.0 }), 30)
+}
+
+/// 0.5x, then 10x at [`STEP_S`], spread evenly.
+pub fn step_10x() -> Scenario {
+    base(Load::step(0.5, STEP_S as f64, 10.0, Spread::Uniform), 25)
+}
+
+/// 0.5x, then 10x at [`STEP_S`] with 95% of it on one hot host.
+pub fn step_10x_hot() -> Scenario {
+    base(Load::step(0.5, STEP_S as f64, 10.0, Spread::Hot { share: 0.95 }), 25)
+}
+
+/// 0.5x, with 10x for 0.5 s from [`STEP_S`] + 0.25 s: shorter than one sync interval.
+pub fn short_spike() -> Scenario {
+    base(Load::spike(0.5, STEP_S as f64 + 0.25, 0.5, 10.0), 20)
+}
+
+/// The article's case: 300 hosts, 100 req/s against a limit of 50, a different third of the
+/// hosts active every second.
+pub fn sparse() -> Scenario {
+    let mut s = base(Load::steady(2.0, Spread::Sparse { fraction: 1.0 / 3.0 }), 60);
+    s.hosts = 300;
+    s.limit = 50.0;
+    s
+}
+
+/// 3x until [`STOP_S`], then 0.8x: how long rejections go on.
+pub fn echo() -> Scenario {
+    base(Load::step(3.0, STOP_S as f64, 0.8, Spread::Uniform), 30)
+}
+
+/// 3x with weights 1..=9 (the limit in units).
+pub fn weighted_3x() -> Scenario {
+    let mut s = steady_3x();
+    s.weights = Weights::Uniform { lo: 1, hi: 9 };
+    s
+}
+
+/// The strategies compared, with their names in the report.
+pub fn strategies() -> Vec<(String, Strategy)> {
+    let d = chosen_default();
+    let y = |c: YarlConfig| Strategy::Yarl(c);
+    let zone = |r: f64| YarlConfig {
+        estimator: Estimator::Static { correction_ratio: r },
+        demand: false,
+        ..d
+    };
+    vec![
+        (
+            "hard cutoff (low=high=1.5 s)".into(),
+            y(YarlConfig { low_s: 1.5, high_s: 1.5, ..zone(1.0) }),
+        ),
+        ("zone, static r=0.5".into(), y(zone(0.5))),
+        ("zone, static r=1.0".into(), y(zone(1.0))),
+        ("zone, static r=1.5".into(), y(zone(1.5))),
+        ("zone, measured".into(), y(YarlConfig { estimator: Estimator::Measured, ..zone(1.0) })),
+        ("zone + demand, measured".into(), y(YarlConfig { estimator: Estimator::Measured, ..d })),
+        ("**zone + demand, r=1.0 (default)**".into(), y(d)),
+        (
+            "zone + demand, r=1.0, bursts 0.5/2 s".into(),
+            y(YarlConfig { low_s: 0.5, high_s: 2.0, ..d }),
+        ),
+        ("zone + demand + local guard, r=1.0".into(), y(YarlConfig { guard: true, ..d })),
+        ("ref: token bucket limit/N per host".into(), Strategy::TokenBucket { burst_s: 1.5 }),
+        ("ref: fixed window, central".into(), Strategy::FixedWindow),
+        ("ref: sliding window (seed 001), central".into(), Strategy::SlidingWindow),
+    ]
+}
+
+/// One strategy's results in every scenario of the table.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Row {
+    /// Mean admitted / limit, 3x, from [`WARMUP_S`].
+    pub steady_mean: f64,
+    /// Per-second CV, 3x, from [`WARMUP_S`].
+    pub steady_cv: f64,
+    /// Mean admitted / limit, 3x with weights 1..=9.
+    pub weighted_mean: f64,
+    /// Rejected requests under 0.9x spread evenly.
+    pub fp_even: f64,
+    /// Rejected requests under 0.9x on one host.
+    pub fp_one_host: f64,
+    /// Admitted in the 2 s after a 10x step / (2 · limit), spread evenly.
+    pub step_even: f64,
+    /// Same, 95% of the step on one host.
+    pub step_hot: f64,
+    /// Admitted above the limit in the 2 s around a 0.5 s 10x spike, seconds of the limit.
+    pub spike_excess: f64,
+    /// Mean admitted / limit, the 300-host sparse case, from [`WARMUP_S`].
+    pub sparse_mean: f64,
+    /// Seconds of rejections after 3x drops to 0.8x.
+    pub echo_s: f64,
+}
+
+/// The runs behind one row, kept for the figures.
+pub struct Runs {
+    /// 3x steady.
+    pub steady: RunResult,
+    /// 10x step, even.
+    pub step: RunResult,
+    /// 10x step, hot host.
+    pub step_hot: RunResult,
+    /// Sparse.
+    pub sparse: RunResult,
+    /// Echo.
+    pub echo: RunResult,
+}
+
+/// Runs every scenario of the table with `s`.
+pub fn evaluate(s: &Strategy) -> (Row, Runs) {
+    let steady = run(&steady_3x(), s);
+    let weighted = run(&weighted_3x(), s);
+    let even = run(&under_09x(), s);
+    let one = run(&under_09x_one_host(), s);
+    let step = run(&step_10x(), s);
+    let step_hot = run(&step_10x_hot(), s);
+    let spike = run(&short_spike(), s);
+    let sparse = run(&sparse(), s);
+    let echo = run(&echo(), s);
+    let all = WARMUP_S..usize::MAX;
+    let row = Row {
+        steady_mean: steady.mean_ratio(all.clone()),
+        steady_cv: steady.cv(all.clone()),
+        weighted_mean: weighted.mean_ratio(all.clone()),
+        fp_even: even.rejected_in(0..usize::MAX),
+        fp_one_host: one.rejected_in(0..usize::MAX),
+        step_even: step.reaction(STEP_S),
+        step_hot: step_hot.reaction(STEP_S),
+        spike_excess: spike.excess(STEP_S..STEP_S + 2),
+        sparse_mean: sparse.mean_ratio(all),
+        echo_s: echo.echo(STOP_S as f64),
+    };
+    (row, Runs { steady, step, step_hot, sparse, echo })
+}

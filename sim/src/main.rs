@@ -1,0 +1,418 @@
+//! `yarl-sim --out docs`: runs every experiment of the accuracy report with the fixed seed
+//! and writes `docs/accuracy.md` and its figures under `docs/accuracy/`.
+
+use anyhow::{bail, Context, Result};
+use plotters::prelude::*;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use yarl_sim::experiments::{self as ex, Row};
+use yarl_sim::{run, RunResult, Strategy, YarlConfig};
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(23, 190, 207),
+];
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mut out = PathBuf::from("docs");
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
+            other => bail!("unknown argument {other}; usage: yarl-sim [--out DIR]"),
+        }
+    }
+    let figs = out.join("accuracy");
+    std::fs::create_dir_all(&figs).with_context(|| format!("creating {}", figs.display()))?;
+
+    let strategies = ex::strategies();
+    let mut rows = Vec::new();
+    let mut runs = Vec::new();
+    for (name, s) in &strategies {
+        eprintln!("running {name}");
+        let (row, r) = ex::evaluate(s);
+        rows.push((name.clone(), row));
+        runs.push((name.clone(), r));
+    }
+    // Figures show a few strategies so the lines stay readable.
+    let pick = |needle: &str| {
+        runs.iter().position(|(n, _)| n.contains(needle)).expect("strategy in the list")
+    };
+    let shown =
+        [pick("hard cutoff"), pick("zone, static r=1.0"), pick("(default)"), pick("token bucket")];
+    let series = |f: fn(&ex::Runs) -> &RunResult| -> Vec<(String, &RunResult)> {
+        shown.iter().map(|&i| (runs[i].0.replace("**", ""), f(&runs[i].1))).collect()
+    };
+    plot_series(
+        &figs.join("steady-3x.svg"),
+        "3x steady overload, 50 hosts, 1 s sync",
+        &series(|r| &r.steady),
+    )?;
+    plot_series(
+        &figs.join("step-10x.svg"),
+        "0.5x -> 10x step at 10 s, 50 hosts",
+        &series(|r| &r.step),
+    )?;
+    plot_series(
+        &figs.join("sparse.svg"),
+        "300 hosts, 100 req/s vs limit 50, 2 of 3 idle each second",
+        &series(|r| &r.sparse),
+    )?;
+    plot_series(
+        &figs.join("echo.svg"),
+        "3x until 15 s, then 0.8x (the echo)",
+        &series(|r| &r.echo),
+    )?;
+    let guard = pick("local guard");
+    let hot: Vec<(String, &RunResult)> = [pick("(default)"), guard]
+        .iter()
+        .map(|&i| (runs[i].0.replace("**", ""), &runs[i].1.step_hot))
+        .collect();
+    plot_series(&figs.join("step-10x-hot.svg"), "0.5x -> 10x at 10 s, 95% on one host", &hot)?;
+
+    eprintln!("running the overshoot sweep");
+    let sweep = overshoot_sweep();
+    plot_overshoot(&figs.join("overshoot.svg"), &sweep)?;
+
+    let md = report(&rows, &sweep);
+    let path = out.join("accuracy.md");
+    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+const SWEEP_INTERVALS: [f64; 4] = [0.25, 0.5, 1.0, 2.0];
+const SWEEP_HOSTS: [usize; 4] = [2, 10, 50, 300];
+
+/// (hosts, interval s, excess after a 10x step in limit·seconds, steady 3x mean / limit).
+type SweepPoint = (usize, f64, f64, f64);
+
+fn overshoot_sweep() -> Vec<SweepPoint> {
+    let mut out = Vec::new();
+    for &hosts in &SWEEP_HOSTS {
+        for &secs in &SWEEP_INTERVALS {
+            // Bursts scale with the interval, as the report recommends.
+            let d = ex::chosen_default();
+            let s =
+                Strategy::Yarl(YarlConfig { low_s: d.low_s * secs, high_s: d.high_s * secs, ..d });
+            let set = |mut sc: yarl_sim::Scenario| {
+                sc.hosts = hosts;
+                sc.interval = Duration::from_secs_f64(secs);
+                sc
+            };
+            let step = run(&set(ex::step_10x()), &s);
+            let steady = run(&set(ex::steady_3x()), &s);
+            out.push((
+                hosts,
+                secs,
+                step.excess(ex::STEP_S..ex::STEP_S + 10),
+                steady.mean_ratio(ex::WARMUP_S..usize::MAX),
+            ));
+        }
+    }
+    out
+}
+
+fn plot_series(path: &Path, title: &str, lines: &[(String, &RunResult)]) -> Result<()> {
+    let first = lines.first().context("nothing to plot")?.1;
+    let secs = first.offered.len();
+    let top = lines
+        .iter()
+        .flat_map(|(_, r)| r.offered.iter().chain(&r.admitted))
+        .fold(0.0f64, |a, &b| a.max(b))
+        / first.limit;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..secs as f64, 0f64..(top * 1.08).max(1.2))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("per second / limit")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let step = |v: &[f64]| -> Vec<(f64, f64)> {
+        v.iter()
+            .enumerate()
+            .flat_map(|(i, &a)| [(i as f64, a / first.limit), (i as f64 + 1.0, a / first.limit)])
+            .collect()
+    };
+    chart
+        .draw_series(LineSeries::new(step(&first.offered), BLACK.stroke_width(2)))?
+        .label("offered")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new([(0.0, 1.0), (secs as f64, 1.0)], BLACK.mix(0.4)))?
+        .label("limit")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    for (k, (name, r)) in lines.iter().enumerate() {
+        let c = COLORS[k % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(step(&r.admitted), c.stroke_width(2)))?
+            .label(format!("admitted: {name}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn plot_overshoot(path: &Path, sweep: &[SweepPoint]) -> Result<()> {
+    let top = sweep.iter().map(|p| p.2).fold(0.0f64, f64::max);
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Overshoot after a 10x step: admitted above the limit in 10 s", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..2.1f64, 0f64..top * 1.1 + 0.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("sync interval, s")
+        .y_desc("excess, seconds of the limit")
+        .draw()?;
+    for (k, &hosts) in SWEEP_HOSTS.iter().enumerate() {
+        let c = COLORS[k % COLORS.len()];
+        let pts: Vec<(f64, f64)> =
+            sweep.iter().filter(|p| p.0 == hosts).map(|p| (p.1, p.2)).collect();
+        chart.draw_series(PointSeries::of_element(pts.clone(), 4, c.filled(), &|p, s, st| {
+            Circle::new(p, s, st)
+        }))?;
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
+            .label(format!("{hosts} hosts"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
+    let get = |needle: &str| &rows.iter().find(|(n, _)| n.contains(needle)).expect("row").1;
+    let d = get("(default)");
+    let guard = get("local guard");
+    let small = get("bursts 0.5/2");
+    let zone = get("zone, static r=1.0");
+    let measured = get("zone + demand, measured");
+    let mut m = String::new();
+    let w = &mut m;
+    let _ = writeln!(w, "# Accuracy of YARL-rs: simulated, with the real core\n");
+    let _ = writeln!(
+        w,
+        "Generated by `make sim` (`cargo run --release -p yarl-sim -- --out docs`), seed {}. \
+         Every number and figure below comes from that run; do not edit by hand.\n",
+        ex::SEED
+    );
+    let _ = writeln!(
+        w,
+        "## How it is measured\n\n\
+         `yarl-sim` drives the real `yarl-core` `Limiter`, `SyncEngine` and `RootState` from a \
+         discrete-event loop on a virtual clock. Each host is a limiter with its own clock \
+         (the shared virtual time plus a skew of up to ±20 ms) and syncs every interval at its \
+         own phase with 2 roots. A sync call made at `t` reaches its root at `t + rtt/2` and is \
+         answered at `t + rtt`, `rtt` = 2 ms + up to 3 ms of jitter; 1% of calls are lost (half \
+         before the root counted them, half after) and time out after 500 ms. Requests are a \
+         Poisson process; the limit is 1000 units/s (50 for the sparse case), weights are 1 \
+         unless stated. Steady-state numbers are from second {} on (the first interval is blind \
+         by design: no limiter knows anything before its first sync). The references are \
+         implemented in the simulator: the token bucket is per host (what `limit_req` on each \
+         host gives), the fixed and sliding windows are one exact central counter (a round \
+         trip per request, which YARL exists to avoid).\n",
+        ex::WARMUP_S
+    );
+    let _ = writeln!(w, "Columns:\n");
+    let _ = writeln!(
+        w,
+        "* **3x mean / CV**: 3x the limit spread over 50 hosts; mean admitted / limit and the \
+         per-second coefficient of variation (the article's saw). **3x w1-9**: the same with \
+         weights 1..=9.\n\
+         * **0.9x rej.**: rejected requests in 30 s at 0.9x spread over 50 hosts (false \
+         positives); **0.9x 1 host**: the same load all on one host.\n\
+         * **10x step**: admitted in the 2 s after 0.5x jumps to 10x, / (2 · limit); **hot**: \
+         the same with 95% of the step on one host.\n\
+         * **spike**: a 10x spike of 0.5 s (shorter than one interval); admitted above the \
+         limit in the 2 s around it, in seconds of the limit.\n\
+         * **sparse**: the article's case, 300 hosts, 100 req/s against a limit of 50, a \
+         different third of the hosts busy each second; mean admitted / limit.\n\
+         * **echo**: 3x until 15 s, then 0.8x; seconds from the drop to the last rejection.\n"
+    );
+    let _ = writeln!(
+        w,
+        "Bursts are in seconds of the limit at a 1 s interval (`1.5/3` = `low_burst` 1.5 × limit, \
+         `high_burst` 3 × limit); every YARL row uses 1.5/3 unless its name says otherwise.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| strategy | 3x mean | 3x CV | 3x w1-9 | 0.9x rej. | 0.9x 1 host | 10x step | hot | spike | sparse | echo s |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for (name, r) in rows {
+        let _ = writeln!(
+            w,
+            "| {name} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.3} | {:.1} |",
+            r.steady_mean,
+            r.steady_cv,
+            r.weighted_mean,
+            r.fp_even,
+            r.fp_one_host,
+            r.step_even,
+            r.step_hot,
+            r.spike_excess,
+            r.sparse_mean,
+            r.echo_s
+        );
+    }
+    let _ = writeln!(w, "\n## Figures\n");
+    for (f, cap) in [
+        ("steady-3x", "3x steady overload: the hard cutoff saws, the fill-only zone oscillates, the attempted-demand signal holds the limit."),
+        ("step-10x", "10x step over all hosts: the first interval is blind (every host admits until its next sync)."),
+        ("step-10x-hot", "10x step landing on one host, with and without the local guard."),
+        ("sparse", "The article's sparse 300-host case."),
+        ("echo", "Load that drops from 3x to 0.8x at 15 s: how long rejections go on."),
+        ("overshoot", "Overshoot versus sync interval and number of hosts (default strategy, bursts scaled with the interval)."),
+    ] {
+        let _ = writeln!(w, "![{f}](accuracy/{f}.svg)\n\n*{cap}*\n");
+    }
+    let _ = writeln!(w, "## Overshoot versus sync interval and node count\n");
+    let _ = writeln!(
+        w,
+        "After a 10x step over all hosts, what is admitted above the limit in the next 10 s (seconds \
+         of the limit), and the mean at 3x steady overload. Bursts scale with the interval \
+         (`low_burst` = 1.5 × limit × interval, `high_burst` = 3 × limit × interval).\n"
+    );
+    let _ = write!(w, "| hosts |");
+    for s in SWEEP_INTERVALS {
+        let _ = write!(w, " {s} s: excess | {s} s: 3x mean |");
+    }
+    let _ = writeln!(w);
+    let _ = writeln!(w, "|---|{}", "---|---|".repeat(SWEEP_INTERVALS.len()));
+    for h in SWEEP_HOSTS {
+        let _ = write!(w, "| {h} |");
+        for p in sweep.iter().filter(|p| p.0 == h) {
+            let _ = write!(w, " {:.2} | {:.3} |", p.2, p.3);
+        }
+        let _ = writeln!(w);
+    }
+    let at = |h: usize, i: f64| sweep.iter().find(|p| p.0 == h && p.1 == i).map_or(0.0, |p| p.3);
+    let _ = writeln!(
+        w,
+        "\nThe excess grows linearly with the interval (one blind interval of 10x) and saturates \
+         with the number of hosts. At a 2 s interval the default *undershoots* steady 3x \
+         ({:.3} × limit with 50 hosts): the roots' demand window is 2 s, so it holds a single \
+         batch per limiter and the suppression share jitters; keep the interval at 1 s or \
+         below (or widen the window) until that is fixed.",
+        at(50, 2.0)
+    );
+    let _ = writeln!(w, "\n## The defaults chosen, and why\n");
+    let _ = writeln!(
+        w,
+        "* **Attempted-demand suppression on** (`LimiterBuilder::demand`, default `true`). \
+         Without it the fill-based zone alone oscillates with a period of a few intervals at 3x: \
+         CV {:.3} against {:.3} with it. The fill is an integrator read one interval late; the \
+         demand share `1 - limit/demand` does not fall when requests are rejected (seed 004), so \
+         it does not feed back.\n\
+         * **Static extrapolation, `correction_ratio` 1.0, read as the whole cluster's inflow** \
+         (`Estimator::Static`, the default). The measured estimator reacts a little faster to a \
+         step but its between-sync noise shows at 3x (CV {:.3} vs {:.3}) and on a lone busy \
+         host ({:.0} vs {:.0} false rejections). Without the demand signal the ratio mostly \
+         moves the echo ({:.1} / {:.1} / {:.1} s for 0.5 / 1.0 / 1.5); 1.0 is what an \
+         overloaded cluster adds, and this limiter subtracts its own share of it.\n\
+         * **Local guard available, off by default** (`LimiterBuilder::local_guard`). It caps \
+         one host's own traffic since its last sync at `limit · (dt + horizon/10)`. On the hot \
+         10x step it cuts the first two seconds from {:.2} to {:.2} × limit and costs nothing \
+         in the other columns, but it also refuses any single weight above a tenth of an \
+         interval of the limit and any burst one host takes from a quota's `high_burst`, which \
+         the quota model (SPEC §2) allows. It is an opt-in for request-count quotas whose \
+         traffic can pile onto one host.\n\
+         * **Recommended bursts: `low_burst` = 1.5 × limit × interval, `high_burst` = 3 × \
+         limit × interval.** A limiter's batch reaches the roots once per interval, so a root's \
+         fill runs up to one interval of that host's traffic ahead of the real bucket. With \
+         `low_burst` below one interval of the limit a host carrying most of the traffic is \
+         rejected under the limit (bursts 0.5/2: {:.0} rejections at 0.9x on one host, against \
+         {:.0} with 1.5/3). A zone of 1.5 intervals or more keeps the fill loop stable.\n",
+        zone.steady_cv,
+        d.steady_cv,
+        measured.steady_cv,
+        d.steady_cv,
+        measured.fp_one_host,
+        d.fp_one_host,
+        get("static r=0.5").echo_s,
+        zone.echo_s,
+        get("static r=1.5").echo_s,
+        d.step_hot,
+        guard.step_hot,
+        small.fp_one_host,
+        d.fp_one_host,
+    );
+    let _ = writeln!(
+        w,
+        "Two estimate fixes in `yarl-core` came out of the simulator (the table is after both): \
+         the bucket's drain now applies to this limiter's own unsynced count too (it was added \
+         on top of the drained synced fill, counting a lone busy host's traffic twice), and the \
+         static ratio is read as the whole cluster's inflow, this limiter's own last-interval \
+         rate excluded. Before them, a single host at 0.9x was refused a large share of its \
+         requests with the default bursts of the cluster test.\n"
+    );
+    let _ = writeln!(w, "## Targets (1 s sync, 50 hosts unless stated), default strategy\n");
+    let check = |ok: bool| if ok { "met" } else { "**missed**" };
+    let _ = writeln!(w, "| target | measured | |\n|---|---|---|");
+    let _ = writeln!(
+        w,
+        "| 3x steady: mean within 3%, CV < 5% | {:.3}, CV {:.3} | {} |",
+        d.steady_mean,
+        d.steady_cv,
+        check((d.steady_mean - 1.0).abs() <= 0.03 && d.steady_cv < 0.05)
+    );
+    let _ = writeln!(
+        w,
+        "| sparse 300 hosts: within 10% | {:.3} | {} |",
+        d.sparse_mean,
+        check((d.sparse_mean - 1.0).abs() <= 0.10)
+    );
+    let _ =
+        writeln!(w, "| 0.9x: zero rejections | {:.0} | {} |", d.fp_even, check(d.fp_even == 0.0));
+    let _ =
+        writeln!(w, "| echo ends within 2 s | {:.1} s | {} |", d.echo_s, check(d.echo_s <= 2.0));
+    let _ = writeln!(
+        w,
+        "| 10x step, one hot host, with the local guard: first 2 s ≤ 1.5 × limit | {:.2} | {} |",
+        guard.step_hot,
+        check(guard.step_hot <= 1.5)
+    );
+    let _ = writeln!(
+        w,
+        "\nWhy the hot-host step stays above 1.5: the guard holds the hot host to the limit, but \
+         the other hosts' share (0.5 × limit here) still passes, and a bucket that was nearly \
+         empty legitimately admits up to `low_burst` more before rejecting at all: the ideal \
+         leaky bucket itself admits 2 s × limit + `low_burst` = {:.2} × (2 s × limit) in those \
+         2 s. A variant of the guard that also subtracts what the other hosts were last seen \
+         adding got under 1.5 during development, but it rejected a lone host running at 0.9x \
+         heavily (the others' measured rate is noisy), so it was not kept.\n\n\
+         The 10x step spread over all hosts (column *10x step*) is the article's case: the first \
+         interval is blind whatever the strategy, which is why only the central references, \
+         which pay a round trip per request, hold it.",
+        (2.0 + ex::chosen_default().low_s) / 2.0
+    );
+    m
+}

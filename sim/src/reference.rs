@@ -1,0 +1,125 @@
+//! Reference algorithms the report compares yarl-core with. They are not the product: they
+//! exist to put its numbers next to what the usual alternatives give on the same traffic.
+
+/// A token bucket refilled at `rate` per second up to `cap` (nginx `limit_req` with `burst`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    rate: f64,
+    cap: f64,
+    tokens: f64,
+    at: f64,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate: f64, cap: f64) -> Self {
+        TokenBucket { rate, cap, tokens: cap, at: 0.0 }
+    }
+
+    /// Takes `w` tokens at time `t` (seconds) if there are that many.
+    pub fn take(&mut self, t: f64, w: f64) -> bool {
+        self.tokens = (self.tokens + (t - self.at).max(0.0) * self.rate).min(self.cap);
+        self.at = self.at.max(t);
+        if self.tokens >= w {
+            self.tokens -= w;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// At most `limit · window` per calendar window, counted exactly in one place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FixedWindow {
+    budget: f64,
+    window: f64,
+    index: i64,
+    count: f64,
+}
+
+impl FixedWindow {
+    /// `limit` per second, windows of `window` seconds.
+    pub fn new(limit: f64, window: f64) -> Self {
+        FixedWindow { budget: limit * window, window, index: -1, count: 0.0 }
+    }
+
+    /// Admits `w` at `t` if the current window has room.
+    pub fn take(&mut self, t: f64, w: f64) -> bool {
+        let i = (t / self.window).floor() as i64;
+        if i != self.index {
+            self.index = i;
+            self.count = 0.0;
+        }
+        if self.count + w <= self.budget {
+            self.count += w;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Seed `001_…`: the count of the last `window` seconds estimated from two fixed windows,
+/// `previous · (1 - elapsed / window) + current`, counted exactly in one place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    budget: f64,
+    window: f64,
+    index: i64,
+    current: f64,
+    previous: f64,
+}
+
+impl SlidingWindow {
+    /// `limit` per second over a sliding `window` seconds.
+    pub fn new(limit: f64, window: f64) -> Self {
+        SlidingWindow { budget: limit * window, window, index: -1, current: 0.0, previous: 0.0 }
+    }
+
+    /// Admits `w` at `t` if the estimated count of the last window leaves room.
+    pub fn take(&mut self, t: f64, w: f64) -> bool {
+        let i = (t / self.window).floor() as i64;
+        if i != self.index {
+            self.previous = if i == self.index + 1 { self.current } else { 0.0 };
+            self.current = 0.0;
+            self.index = i;
+        }
+        let elapsed = t / self.window - i as f64;
+        let estimate = self.previous * (1.0 - elapsed) + self.current;
+        if estimate + w <= self.budget {
+            self.current += w;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_bucket_holds_its_rate_after_the_burst() {
+        let mut b = TokenBucket::new(10.0, 5.0);
+        let passed = (0..1000).filter(|&i| b.take(i as f64 * 0.01, 1.0)).count();
+        // 5 of burst plus 10/s over ~10 s.
+        assert!((100..=106).contains(&passed), "{passed}");
+    }
+
+    #[test]
+    fn fixed_window_resets_each_window() {
+        let mut f = FixedWindow::new(3.0, 1.0);
+        assert_eq!((0..5).filter(|_| f.take(0.5, 1.0)).count(), 3);
+        assert!(f.take(1.0, 1.0));
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let mut s = SlidingWindow::new(10.0, 1.0);
+        assert_eq!((0..20).filter(|_| s.take(0.9, 1.0)).count(), 10);
+        // A quarter into the next window 75% of the previous 10 still count: 2 more fit.
+        assert_eq!((0..20).filter(|_| s.take(1.25, 1.0)).count(), 2);
+    }
+}
