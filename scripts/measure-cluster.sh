@@ -33,7 +33,7 @@ for port in 7711 7712; do
     for _ in $(seq 100); do curl -fs "127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 done
 curl -fs -X PUT 127.0.0.1:7711/v1/quotas/measured \
-    -d "{\"limit\":$LIMIT,\"low_burst\":$((LIMIT / 2)),\"high_burst\":$((LIMIT * 2)),\"parent\":null}"
+    -d "{\"limit\":$LIMIT,\"low_burst\":$((LIMIT * 3 / 2)),\"high_burst\":$((LIMIT * 3)),\"parent\":null}"
 echo
 cp "$OUT/ngx_http_yarl_module.so" "$DIR/"
 cat >"$DIR/nginx.conf" <<CONF
@@ -57,7 +57,7 @@ http {
 CONF
 "$NGINX_BIN" -p "$DIR/" -c nginx.conf
 sleep 2.5
-echo "quota: limit $LIMIT/s, low_burst $((LIMIT / 2)), high_burst $((LIMIT * 2)); load $RATE req/s for $SECONDS_ s"
+echo "quota: limit $LIMIT/s, low_burst $((LIMIT * 3 / 2)), high_burst $((LIMIT * 3)); load $RATE req/s for $SECONDS_ s"
 if [ -n "${TRACE:-}" ]; then
     ( for _ in $(seq "$SECONDS_"); do
         sleep 1
