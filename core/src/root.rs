@@ -157,6 +157,8 @@ pub struct RootState {
     instance: u64,
     quotas: HashMap<QuotaId, QuotaUpdate>,
     by_epoch: BTreeMap<Epoch, QuotaId>,
+    /// Quotas in `quotas` that are not tombstones.
+    live: usize,
     epoch: Epoch,
     counters: HashMap<QuotaId, RootCounter>,
     /// Latest version of each counter that changed → its id.
@@ -174,6 +176,7 @@ impl RootState {
             instance: fastrand::u64(1..),
             quotas: HashMap::new(),
             by_epoch: BTreeMap::new(),
+            live: 0,
             epoch: 0,
             counters: HashMap::new(),
             changes: BTreeMap::new(),
@@ -195,7 +198,7 @@ impl RootState {
 
     /// Live quotas (tombstones excluded).
     pub fn quota_count(&self) -> usize {
-        self.quotas.values().filter(|q| !q.deleted).count()
+        self.live
     }
 
     /// Counters held (non-empty buckets, until swept).
@@ -238,6 +241,12 @@ impl RootState {
                 if let Some(c) = self.counters.remove(&u.id) {
                     self.changes.remove(&c.version);
                 }
+            }
+            let was_live = self.quotas.get(&u.id).is_some_and(|q| !q.deleted);
+            match (was_live, u.deleted) {
+                (false, false) => self.live += 1,
+                (true, true) => self.live -= 1,
+                _ => {}
             }
             self.quotas.insert(u.id, u);
         }

@@ -229,3 +229,15 @@ fn demand_counts_rejected_attempts_too() {
     r.sweep(20 * S);
     assert_eq!(r.counter_count(), 0);
 }
+
+#[test]
+fn quota_count_follows_inserts_replaces_and_deletes() {
+    let mut r = root();
+    assert_eq!(r.quota_count(), 2);
+    r.apply_quotas([quota(1, 5, 2.0, false), quota(3, 6, 1.0, false)], 0);
+    assert_eq!(r.quota_count(), 3);
+    r.apply_quotas([quota(1, 7, 2.0, true), quota(1, 7, 2.0, true), quota(9, 8, 1.0, true)], 0);
+    assert_eq!(r.quota_count(), 2, "a tombstone counts once, an unknown one not at all");
+    r.apply_quotas([quota(1, 4, 2.0, false)], 0);
+    assert_eq!(r.quota_count(), 2, "an older version does not resurrect");
+}
