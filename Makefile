@@ -4,7 +4,10 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 PROFILE ?= debug
-TARGET_DIR ?= $(CURDIR)/target
+# Cargo's target dir: CARGO_TARGET_DIR when set, ./target otherwise; exported so cargo and
+# the paths below always agree.
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+export CARGO_TARGET_DIR := $(TARGET_DIR)
 OUT := $(TARGET_DIR)/$(PROFILE)
 CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
@@ -18,7 +21,39 @@ ROOT_BIN := $(OUT)/yarl-root
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test prove test run bench clean
+.PHONY: all deps build lint unit-test prove test run bench clean \
+	distro-deps distro-module distro-test packaging-test install
+
+# The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
+# of the same version is at DISTRO_NGINX_SRC): built with NGINX_BUILD_DIR in its own target
+# dir, since a cdylib's file name has no hash and would overwrite the vendored build's.
+DISTRO_NGINX ?= /usr/sbin/nginx
+DISTRO_NGINX_SRC ?= /usr/share/nginx/src
+DISTRO_TARGET_DIR ?= $(TARGET_DIR)/distro
+DISTRO_NGINX_BUILD := $(DISTRO_TARGET_DIR)/nginx
+DISTRO_OUT := $(DISTRO_TARGET_DIR)/$(PROFILE)
+DISTRO_MODULE_SO := $(DISTRO_OUT)/ngx_http_yarl_module.so
+# t/ files that only make sense with the vendored build, with the reason (none so far: every
+# test writes its pid, logs and temp paths under its own directory, see t/lib/Test/Yarl.pm).
+DISTRO_TEST_SKIP :=
+DISTRO_TESTS := $(filter-out $(DISTRO_TEST_SKIP),$(sort $(wildcard t/*.t)))
+
+# make install: PREFIX/DESTDIR as usual. MODULE=distro installs the module built for
+# DISTRO_NGINX into that nginx's modules directory (its --modules-path) and enables it the
+# Debian way; MODULE=vendored installs the vendored build (for the nginx the ngx crate
+# builds; tests only) under $(PREFIX)/lib/yarl and enables nothing.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+DATADIR ?= $(PREFIX)/share
+DOCDIR ?= $(DATADIR)/doc/yarl
+SYSCONFDIR ?= /etc
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERS_DIR ?= $(PREFIX)/lib/sysusers.d
+MODULE ?= distro
+NGINX_MODULES_DIR ?= $(or $(shell $(DISTRO_NGINX) -V 2>&1 | tr ' ' '\n' | sed -n 's/^--modules-path=//p'),/usr/lib/nginx/modules)
+NGINX_CONF_DIR ?= $(SYSCONFDIR)/nginx
+NGINX_ENABLE_MODULE ?= yes
 
 all: build
 
@@ -39,7 +74,7 @@ deps:
 build: deps
 	$(CARGO) build --workspace $(CARGO_PROFILE_FLAG)
 	cp $(OUT)/libngx_http_yarl_module.so $(MODULE_SO)
-	@echo "built: $(ROOT_BIN) $(MODULE_SO) $(NGINX_BIN)"
+	@echo "built: $(ROOT_BIN) $(MODULE_SO) $$(ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)"
 
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -54,7 +89,7 @@ prove: build
 	TEST_NGINX_BINARY=$(NGINX_BIN) TEST_YARL_MODULE=$(MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
 		prove --timer t/
 
-test: lint unit-test prove
+test: lint unit-test prove distro-test packaging-test
 
 run: build
 	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) scripts/run.sh
@@ -62,6 +97,77 @@ run: build
 bench: deps
 	$(CARGO) bench -p yarl-core --bench limiter
 
+# nginx and nginx-dev from the distribution, without leaving nginx running or enabled.
+distro-deps:
+	packaging/install-distro-nginx.sh
+
+distro-module: deps distro-deps
+	packaging/configure-nginx.sh $(DISTRO_NGINX) $(DISTRO_NGINX_SRC) $(DISTRO_NGINX_BUILD)
+	NGINX_BUILD_DIR=$(DISTRO_NGINX_BUILD)/objs CARGO_TARGET_DIR=$(DISTRO_TARGET_DIR) \
+		$(CARGO) build -p ngx_http_yarl_module --no-default-features $(CARGO_PROFILE_FLAG)
+	cp $(DISTRO_OUT)/libngx_http_yarl_module.so $(DISTRO_MODULE_SO)
+	packaging/check-module-load.sh $(DISTRO_NGINX) $(DISTRO_MODULE_SO)
+	@echo "built: $(DISTRO_MODULE_SO) for $(DISTRO_NGINX)"
+
+# The end-to-end suite against the installed nginx loading the distro module.
+distro-test: build distro-module
+	TEST_NGINX_BINARY=$(DISTRO_NGINX) TEST_YARL_MODULE=$(DISTRO_MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
+		TEST_NGINX_GLOBALS='lock_file %%TESTDIR%%/nginx.lock;' \
+		prove --timer $(DISTRO_TESTS)
+
+# The Dockerfile's build stage calls only existing targets; `make install` lays out what the
+# Dockerfile's runtime stage and the systemd unit expect.
+packaging-test: build distro-module
+	PROFILE=$(PROFILE) TARGET_DIR=$(TARGET_DIR) prove --timer packaging/t/
+
+install:
+	@case "$(MODULE)" in \
+		distro) so=$(DISTRO_MODULE_SO); hint="make distro-module" ;; \
+		vendored) so=$(MODULE_SO); hint="make build" ;; \
+		*) echo "install: MODULE must be distro or vendored, not '$(MODULE)'" >&2; exit 1 ;; \
+	esac; \
+	for f in $(ROOT_BIN) $$so; do \
+		[ -f "$$f" ] || { echo "install: $$f is missing: run 'make build' and '$$hint' first (same PROFILE)" >&2; exit 1; }; \
+	done
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(SYSTEMD_UNIT_DIR) \
+		$(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(SYSCONFDIR)/default
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/yarl
+	install -m 0755 $(ROOT_BIN) $(DESTDIR)$(BINDIR)/yarl-root
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+		packaging/yarl-root.service >$(DESTDIR)$(SYSTEMD_UNIT_DIR)/yarl-root.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/yarl-root.service
+	install -m 0644 packaging/yarl.sysusers $(DESTDIR)$(SYSUSERS_DIR)/yarl.conf
+	@# The env file is configuration: an existing one is kept, the new one lands beside it.
+	if [ -e $(DESTDIR)$(SYSCONFDIR)/default/yarl-root ]; then \
+		install -m 0644 packaging/yarl-root.env $(DESTDIR)$(SYSCONFDIR)/default/yarl-root.dist; \
+		echo "install: kept $(DESTDIR)$(SYSCONFDIR)/default/yarl-root, new defaults in yarl-root.dist"; \
+	else \
+		install -m 0644 packaging/yarl-root.env $(DESTDIR)$(SYSCONFDIR)/default/yarl-root; \
+	fi
+	install -m 0644 nginx-conf/s3.conf packaging/nginx-yarl.conf packaging/yarl-root.env \
+		$(DESTDIR)$(DOCDIR)/examples/
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+ifeq ($(MODULE),distro)
+	install -d $(DESTDIR)$(NGINX_MODULES_DIR) $(DESTDIR)$(DATADIR)/nginx/modules-available
+	install -m 0644 $(DISTRO_MODULE_SO) $(DESTDIR)$(NGINX_MODULES_DIR)/ngx_http_yarl_module.so
+	echo 'load_module $(NGINX_MODULES_DIR)/ngx_http_yarl_module.so;' \
+		>$(DESTDIR)$(DATADIR)/nginx/modules-available/mod-http-yarl.conf
+ifeq ($(NGINX_ENABLE_MODULE),yes)
+	install -d $(DESTDIR)$(NGINX_CONF_DIR)/modules-enabled
+	ln -sfn $(DATADIR)/nginx/modules-available/mod-http-yarl.conf \
+		$(DESTDIR)$(NGINX_CONF_DIR)/modules-enabled/50-mod-http-yarl.conf
+endif
+else
+	install -d $(DESTDIR)$(PREFIX)/lib/yarl
+	install -m 0644 $(MODULE_SO) $(DESTDIR)$(PREFIX)/lib/yarl/ngx_http_yarl_module.so
+endif
+	@echo "installed into $(or $(DESTDIR),/) (PREFIX=$(PREFIX), MODULE=$(MODULE))"
+
 clean:
 	$(CARGO) clean
 	rm -rf .run
+
+# Regenerates docs/accuracy.md and its figures (fixed seed). PHONY: sim/ is a directory.
+.PHONY: sim
+sim:
+	$(CARGO) run --release -p yarl-sim -- --out docs

@@ -9,6 +9,15 @@ package Test::Yarl;
 #   TEST_YARL_MODULE   path of ngx_http_yarl_module.so
 #   TEST_YARL_ROOT     path of the yarl-root binary (tests that need a root)
 #   TEST_YARL_LEAVE    keep the test directory (printed as a diagnostic)
+#   TEST_NGINX_GLOBALS       extra main-context directives for %%TEST_GLOBALS%%, and
+#   TEST_NGINX_GLOBALS_HTTP  extra http-context directives for %%TEST_GLOBALS_HTTP%%, as in
+#                            nginx-tests; %%TESTDIR%% in them is the test directory (used
+#                            by `make distro-test` to keep an installed nginx's compiled-in
+#                            paths out of the run)
+#
+# The generated globals already put everything a run writes under the test directory (pid,
+# error_log, access_log, temp paths; `user root` when run as root), so an nginx with
+# compiled-in system paths (a distribution's /usr/sbin/nginx) runs as well as the vendored one.
 
 use warnings;
 use strict;
@@ -88,6 +97,7 @@ sub globals {
 	$s .= "error_log $self->{dir}/error.log notice;\n";
 	# Workers as root read the 0700 test directory.
 	$s .= "user root;\n" if $> == 0;
+	$s .= "$ENV{TEST_NGINX_GLOBALS}\n" if $ENV{TEST_NGINX_GLOBALS};
 	return $s;
 }
 
@@ -99,7 +109,8 @@ sub globals_http {
 		. "proxy_temp_path $d/proxy_temp;\n"
 		. "fastcgi_temp_path $d/fastcgi_temp;\n"
 		. "uwsgi_temp_path $d/uwsgi_temp;\n"
-		. "scgi_temp_path $d/scgi_temp;\n";
+		. "scgi_temp_path $d/scgi_temp;\n"
+		. ($ENV{TEST_NGINX_GLOBALS_HTTP} ? "$ENV{TEST_NGINX_GLOBALS_HTTP}\n" : '');
 }
 
 sub expand {

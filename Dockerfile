@@ -1,0 +1,81 @@
+# syntax=docker/dockerfile:1
+#
+# YARL-rs: yarl-root and Debian 12's nginx with ngx_http_yarl_module, in one image.
+#
+#   docker build -t yarl-rs .
+#
+# The build stage runs the Makefile targets CI runs (`make build`, `make distro-module`,
+# `make install`), so `make test` exercises every step of it (packaging/t/packaging.t checks
+# that the targets exist and that `make install` lays out what the runtime stage copies).
+# The module is built against the configured nginx source Debian ships in nginx-dev, with
+# the arguments of the build stage's `nginx -V`; the runtime stage installs the same Debian
+# nginx and refuses to build if the module does not load into it (`nginx -t`).
+#
+# Run (see README "Install / Docker"):
+#   docker network create yarl
+#   docker run -d --name yarl-root --network yarl -p 127.0.0.1:7700:7700 \
+#       -v yarl-data:/var/lib/yarl yarl-rs
+#   docker run -d --name yarl-nginx --network yarl -p 8080:8080 \
+#       -e YARL_ROOTS=http://yarl-root:7700 \
+#       -v "$PWD/packaging/nginx-yarl.conf:/etc/nginx/conf.d/yarl.conf:ro" yarl-rs nginx
+
+ARG DEBIAN_RELEASE=12
+
+############################################################################ build
+FROM debian:${DEBIAN_RELEASE} AS build
+# The Rust toolchain from rustup (Debian 12's rustc is older than the MSRV, 1.81).
+ARG RUST_TOOLCHAIN=stable
+ARG PROFILE=release
+ENV DEBIAN_FRONTEND=noninteractive \
+    PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    CARGO_TERM_COLOR=never
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl make \
+    && curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+        | sh -s -- -y --no-modify-path --profile minimal --default-toolchain "${RUST_TOOLCHAIN}" \
+    && rustc --version
+WORKDIR /src
+COPY . .
+# Build dependencies (apt), then yarl-root, then the module for Debian's nginx (installs nginx
+# and nginx-dev, configures the source with `nginx -V`'s arguments, builds into
+# target/distro and test-loads the module), then a staged install under /out.
+RUN make deps
+RUN make build PROFILE=${PROFILE}
+RUN make distro-module PROFILE=${PROFILE}
+RUN make install PROFILE=${PROFILE} DESTDIR=/out PREFIX=/usr MODULE=distro
+
+############################################################################ runtime
+FROM debian:${DEBIAN_RELEASE}-slim
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends nginx ca-certificates curl \
+    && rm -rf /var/lib/apt/lists/* \
+    && ln -sf /dev/stdout /var/log/nginx/access.log \
+    && ln -sf /dev/stderr /var/log/nginx/error.log \
+    && useradd --system --home-dir /var/lib/yarl --shell /usr/sbin/nologin yarl \
+    && install -d -o yarl -g yarl -m 0750 /var/lib/yarl \
+    && install -d -o root -g yarl -m 0750 /etc/yarl
+
+COPY --from=build /out/usr/bin/yarl-root /usr/bin/yarl-root
+COPY --from=build /out/usr/lib/nginx/modules/ngx_http_yarl_module.so /usr/lib/nginx/modules/ngx_http_yarl_module.so
+COPY --from=build /out/usr/share/nginx/modules-available/mod-http-yarl.conf /usr/share/nginx/modules-available/mod-http-yarl.conf
+COPY --from=build /out/etc/default/yarl-root /etc/default/yarl-root
+COPY --from=build /out/usr/share/doc/yarl/ /usr/share/doc/yarl/
+COPY packaging/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
+
+# Enable the module the Debian way and prove it loads into this image's nginx.
+RUN ln -s /usr/share/nginx/modules-available/mod-http-yarl.conf \
+        /etc/nginx/modules-enabled/50-mod-http-yarl.conf \
+    && nginx -t \
+    && yarl-root --version
+
+ENV YARL_LISTEN=0.0.0.0:7700 \
+    YARL_DB=sqlite:///var/lib/yarl/yarl.db \
+    NO_COLOR=1
+VOLUME /var/lib/yarl
+EXPOSE 7700 80 8080
+# Health checks depend on the role: `--health-cmd 'curl -fs http://127.0.0.1:7700/healthz'`
+# for a root, `--health-cmd 'curl -fs -o /dev/null http://127.0.0.1:8080/yarl/stats'` (or
+# any location of the site) for nginx.
+ENTRYPOINT ["docker-entrypoint.sh"]
+CMD ["yarl-root"]
