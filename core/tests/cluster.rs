@@ -29,9 +29,9 @@ fn simulate(load: f64, drop_root_at: Option<u64>, seed: u64) -> Run {
         name: "api".into(),
         epoch: 1,
         deleted: false,
-        // Half a second and two seconds of the limit: the zone starts early enough for the
-        // demand signal to take over before the fill runs into the hard cutoff.
-        limits: Limits::from_units(LIMIT, 0.5 * LIMIT, 2.0 * LIMIT).unwrap(),
+        // The recommended bursts (docs/accuracy.md): 1.5 and 3 seconds of the limit at a 1 s
+        // sync interval.
+        limits: Limits::from_units(LIMIT, 1.5 * LIMIT, 3.0 * LIMIT).unwrap(),
         parent: None,
     };
     let mut roots: Vec<RootState> = (0..2)
