@@ -87,13 +87,21 @@ done
 say "curl -s $ROOT_ADDR/v1/quotas/s3_photos_read"
 curl -s "$ROOT_ADDR/v1/quotas/s3_photos_read"
 echo
-say "tail -n 2 $RUN/nginx/logs/access.json"
-tail -n 2 "$RUN/nginx/logs/access.json" || true
+say "tail -n 1 $RUN/nginx/logs/access.json   # the balancer (yarl_check)"
+tail -n 1 "$RUN/nginx/logs/access.json" || true
+say "tail -n 1 $RUN/nginx/logs/app.json      # the application (yarl_account)"
+tail -n 1 "$RUN/nginx/logs/app.json" || true
+say "grep -c 'limiting requests' $RUN/nginx/logs/error.log; grep 'limiting requests' $RUN/nginx/logs/error.log | tail -n 1"
+grep -c 'limiting requests' "$RUN/nginx/logs/error.log" || true
+grep 'limiting requests' "$RUN/nginx/logs/error.log" | tail -n 1 || true
 
 cat <<TXT
 
 yarl-root on http://$ROOT_ADDR (database $RUN/yarl.db), nginx on 127.0.0.1:8080 (S3 balancer,
 yarl_check), :8081 (application, yarl_account), :8082 (object store stand-in).
+
+A 429 comes from the balancer's yarl_check (its log says REJECTED) or, when the check let the
+request through an instant before the counter crossed, from the application's yarl_account.
 
 Send traffic and watch 429s (reads of bucket "photos" are limited to 5/s, the bucket to 20/s):
   while true; do curl -s -o /dev/null -w '%{http_code}\\n' -H 'Host: photos.s3.example.net' http://127.0.0.1:8080/cat.jpg; done | uniq -c
