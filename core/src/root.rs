@@ -256,6 +256,16 @@ impl RootState {
         self.quotas.get(&id).filter(|q| !q.deleted).map(|q| q.limits.limit)
     }
 
+    /// The most a counter may hold: twice `high_burst` plus a minute of the limit. Limiters
+    /// stop adding once a fill passes `high_burst`, so only a hostile or broken sync request
+    /// gets there; without a cap one hint of `u64::MAX` would pin a quota shut for years.
+    fn fill_cap(&self, id: QuotaId) -> Option<u64> {
+        let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
+        Some(
+            q.limits.high_burst.saturating_mul(2).saturating_add(q.limits.limit.saturating_mul(60)),
+        )
+    }
+
     fn bump(&mut self, id: QuotaId) {
         self.version += 1;
         let v = self.version;
@@ -274,9 +284,11 @@ impl RootState {
             return;
         };
         let rate_tau = self.config.rate_tau_ns;
+        let cap = self.fill_cap(id).unwrap_or(u64::MAX);
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
         c.bucket.add(amount);
+        c.bucket.fill = c.bucket.fill.min(cap);
         meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
         c.demand.add(amount.saturating_add(rejected), now);
         self.stats.deltas_applied += 1;
@@ -284,7 +296,8 @@ impl RootState {
     }
 
     fn hint(&mut self, id: QuotaId, fill: u64, now: u64) {
-        let Some(limit) = self.live_limit(id) else { return };
+        let (Some(limit), Some(cap)) = (self.live_limit(id), self.fill_cap(id)) else { return };
+        let fill = fill.min(cap);
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
         if fill > c.bucket.fill {

@@ -341,7 +341,12 @@ impl SyncEngine {
                 *d = (*d).max(demand);
                 active.insert(s);
                 if let Some(&k) = round.position.get(&id) {
-                    round.reported[k] = true;
+                    if !round.reported[k] && round.entries[k].0 == s {
+                        // The root's fill includes this round's batch: take it out of `local`
+                        // now, or the estimate counts it twice until the slowest root answers.
+                        c.sub_local(s, round.entries[k].2);
+                        round.reported[k] = true;
+                    }
                 }
             }
         });
@@ -358,11 +363,17 @@ impl SyncEngine {
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
         self.limiter.with_counters(|c| {
             // Fold this round's batch into the local view.
-            for (k, &(s, _, v, _)) in round.entries.iter().enumerate() {
-                if !round.reported[k] {
-                    c.anchor_local(s, v, now);
+            for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
+                // A slot deleted (and reused) while the round was in flight is not this entry's.
+                if c.id_of(s) != Some(id) {
+                    continue;
                 }
-                c.sub_local(s, v);
+                if !round.reported[k] {
+                    // No root took it (none answered, or none knows the quota yet): fold it
+                    // into the local view so it keeps draining.
+                    c.anchor_local(s, v, now);
+                    c.sub_local(s, v);
+                }
                 // Requests accounted while the round was in flight left the counter non-zero,
                 // so no 0 -> non-zero transition will list it again: list it now.
                 if c.has_pending(s) {

@@ -19,7 +19,9 @@ fn quota(id: u64, limit_milli: u64) -> QuotaUpdate {
         name: format!("q{id}"),
         epoch: id,
         deleted: false,
-        limits: Limits { limit: limit_milli, low_burst: 0, high_burst: 0 },
+        // Bursts far above any fill here: the root's cap (2 x high_burst + a minute of the
+        // limit) must not interfere with the merge laws.
+        limits: Limits { limit: limit_milli, low_burst: 1 << 50, high_burst: 1 << 50 },
         parent: None,
     }
 }

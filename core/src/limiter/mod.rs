@@ -187,7 +187,7 @@ impl LimiterBuilder {
         self
     }
 
-    /// The local guard (default on, see `docs/accuracy.md`): reject at once when this
+    /// The local guard (default off, see `docs/accuracy.md`): reject at once when this
     /// limiter's own accounted weight since its last sync round would exceed
     /// `limit · (dt + horizon / 10)`, with `dt` the time since that round began. One host
     /// alone can never legitimately go faster than the whole quota, so this needs no news

@@ -241,3 +241,16 @@ fn quota_count_follows_inserts_replaces_and_deletes() {
     r.apply_quotas([quota(1, 4, 2.0, false)], 0);
     assert_eq!(r.quota_count(), 2, "an older version does not resurrect");
 }
+
+/// Review finding: one hint (or delta) of u64::MAX pinned a quota shut for years.
+#[test]
+fn hostile_fills_are_capped() {
+    let mut r = root();
+    let mut h = req("evil", vec![(1, vec![(2, u64::MAX)])]);
+    h.hints = vec![(1, u64::MAX)];
+    r.sync(&h, S).unwrap();
+    // q1: limit 1/s, high 20 -> cap 2·20 + 60·1 = 100 units; q2: 1000/s -> 2·20 + 60000.
+    assert_eq!(fill(&r, 1, S), 100.0);
+    assert_eq!(fill(&r, 2, S), 60_040.0);
+    assert_eq!(fill(&r, 2, S + 61 * S), 0.0, "drained within about a minute");
+}

@@ -262,3 +262,28 @@ fn counts_made_during_a_round_go_out_with_the_next() {
     }
     assert_eq!(n.limiter.quota("a").unwrap().fill, 55.0);
 }
+
+/// Review finding: between the first root's answer (whose fill includes this round's batch)
+/// and the end of the round, the batch was also still in `local`: counted twice while a
+/// second root was slow.
+#[test]
+fn own_batch_is_not_counted_twice_while_a_root_is_slow() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 100.0, 150.0, 300.0)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let mut n = node(&clock, 2);
+    round(&mut n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    for _ in 0..100 {
+        n.limiter.account("a", 1).unwrap();
+    }
+    let now = clock.now_nanos();
+    let calls = n.engine.begin_round(now);
+    assert_eq!(calls.len(), 2);
+    let resp = r0.sync(&calls[0].request, now).unwrap();
+    n.engine.on_response(calls[0].root, Ok(resp), Duration::ZERO, now);
+    assert_eq!(n.limiter.quota("a").unwrap().fill, 100.0, "root B has not answered yet");
+    let resp = r1.sync(&calls[1].request, now).unwrap();
+    n.engine.on_response(calls[1].root, Ok(resp), Duration::ZERO, now);
+    n.engine.end_round(now);
+    assert_eq!(n.limiter.quota("a").unwrap().fill, 100.0);
+}

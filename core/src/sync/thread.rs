@@ -109,8 +109,9 @@ impl SyncThread {
         let sh = shared.clone();
         let handle = std::thread::Builder::new().name("yarl-sync".into()).spawn(move || {
             rt.block_on(run(&mut engine, &*transport, &sh));
-            // Drop the runtime here, inside the thread: its I/O resources die with it.
-            drop(rt);
+            // Shut the runtime down here, inside the thread, without waiting for blocking
+            // tasks: a DNS lookup stuck in getaddrinfo must not hold nginx's worker exit.
+            rt.shutdown_timeout(Duration::from_millis(100));
         })?;
         Ok(SyncThread { shared, handle: Some(handle) })
     }
