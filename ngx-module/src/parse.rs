@@ -146,7 +146,14 @@ pub fn parse_root_url(s: &str) -> Result<String, &'static str> {
     if host.is_empty() {
         return Err("the host is missing");
     }
-    if !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b)) {
+    // A bracketed host must be an IPv6 address; any other host has no ':' (the HTTP client
+    // cannot use `http://a:b:80` or an unbracketed `::1`, so they fail here, not at runtime).
+    let host_ok = if authority.starts_with('[') {
+        host.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+    };
+    if !host_ok {
         return Err("invalid host");
     }
     if let Some(p) = port {

@@ -69,6 +69,10 @@ fn root_urls() {
     assert_eq!(parse_root_url("HTTP://r/yarl/").unwrap(), "http://r/yarl");
     assert_eq!(parse_root_url("http://[::1]:7700").unwrap(), "http://[::1]:7700");
     assert!(parse_root_url("https://r:7700").unwrap_err().contains("https"));
+    // Hosts the HTTP client could not use fail at `nginx -t`, not at every sync.
+    assert_eq!(parse_root_url("http://a:b:80"), Err("invalid host"));
+    assert_eq!(parse_root_url("http://::1:7700"), Err("invalid host"));
+    assert_eq!(parse_root_url("http://[zz::1]:7700"), Err("invalid host"));
     for bad in [
         "127.0.0.1:7700",
         "http://",
