@@ -87,6 +87,7 @@ impl ApiError {
                 StoreError::Cycle { .. } | StoreError::HasChildren { .. } => StatusCode::CONFLICT,
                 StoreError::UnknownParent { .. }
                 | StoreError::ChainTooDeep { .. }
+                | StoreError::DescendantTooDeep { .. }
                 | StoreError::Duplicate { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                 StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,

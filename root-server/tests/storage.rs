@@ -140,6 +140,18 @@ async fn graph_rules(s: Arc<dyn QuotaStore>) {
     );
     // Re-parenting without a cycle is fine; nothing of the refused writes is stored.
     put(&*s, "c", Some("a")).await.unwrap();
+    // A re-parented quota takes its subtree along: its deepest descendant's chain counts.
+    // a c n3..n15 is 15 long; under "top" it is 16, under "top2" above that it would be 17.
+    put(&*s, "top", None).await.unwrap();
+    put(&*s, "a", Some("top")).await.unwrap();
+    put(&*s, "top2", None).await.unwrap();
+    match put(&*s, "top", Some("top2")).await {
+        Err(StoreError::DescendantTooDeep { name, descendant, depth, .. }) => {
+            assert_eq!((name.as_str(), descendant.as_str()), ("top", prev.as_str()));
+            assert_eq!(depth, yarl_core::MAX_CHAIN + 1);
+        }
+        other => panic!("{other:?}"),
+    }
     let names: BTreeSet<String> = all_changes(&*s, 0).await.into_iter().map(|q| q.name).collect();
     assert!(!names.contains("d") && !names.contains("deep"));
 }

@@ -22,6 +22,10 @@ use yarl_core::MAX_CHAIN;
 ///     check.supply(&names, found);
 /// }
 /// check.finish()?;
+/// while let Some(names) = check.wanted_children() {
+///     let found = /* live (name, parent) rows whose parent is among `names` */;
+///     check.supply_children(found)?;
+/// }
 /// ```
 #[derive(Debug)]
 pub struct GraphCheck<'a> {
@@ -33,6 +37,10 @@ pub struct GraphCheck<'a> {
     missing: HashSet<String>,
     pending: Vec<String>,
     queued: HashSet<String>,
+    /// Descendant walk (after `finish`): chain length and originating item of every name
+    /// reached below the written quotas, and the names whose children come next.
+    below: HashMap<String, (usize, usize)>,
+    below_pending: Vec<String>,
 }
 
 impl<'a> GraphCheck<'a> {
@@ -52,6 +60,8 @@ impl<'a> GraphCheck<'a> {
             missing: HashSet::new(),
             pending: Vec::new(),
             queued: HashSet::new(),
+            below: HashMap::new(),
+            below_pending: Vec::new(),
         };
         for q in items {
             if let Some(p) = &q.parent {
@@ -95,8 +105,9 @@ impl<'a> GraphCheck<'a> {
         }
     }
 
-    /// The verdict, reporting the first offending item in the order given.
-    pub fn finish(&self) -> Result<(), StoreError> {
+    /// The verdict on the written quotas and their ancestors, reporting the first offending
+    /// item in the order given. Then the descendants: see [`GraphCheck::wanted_children`].
+    pub fn finish(&mut self) -> Result<(), StoreError> {
         for (i, q) in self.items.iter().enumerate() {
             if let Some(p) = &q.parent {
                 if self.missing.contains(p) {
@@ -145,6 +156,51 @@ impl<'a> GraphCheck<'a> {
                 });
             }
         }
+        let below: HashMap<String, (usize, usize)> = self
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, q)| (q.name.clone(), (depth[q.name.as_str()], i)))
+            .collect();
+        self.below_pending = below.keys().cloned().collect();
+        self.below = below;
+        Ok(())
+    }
+
+    /// Names whose live children to look up next (after [`GraphCheck::finish`]), or `None`
+    /// when the walk is done. A re-parented quota moves its whole subtree: the deepest
+    /// descendant's chain must stay within what limiters follow.
+    pub fn wanted_children(&mut self) -> Option<Vec<String>> {
+        (!self.below_pending.is_empty()).then(|| std::mem::take(&mut self.below_pending))
+    }
+
+    /// Live rows `(name, parent)` whose parent was among the names asked for.
+    pub fn supply_children(
+        &mut self,
+        found: Vec<(String, Option<String>)>,
+    ) -> Result<(), StoreError> {
+        for (child, parent) in found {
+            // A child that is itself written hangs where the write says (already checked).
+            let Some(parent) = parent else { continue };
+            if self.index.contains_key(child.as_str()) {
+                continue;
+            }
+            let Some(&(len, origin)) = self.below.get(&parent) else { continue };
+            let depth = len + 1;
+            if depth > MAX_CHAIN {
+                return Err(StoreError::DescendantTooDeep {
+                    index: origin,
+                    name: self.items[origin].name.clone(),
+                    descendant: child,
+                    depth,
+                    max: MAX_CHAIN,
+                });
+            }
+            if self.below.get(&child).map_or(true, |&(d, _)| d < depth) {
+                self.below.insert(child.clone(), (depth, origin));
+                self.below_pending.push(child);
+            }
+        }
         Ok(())
     }
 }
@@ -175,7 +231,35 @@ mod tests {
                 .collect();
             c.supply(&names, found);
         }
-        c.finish().map(|()| rounds)
+        c.finish()?;
+        while let Some(names) = c.wanted_children() {
+            let found = db
+                .iter()
+                .filter(|(_, p)| p.is_some_and(|p| names.iter().any(|x| x == p)))
+                .map(|(n, p)| ((*n).to_owned(), p.map(str::to_owned)))
+                .collect();
+            c.supply_children(found)?;
+        }
+        Ok(rounds)
+    }
+
+    #[test]
+    fn descendants_of_a_reparented_quota_stay_within_the_chain_limit() {
+        // db: r <- d1 <- d2 <- ... <- d15 (16 long). Re-parenting r under a new root makes
+        // d15's chain 17: refused, naming the written item and the descendant.
+        let names: Vec<String> = (1..MAX_CHAIN).map(|i| format!("d{i}")).collect();
+        let mut db: Vec<(&str, Option<&str>)> = vec![("r", None)];
+        for (i, n) in names.iter().enumerate() {
+            db.push((n, Some(if i == 0 { "r" } else { &names[i - 1] })));
+        }
+        match run(&[q("top", None), q("r", Some("top"))], &db) {
+            Err(StoreError::DescendantTooDeep { index: 1, name, descendant, depth, .. }) => {
+                assert_eq!((name.as_str(), descendant.as_str(), depth), ("r", "d15", MAX_CHAIN + 1))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Moving the lower half away first keeps every chain short enough.
+        assert!(run(&[q("top", None), q("r", Some("top")), q("d8", None)], &db).is_ok());
     }
 
     #[test]

@@ -131,6 +131,23 @@ pub enum StoreError {
         /// The maximum ([`yarl_core::MAX_CHAIN`]).
         max: usize,
     },
+    /// The write would push a descendant's parent chain past what limiters follow.
+    #[error(
+        "quota {name:?} would give its descendant {descendant:?} a parent chain of {depth} \
+         quotas, the maximum is {max}"
+    )]
+    DescendantTooDeep {
+        /// Index of the item.
+        index: usize,
+        /// The item's name.
+        name: String,
+        /// The descendant whose chain grows too long.
+        descendant: String,
+        /// That descendant's chain length including itself.
+        depth: usize,
+        /// The maximum ([`yarl_core::MAX_CHAIN`]).
+        max: usize,
+    },
     /// The same name appears twice in one batch.
     #[error("quota {name:?} appears twice (items {first} and {index})")]
     Duplicate {
@@ -176,6 +193,7 @@ impl StoreError {
             StoreError::UnknownParent { index, .. }
             | StoreError::Cycle { index, .. }
             | StoreError::ChainTooDeep { index, .. }
+            | StoreError::DescendantTooDeep { index, .. }
             | StoreError::Duplicate { index, .. } => Some(*index),
             _ => None,
         }

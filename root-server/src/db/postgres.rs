@@ -122,7 +122,19 @@ impl PgStore {
                 check.supply(chunk, found);
             }
         }
-        check.finish()
+        check.finish()?;
+        while let Some(names) = check.wanted_children() {
+            for chunk in names.chunks(LOOKUP_CHUNK) {
+                let found: Vec<(String, Option<String>)> = sqlx::query_as(
+                    "SELECT name, parent FROM yarl_quotas WHERE NOT deleted AND parent = ANY($1)",
+                )
+                .bind(chunk)
+                .fetch_all(&mut **tx)
+                .await?;
+                check.supply_children(found)?;
+            }
+        }
+        Ok(())
     }
 
     async fn put_many_inner(&self, quotas: Vec<NewQuota>) -> Result<Written, StoreError> {

@@ -134,7 +134,21 @@ impl SqliteStore {
                 check.supply(chunk, found);
             }
         }
-        check.finish()
+        check.finish()?;
+        while let Some(names) = check.wanted_children() {
+            for chunk in names.chunks(LOOKUP_CHUNK) {
+                let json = serde_json::to_string(chunk).unwrap_or_else(|_| "[]".into());
+                let found: Vec<(String, Option<String>)> = sqlx::query_as(
+                    "SELECT name, parent FROM yarl_quotas
+                     WHERE deleted = 0 AND parent IN (SELECT value FROM json_each(?))",
+                )
+                .bind(json)
+                .fetch_all(&mut **tx)
+                .await?;
+                check.supply_children(found)?;
+            }
+        }
+        Ok(())
     }
 
     async fn put_many_inner(&self, quotas: Vec<NewQuota>) -> Result<Written, StoreError> {
