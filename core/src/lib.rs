@@ -2,8 +2,10 @@
 //!
 //! Distributed rate limiting with **local decisions**, after Yandex's YARL. Every limiter (an
 //! nginx worker, an application) holds all quotas and the cluster-wide counters in memory and
-//! decides on each request without a network call; a background thread syncs with one or
-//! more root servers once per interval.
+//! decides on each request without a network call; a sync agent (the `yarl-agent` crate, or
+//! the nginx module's) syncs with one or more root servers once per interval. This crate has
+//! no I/O: clocks and randomness are injected, and all state lives in a memory block the
+//! embedder provides ([`zone`]), so one limiter can be shared by several processes.
 //!
 //! # Brief overview
 //!
@@ -11,9 +13,10 @@
 //! * [`units`]: exact fixed-point counters (why they cannot drift or overflow).
 //! * [`decision`]: pass / reject / reject with probability `(F - low) / (high - low)`, and
 //!   Retry-After.
+//! * [`zone`]: the memory block and its layout (offsets, no pointers: heap or shared memory).
 //! * [`Limiter`]: the quota table for millions of quotas with a lock-free read path;
 //!   `check` (count nothing) and `account` (all-or-nothing over the parent chain).
-//! * [`sync`]: the limiter's sync state machine and, with the `http` feature, its thread.
+//! * [`sync`]: the limiter's sync state machine.
 //! * [`root`]: the root server's aggregation: sums limiters' deltas exactly once.
 //! * [`proto`]: the versioned wire messages between them.
 //!
@@ -39,12 +42,15 @@ pub mod quota;
 pub mod root;
 pub mod sync;
 pub mod units;
+pub mod zone;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
 pub use limiter::{
-    ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, WeightError, MAX_CHAIN,
+    AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, WeightError,
+    ZoneStatus, DEFAULT_CAPACITY, MAX_CHAIN,
 };
 pub use quota::{validate_name, Epoch, Limits, QuotaError, QuotaId, QuotaSpec, QuotaUpdate};
 pub use root::{RootConfig, RootState};
 pub use sync::{SyncConfig, SyncEngine, SyncStatus};
+pub use zone::{Block, Prepared, ZoneError, ZoneUsage};

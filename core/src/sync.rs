@@ -1,23 +1,33 @@
-//! The limiter's side of sync: a pure state machine ([`SyncEngine`]) and, with the `http`
-//! feature, the background thread that drives it ([`SyncThread`]).
+//! The limiter's side of sync: a pure state machine ([`SyncEngine`]). The background thread
+//! and HTTP transport that drive it live in the `yarl-agent` crate, so this crate has no I/O.
 //!
 //! A round, once per interval:
-//! 1. [`SyncEngine::begin_round`] takes the deltas accounted since the last round into a new
-//!    numbered batch and builds one request per root that is due;
+//! 1. [`SyncEngine::begin_round`] moves what was accounted since the last round (`local`)
+//!    into `inflight`, as a new numbered batch, and builds one request per root that is due;
 //! 2. the caller sends them (in parallel, each with a timeout) and hands every answer or
 //!    failure to [`SyncEngine::on_response`], which merges counters by max and applies quotas;
-//! 3. [`SyncEngine::end_round`] folds the batch into the local view: counters a root reported
-//!    already include it; the rest (no root answered, or none knew the quota) are anchored
-//!    locally so they keep draining at the quota's rate.
+//!    a root's fill includes the batch, so its share leaves `inflight` at the first report;
+//! 3. [`SyncEngine::end_round`] folds what no root reported (none answered, or none knew the
+//!    quota yet) into the local base so it keeps draining at the quota's rate.
 //!
 //! A root that fails keeps its unacknowledged batches (up to `max_pending_batches`, resent
 //! unchanged, applied once thanks to `seq`) and is retried with exponential backoff; if its
 //! batches overflow or it restarts, the next request carries hints so it catches up at once.
 //! `check`/`account` never wait for any of this.
+//!
+//! # State that outlives an engine
+//!
+//! The limiter's block keeps the limiter id, the next `seq`, the batch in flight and, per
+//! root, its instance, `since`, acknowledged `seq`, backoff and health. An engine built on a
+//! block an earlier engine used (the nginx sync agent moved to another worker) continues
+//! every root session: no first contact, no refetch of quotas. It resends the batch in
+//! flight with its `seq` (the roots apply it once), and sends hints to roots for which the
+//! previous engine still held older unacknowledged batches (those lived in its memory).
 
 use crate::limiter::{Estimator, Limiter};
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
+use crate::zone::roots as zroots;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -85,6 +95,16 @@ pub struct RootStatus {
     pub instance: Option<u64>,
     /// Batches waiting for this root's acknowledgement.
     pub pending_batches: usize,
+    /// Upper bounds (µs) of the latency histogram's buckets.
+    #[serde(skip)]
+    pub latency_buckets_us: Vec<u64>,
+    /// Successful calls per latency bucket (not cumulative); one more than the bounds: the
+    /// last counts calls above every bound.
+    #[serde(skip)]
+    pub latency_counts: Vec<u64>,
+    /// Sum of the latencies counted in the histogram, µs.
+    #[serde(skip)]
+    pub latency_sum_us: u64,
 }
 
 /// The limiter's state as a whole, for `yarl_stats` and metrics.
@@ -130,18 +150,19 @@ pub struct RoundReport {
 
 #[derive(Debug)]
 struct RootLink {
-    status: RootStatus,
-    instance: Option<u64>,
-    since: u64,
+    url: String,
+    /// The root's entry in the block (instance, `since`, acknowledged `seq`, health).
+    entry: usize,
     pending: VecDeque<Arc<DeltaBatch>>,
-    send_hints: bool,
-    skip_rounds: u32,
 }
+
+/// One entry of a round's batch: (slot, id, admitted, rejected).
+type Entry = (u32, QuotaId, u64, u64);
 
 #[derive(Debug, Default)]
 struct RoundState {
-    /// (slot, id, admitted, rejected) of this round's batch.
-    entries: Vec<(u32, QuotaId, u64, u64)>,
+    /// This round's batch.
+    entries: Vec<Entry>,
     /// Highest demand any root reported this round, per slot.
     demand: HashMap<u32, u64>,
     position: HashMap<QuotaId, usize>,
@@ -155,6 +176,9 @@ struct RoundState {
     more: bool,
 }
 
+/// How long after a refetch for quotas that did not fit another may start.
+const REFETCH_EVERY_NS: u64 = 300 * 1_000_000_000;
+
 /// The sync state machine of one limiter; see the module docs.
 #[derive(Debug)]
 pub struct SyncEngine {
@@ -162,19 +186,26 @@ pub struct SyncEngine {
     config: SyncConfig,
     limiter_id: String,
     roots: Vec<RootLink>,
-    next_seq: u64,
     /// Slots with a non-zero synced fill: hint candidates.
     active: HashSet<u32>,
+    /// The first round scanned the block (active slots, a batch left in flight).
+    started: bool,
     round: RoundState,
-    rounds: u64,
-    cluster_fresh: bool,
     /// When the previous round began: this round's batch was counted since then.
     last_began: Option<u64>,
 }
 
+impl Drop for SyncEngine {
+    fn drop(&mut self) {
+        self.limiter.engine_attached.store(false, Ordering::Release);
+    }
+}
+
 impl SyncEngine {
     /// An engine for `limiter` syncing with `roots` (base URLs; may be empty: then the
-    /// engine only anchors local counts so they drain).
+    /// engine only anchors local counts so they drain). Only one engine may drive a limiter
+    /// handle at a time, and only one handle of a shared block should run one (nginx elects
+    /// it with [`Limiter::agent_lease`]).
     pub fn new(
         limiter: Arc<Limiter>,
         roots: Vec<String>,
@@ -186,27 +217,30 @@ impl SyncEngine {
         if limiter.engine_attached.swap(true, Ordering::AcqRel) {
             return Err(EngineError::AlreadyAttached);
         }
+        let now = limiter.clock().now_nanos();
+        let entries = limiter.roots_table().claim(&roots, now);
         let roots = roots
             .into_iter()
-            .map(|url| RootLink {
-                status: RootStatus { url, ..RootStatus::default() },
-                instance: None,
-                since: 0,
-                pending: VecDeque::new(),
-                send_hints: false,
-                skip_rounds: 0,
+            .zip(entries)
+            .map(|(url, entry)| {
+                let e = limiter.root_entry(entry);
+                if e.get(zroots::PENDING) > 0 {
+                    // The previous engine had batches this root never acknowledged; they
+                    // were in its memory. Hints bring the root up to date instead.
+                    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
+                    e.set(zroots::PENDING, 0);
+                }
+                RootLink { url, entry, pending: VecDeque::new() }
             })
             .collect();
         Ok(SyncEngine {
+            limiter_id: limiter.limiter_id(),
             limiter,
             config,
-            limiter_id: format!("{:016x}{:08x}", fastrand::u64(..), std::process::id()),
             roots,
-            next_seq: 1,
             active: HashSet::new(),
+            started: false,
             round: RoundState::default(),
-            rounds: 0,
-            cluster_fresh: false,
             last_began: None,
         })
     }
@@ -221,23 +255,68 @@ impl SyncEngine {
         &self.config
     }
 
+    /// The root URLs, in the order `RootCall::root` indexes them.
+    pub fn root_urls(&self) -> impl Iterator<Item = &str> {
+        self.roots.iter().map(|r| r.url.as_str())
+    }
+
+    /// The batch a previous engine left in flight, rebuilt from the slots' `inflight`.
+    fn recover(&mut self) -> Option<(u64, Vec<Entry>)> {
+        use crate::zone::slot::{BASE, INFLIGHT, LOCAL};
+        let l = &self.limiter;
+        let active = l.scan_slots(|s| s.get(BASE) > 0 || s.get(LOCAL) > 0 || s.get(INFLIGHT) > 0);
+        self.active.extend(active);
+        let seq = l.inflight_seq();
+        if seq == 0 {
+            return None;
+        }
+        let slots = l.scan_slots(|s| s.get(INFLIGHT) > 0);
+        let entries = l.with_counters(|c| {
+            slots
+                .into_iter()
+                .filter_map(|s| Some((s, c.id_of(s)?, c.inflight(s), 0)))
+                .collect::<Vec<_>>()
+        });
+        Some((seq, entries))
+    }
+
     /// Starts a round at `now`: returns the calls to make.
     pub fn begin_round(&mut self, now: u64) -> Vec<RootCall> {
-        let dirty = self.limiter.take_dirty();
+        let recovered = if self.started {
+            None
+        } else {
+            self.started = true;
+            self.recover()
+        };
         let mut round = RoundState { began: now, ..RoundState::default() };
-        self.limiter.with_counters(|c| {
-            for s in dirty {
-                let (v, r) = (c.local(s), c.take_rejected(s));
-                if let (true, Some(id)) = (v > 0 || r > 0, c.id_of(s)) {
-                    round.position.insert(id, round.entries.len());
-                    round.entries.push((s, id, v, r));
+        let seq = match recovered {
+            Some((seq, entries)) => {
+                round.entries = entries;
+                seq
+            }
+            None => {
+                let dirty = self.limiter.take_dirty();
+                self.limiter.with_counters(|c| {
+                    for s in dirty {
+                        let (v, r) = (c.take_local(s), c.take_rejected(s));
+                        if let (true, Some(id)) = (v > 0 || r > 0, c.id_of(s)) {
+                            round.entries.push((s, id, v, r));
+                        }
+                    }
+                });
+                if round.entries.is_empty() {
+                    0
+                } else {
+                    self.limiter.next_seq()
                 }
             }
-        });
+        };
+        for (k, &(_, id, ..)) in round.entries.iter().enumerate() {
+            round.position.insert(id, k);
+        }
         round.reported = vec![false; round.entries.len()];
         let batch = (!round.entries.is_empty()).then(|| {
-            let seq = self.next_seq;
-            self.next_seq += 1;
+            self.limiter.set_inflight_seq(seq);
             Arc::new(DeltaBatch {
                 seq,
                 deltas: round.entries.iter().map(|&(_, id, v, r)| (id, v, r)).collect(),
@@ -248,37 +327,44 @@ impl SyncEngine {
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
         for (i, link) in self.roots.iter_mut().enumerate() {
+            let e = self.limiter.root_entry(link.entry);
             if let Some(b) = &batch {
-                link.pending.push_back(b.clone());
+                if e.get(zroots::ACKED) < b.seq {
+                    link.pending.push_back(b.clone());
+                }
                 if link.pending.len() > self.config.max_pending_batches {
                     link.pending.pop_front();
-                    link.send_hints = true;
+                    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
                 }
             }
-            link.status.pending_batches = link.pending.len();
-            if link.skip_rounds > 0 {
-                link.skip_rounds -= 1;
+            e.set(zroots::PENDING, link.pending.len() as u64);
+            let skip = e.get(zroots::SKIP);
+            if skip > 0 {
+                e.set(zroots::SKIP, skip - 1);
                 continue;
             }
-            let hints = if link.send_hints || (link.instance.is_none() && !self.active.is_empty()) {
+            let instance = Some(e.get(zroots::INSTANCE)).filter(|&i| i != 0);
+            let hints = if e.get(zroots::FLAGS) & zroots::FLAG_HINTS != 0
+                || (instance.is_none() && !self.active.is_empty())
+            {
                 collect_hints(&self.limiter, &self.active, now)
             } else {
                 Vec::new()
             };
             calls.push(RootCall {
                 root: i,
-                url: link.status.url.clone(),
+                url: link.url.clone(),
                 request: SyncRequest {
                     v: PROTOCOL_VERSION,
                     limiter: self.limiter_id.clone(),
-                    root_instance: link.instance,
-                    since: link.since,
+                    root_instance: instance,
+                    since: e.get(zroots::SINCE),
                     epoch,
                     batches: link.pending.iter().map(|b| (**b).clone()).collect(),
                     hints,
                 },
             });
-            link.status.last_attempt_ns = Some(now);
+            e.set(zroots::LAST_ATTEMPT, now.max(1));
         }
         calls
     }
@@ -293,32 +379,31 @@ impl SyncEngine {
     ) {
         let max_backoff = self.config.max_backoff_intervals.max(1);
         let Some(link) = self.roots.get_mut(root) else { return };
+        let e = self.limiter.root_entry(link.entry);
         let resp = match result {
             Ok(r) if r.v == PROTOCOL_VERSION => r,
-            Ok(r) => {
-                return fail(link, format!("root speaks protocol version {}", r.v), max_backoff)
-            }
-            Err(e) => return fail(link, e, max_backoff),
+            Ok(r) => return fail(e, &format!("root speaks protocol version {}", r.v), max_backoff),
+            Err(err) => return fail(e, &err, max_backoff),
         };
-        if link.instance.is_some_and(|i| i != resp.root_instance) {
-            // The root restarted: it lost its counters. Tell it what we know next round.
-            link.send_hints = true;
-        } else {
-            link.send_hints = false;
-        }
-        link.instance = Some(resp.root_instance);
-        link.since = resp.version;
+        let known = e.get(zroots::INSTANCE);
+        let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
+        // A root that restarted lost its counters: tell it what we know next round.
+        let restarted = known != 0 && known != resp.root_instance;
+        e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
+        e.set(zroots::INSTANCE, resp.root_instance);
+        e.set(zroots::SINCE, resp.version);
+        e.set(zroots::ACKED, resp.acked_seq);
         link.pending.retain(|b| b.seq > resp.acked_seq);
-        link.skip_rounds = 0;
-        let st = &mut link.status;
-        st.ok = Some(true);
-        st.last_error = None;
-        st.last_success_ns = Some(now);
-        st.last_latency_us = Some(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
-        st.successes += 1;
-        st.consecutive_failures = 0;
-        st.instance = Some(resp.root_instance);
-        st.pending_batches = link.pending.len();
+        e.set(zroots::SKIP, 0);
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        e.set(zroots::OK, 1);
+        e.set(zroots::ERR_LEN, 0);
+        e.set(zroots::LAST_SUCCESS, now.max(1));
+        e.set(zroots::LATENCY_US, us);
+        e.add(zroots::SUCCESSES, 1);
+        e.set(zroots::CONSECUTIVE, 0);
+        e.set(zroots::PENDING, link.pending.len() as u64);
+        e.observe_latency(us);
 
         if !resp.quotas.is_empty() {
             self.limiter.apply_quotas(&resp.quotas);
@@ -331,10 +416,10 @@ impl SyncEngine {
         self.limiter.with_counters(|c| {
             for &(id, fill, demand) in &resp.counters {
                 let Some(s) = c.slot_of(id) else { continue };
-                if let (std::collections::hash_map::Entry::Vacant(e), Some(b)) =
+                if let (std::collections::hash_map::Entry::Vacant(v), Some(b)) =
                     (round.seen.entry(s), c.base(s))
                 {
-                    e.insert(b);
+                    v.insert(b);
                 }
                 c.merge_report(s, fill, now);
                 let d = round.demand.entry(s).or_default();
@@ -342,9 +427,10 @@ impl SyncEngine {
                 active.insert(s);
                 if let Some(&k) = round.position.get(&id) {
                     if !round.reported[k] && round.entries[k].0 == s {
-                        // The root's fill includes this round's batch: take it out of `local`
-                        // now, or the estimate counts it twice until the slowest root answers.
-                        c.sub_local(s, round.entries[k].2);
+                        // The root's fill includes this round's batch: take it out of
+                        // `inflight` now, or the estimate counts it twice until the slowest
+                        // root answers.
+                        c.sub_inflight(s, round.entries[k].2);
                         round.reported[k] = true;
                     }
                 }
@@ -359,8 +445,8 @@ impl SyncEngine {
         let round = std::mem::take(&mut self.round);
         let last_began = self.last_began.replace(round.began);
         let active = &mut self.active;
-        let rounds = self.rounds;
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        let prune = self.limiter.zone_status().rounds % 16 == 0;
         self.limiter.with_counters(|c| {
             // Fold this round's batch into the local view.
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
@@ -371,11 +457,9 @@ impl SyncEngine {
                 if !round.reported[k] {
                     // No root took it (none answered, or none knows the quota yet): fold it
                     // into the local view so it keeps draining.
-                    c.anchor_local(s, v, now);
-                    c.sub_local(s, v);
+                    c.anchor(s, v, now);
+                    c.sub_inflight(s, v);
                 }
-                // Requests accounted while the round was in flight left the counter non-zero,
-                // so no 0 -> non-zero transition will list it again: list it now.
                 if c.has_pending(s) {
                     c.mark_dirty(s);
                 }
@@ -391,14 +475,14 @@ impl SyncEngine {
                     };
                     let demand = round.demand.get(&s).copied().unwrap_or(0) as f64;
                     let limit = c.limit(s) as f64;
+                    let own = c
+                        .id_of(s)
+                        .and_then(|id| round.position.get(&id))
+                        .map_or(0, |&k| round.entries[k].2);
                     let inflow = match c.estimator() {
                         Estimator::Static { correction_ratio } => {
                             // The ratio is the whole cluster's inflow; this limiter's own
                             // share is counted exactly in `local`, so the others add the rest.
-                            let own = c
-                                .id_of(s)
-                                .and_then(|id| round.position.get(&id))
-                                .map_or(0, |&k| round.entries[k].2);
                             let secs = last_began.map_or(interval, |b| {
                                 round.began.saturating_sub(b).max(interval / 2)
                             }) as f64
@@ -412,10 +496,6 @@ impl SyncEngine {
                                 c.set_rates(s, c.inflow(s), demand);
                                 continue;
                             }
-                            let own = c
-                                .id_of(s)
-                                .and_then(|id| round.position.get(&id))
-                                .map_or(0, |&k| round.entries[k].2);
                             let secs = dt as f64 * 1e-9;
                             let total = (b2 as f64 - b1 as f64) / secs + limit;
                             let others = (total - own as f64 / secs).max(0.0);
@@ -434,42 +514,72 @@ impl SyncEngine {
                     c.set_rates(s, 0.0, 0.0);
                 }
             }
-            if rounds % 16 == 0 {
-                active.retain(|&s| c.synced(s, now) > 0 || c.local(s) > 0);
+            if prune {
+                active.retain(|&s| c.is_active(s, now));
             }
         });
+        self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
-        self.rounds += 1;
-        self.cluster_fresh = round.any_ok;
         self.limiter.set_cluster_fresh(round.any_ok);
+        self.limiter.count_round(now);
+        if round.any_ok && !round.more {
+            self.maybe_refetch(now);
+        }
         RoundReport { any_ok: round.any_ok, more: round.more }
+    }
+
+    /// Quotas that did not fit stay unlimited; once there is room for them (quotas were
+    /// deleted), fetch everything again so they arrive, at most every five minutes.
+    fn maybe_refetch(&self, now: u64) {
+        let missing = self.limiter.missing_count();
+        if missing == 0 {
+            return;
+        }
+        let u = self.limiter.zone_usage();
+        let room = u.capacity.saturating_sub(u.quotas);
+        let last = self.limiter.last_refetch();
+        if (room >= missing || room >= u.capacity / 10)
+            && (last == 0 || now.saturating_sub(last) >= REFETCH_EVERY_NS)
+        {
+            self.limiter.refetch_all(now);
+        }
     }
 
     /// A snapshot of the state for stats pages.
     pub fn status(&self, now: u64) -> SyncStatus {
+        let z = self.limiter.zone_status();
         SyncStatus {
             limiter_id: self.limiter_id.clone(),
-            roots: self.roots.iter().map(|l| l.status.clone()).collect(),
-            epoch: self.limiter.epoch(),
-            quotas: self.limiter.quota_count(),
-            rejections: self.limiter.rejections(),
-            rounds: self.rounds,
-            cluster_fresh: self.cluster_fresh,
+            roots: self
+                .roots
+                .iter()
+                .map(|l| {
+                    self.limiter.root_status(&l.url).unwrap_or_else(|| RootStatus {
+                        url: l.url.clone(),
+                        ..RootStatus::default()
+                    })
+                })
+                .collect(),
+            epoch: z.epoch,
+            quotas: z.usage.quotas,
+            rejections: z.rejections,
+            rounds: z.rounds,
+            cluster_fresh: z.cluster_fresh,
             now_ns: now,
         }
     }
 }
 
-fn fail(link: &mut RootLink, error: String, max_backoff: u32) {
-    let st = &mut link.status;
-    st.ok = Some(false);
-    st.last_error = Some(error);
-    st.failures += 1;
-    st.consecutive_failures = st.consecutive_failures.saturating_add(1);
-    let exp = st.consecutive_failures.saturating_sub(1).min(16);
-    link.skip_rounds = (1u32 << exp).min(max_backoff) - 1;
+fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
+    e.set(zroots::OK, 2);
+    e.set_error(error);
+    e.add(zroots::FAILURES, 1);
+    let consecutive = e.get(zroots::CONSECUTIVE).saturating_add(1);
+    e.set(zroots::CONSECUTIVE, consecutive);
+    let exp = consecutive.saturating_sub(1).min(16) as u32;
+    e.set(zroots::SKIP, u64::from((1u32 << exp).min(max_backoff) - 1));
     // It may come back having lost what it had: it gets our view with its next request.
-    link.send_hints = true;
+    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
 }
 
 fn collect_hints(limiter: &Limiter, active: &HashSet<u32>, now: u64) -> Vec<(QuotaId, u64)> {
@@ -483,11 +593,6 @@ fn collect_hints(limiter: &Limiter, active: &HashSet<u32>, now: u64) -> Vec<(Quo
             .collect()
     })
 }
-
-#[cfg(feature = "http")]
-mod thread;
-#[cfg(feature = "http")]
-pub use thread::{HttpTransport, SyncThread, Transport};
 
 #[cfg(test)]
 mod tests;

@@ -9,15 +9,19 @@ use crate::parse::{self, LogLevel};
 use crate::Module;
 use core::ffi::{c_char, c_void};
 use core::ptr;
+use core::ptr::NonNull;
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::ffi::ngx_shm_zone_t;
 use ngx::ffi::{
-    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_parse_time, ngx_str_t, ngx_uint_t, NGX_ERROR, NGX_LOG_EMERG,
-    NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+    ngx_command_t, ngx_conf_full_name, ngx_conf_t, ngx_http_compile_complex_value,
+    ngx_http_compile_complex_value_t, ngx_http_complex_value_t, ngx_parse_size, ngx_parse_time,
+    ngx_str_t, ngx_uint_t, NGX_ERROR, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE,
+    NGX_LOG_WARN, NGX_OK,
 };
 use ngx::http::NgxHttpCoreModule;
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ngx::ngx_conf_log_error;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Defaults of SPEC §3.
@@ -26,7 +30,7 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
 const DEFAULT_STATUS: u16 = 429;
 
-/// `http`-level settings: one limiter and one sync thread per worker follow them.
+/// `http`-level settings: the zone, and how its one sync agent syncs.
 #[derive(Debug, Default)]
 pub struct MainConf {
     /// `yarl_roots`, normalized.
@@ -37,7 +41,13 @@ pub struct MainConf {
     pub timeout: Option<Duration>,
     /// `yarl_sync_token`.
     pub token: Option<String>,
-    /// Some directive of the module is used: only then do workers run a limiter and a thread.
+    /// `yarl_sync_ca`, the full path.
+    pub ca: Option<PathBuf>,
+    /// `yarl_zone`, bytes.
+    pub zone_size: Option<usize>,
+    /// The shared-memory zone, once added (postconfiguration).
+    pub shm_zone: Option<NonNull<ngx_shm_zone_t>>,
+    /// Some directive of the module is used: only then is there a zone and an agent.
     pub used: bool,
 }
 
@@ -50,6 +60,11 @@ impl MainConf {
     /// The sync call timeout in force.
     pub fn timeout(&self) -> Duration {
         self.timeout.unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    /// The zone size in force.
+    pub fn zone_size(&self) -> usize {
+        self.zone_size.unwrap_or(parse::DEFAULT_ZONE_SIZE)
     }
 }
 
@@ -274,6 +289,8 @@ setter!(set_dry_run, dry_run);
 setter!(set_log_level, log_level);
 setter!(set_retry_after, retry_after);
 setter!(set_stats, stats);
+setter!(set_zone, zone);
+setter!(set_sync_ca, sync_ca);
 
 fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so `conf` is our MainConf.
@@ -339,6 +356,50 @@ fn sync_token(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
         )));
     }
     mc.token = Some(token.to_owned());
+    Ok(())
+}
+
+fn zone(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.zone_size.is_some() {
+        return Err(duplicate(args));
+    }
+    // SAFETY: `args[1]` is a valid nginx string; ngx_parse_size only reads it.
+    let size = unsafe { ngx_parse_size(&mut args[1]) };
+    let size = usize::try_from(size)
+        .map_err(|_| invalid(args, 1, "it must be a size such as \"32m\" or \"1g\""))?;
+    parse::check_zone_size(size).map_err(|why| invalid(args, 1, &why))?;
+    mc.zone_size = Some(size);
+    Ok(())
+}
+
+fn sync_ca(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.ca.is_some() {
+        return Err(duplicate(args));
+    }
+    if args[1].is_empty() {
+        return Err(invalid(args, 1, "the file name is empty"));
+    }
+    // Relative to the configuration prefix, like ssl_trusted_certificate.
+    // SAFETY: `cf->cycle` is the cycle being configured; ngx_conf_full_name rewrites
+    // `args[1]` in place with a string from the cycle pool.
+    if unsafe { ngx_conf_full_name((*cf).cycle, &mut args[1], 1) } != NGX_OK as isize {
+        return Err(ConfError::Message("yarl: out of memory".into()));
+    }
+    let path = PathBuf::from(
+        args[1].to_str().map_err(|_| invalid(args, 1, "the file name must be UTF-8"))?,
+    );
+    yarl_agent::load_ca(&path).map_err(|e| {
+        ConfError::Message(format!("invalid value in \"{}\" directive, {}", text(&args[0]), e))
+    })?;
+    mc.ca = Some(path);
     Ok(())
 }
 

@@ -20,7 +20,7 @@
 
 use crate::conf::{LocConf, RuleKind, Weight};
 use crate::parse::{self, RuntimeWeight};
-use crate::worker::{self, Counted, COUNTERS};
+use crate::worker::{self, Counted};
 use crate::Module;
 use core::ffi::c_void;
 use ngx::core::Status;
@@ -167,7 +167,7 @@ fn access(r: &mut Request) -> Status {
             if dry { ", dry run" } else { "" }
         );
     }
-    COUNTERS.count(match v.status {
+    worker::count(match v.status {
         YarlStatus::Passed => Counted::Passed,
         YarlStatus::Unlimited => Counted::Unlimited,
         YarlStatus::Rejected => Counted::Rejected,

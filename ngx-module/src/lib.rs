@@ -7,7 +7,9 @@
 //!
 //! * `conf`: the directives (`yarl_roots`, `yarl_check`, `yarl_account`, ...) and merging.
 //! * `handler`: the PREACCESS handler, `$yarl_status` and `$yarl_quota`.
-//! * `worker`: the per-worker limiter and its background sync thread.
+//! * `zone`: the `yarl_zone` shared memory that holds this nginx's one limiter.
+//! * `worker`: each worker's handle on it, the tick that elects one sync agent per nginx,
+//!   and the agent's thread.
 //! * `stats` / `report`: the `yarl_stats` JSON page.
 //! * `parse`: directive values, without nginx (unit-tested in tests/).
 //!
@@ -23,6 +25,7 @@ mod parse;
 mod report;
 mod stats;
 mod worker;
+mod zone;
 
 use conf::{command, LocConf, MainConf};
 use core::ptr::{addr_of, addr_of_mut};
@@ -33,7 +36,7 @@ use ngx::ffi::{
     ngx_module_t, ngx_process, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
     NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_NOTICE, NGX_PROCESS_SINGLE,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_EMERG, NGX_LOG_NOTICE, NGX_PROCESS_SINGLE,
     NGX_PROCESS_WORKER,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
@@ -74,6 +77,17 @@ impl HttpModule for Module {
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: nginx passes the http block's configuration context, which holds our
+        // MainConf (create_main_conf ran).
+        if let Some(mc) = unsafe { Module::main_conf_mut(&*cf) } {
+            if mc.used {
+                // SAFETY: `cf` is postconfiguration's.
+                if let Err(e) = unsafe { zone::add(cf, mc) } {
+                    ngx::ngx_conf_log_error!(NGX_LOG_EMERG, cf, "yarl: {}", e);
+                    return Status::NGX_ERROR.0;
+                }
+            }
+        }
         // SAFETY: nginx passes the http block's configuration context.
         let Some(cmcf) = (unsafe { NgxHttpCoreModule::main_conf_mut(&*cf) }) else {
             return Status::NGX_ERROR.0;
@@ -102,7 +116,7 @@ unsafe impl HttpModuleLocationConf for Module {
 
 const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 12] = [
+static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 14] = [
     command(
         ngx_string!("yarl_roots"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -125,6 +139,18 @@ static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 12] = [
         ngx_string!("yarl_sync_token"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
         conf::set_sync_token,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_sync_ca"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_sync_ca,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_zone"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_zone,
         NGX_HTTP_MAIN_CONF_OFFSET,
     ),
     command(
@@ -199,9 +225,9 @@ pub static mut ngx_http_yarl_module: ngx_module_t = ngx_module_t {
     ..ngx_module_t::default()
 };
 
-/// Starts this worker's limiter and sync thread. Never fails the worker: returning an error
-/// would make it exit and the master respawn it in a loop; without a sync thread the module
-/// only fails open.
+/// Attaches this worker to the zone and arms the tick that elects the sync agent. Never
+/// fails the worker: returning an error would make it exit and the master respawn it in a
+/// loop; without the zone the module only fails open.
 unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: `ngx_process` is written by the master before forking, read-only here.
     let process = unsafe { ngx_process } as u32;
@@ -211,21 +237,18 @@ unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     }
     let r = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: nginx passes the live cycle; its http conf context holds our MainConf.
-        let Some(mc) = Module::main_conf(unsafe { &*cycle }) else { return Ok(false) };
+        let Some(mc) = Module::main_conf(unsafe { &*cycle }) else { return Ok(()) };
         if !mc.used {
-            return Ok(false);
+            return Ok(());
         }
-        worker::start(mc).map(|()| true)
+        worker::start(mc, cycle)
     }));
     // SAFETY: the cycle's log is valid while the cycle lives.
     let log = unsafe { (*cycle).log };
     match r {
-        Ok(Ok(true)) => {
-            ngx_log_error!(NGX_LOG_NOTICE, log, "yarl: sync thread started");
-        }
-        Ok(Ok(false)) => {}
+        Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            ngx_log_error!(NGX_LOG_ALERT, log, "yarl: {}; quotas will not be synced", e);
+            ngx_log_error!(NGX_LOG_ALERT, log, "yarl: {}; requests pass unlimited", e);
         }
         Err(_) => {
             ngx_log_error!(NGX_LOG_ALERT, log, "yarl: internal error starting the worker");
@@ -236,15 +259,14 @@ unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 /// Stops and joins the sync thread before nginx frees the cycle and calls `exit()`.
 unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
-    let had = worker::status().is_some();
     let r = catch_unwind(worker::stop);
     // SAFETY: the cycle and its log are still valid during exit_process.
     let log = unsafe { (*cycle).log };
     match r {
-        Ok(()) if had => {
+        Ok(true) => {
             ngx_log_error!(NGX_LOG_NOTICE, log, "yarl: sync thread joined");
         }
-        Ok(()) => {}
+        Ok(false) => {}
         Err(_) => {
             ngx_log_error!(NGX_LOG_ALERT, log, "yarl: internal error stopping the sync thread");
         }

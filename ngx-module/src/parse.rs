@@ -4,6 +4,28 @@
 //! Everything here returns `None`/`Err` with a reason; the directive setters turn that into an
 //! `[emerg]` that names the directive and the value, as nginx's own slots do.
 
+/// `yarl_zone`'s default (SPEC §3).
+pub const DEFAULT_ZONE_SIZE: usize = 32 << 20;
+
+/// Bytes of a shared-memory zone of `size` bytes that the slab allocator hands out: its
+/// pool header and one page descriptor per 4 KiB page take the rest (an estimate from
+/// below, for sizing messages).
+pub fn usable_zone_bytes(size: usize) -> usize {
+    size.saturating_sub(8192) / (4096 + 32) * 4096
+}
+
+/// Checks a `yarl_zone` size; `Ok` with the number of quotas it holds (names up to 23
+/// bytes).
+pub fn check_zone_size(size: usize) -> Result<u32, String> {
+    let min = 256 << 10;
+    match yarl_core::zone::quotas_for_bytes(usable_zone_bytes(size)) {
+        Some(q) if size >= min => Ok(q),
+        _ => Err(format!("the zone must be at least 256k (about {} quotas)", {
+            yarl_core::zone::quotas_for_bytes(usable_zone_bytes(min)).unwrap_or(0)
+        })),
+    }
+}
+
 /// Largest weight one request may add, the core's `MAX_WEIGHT_UNITS` (SPEC §2: weights up to
 /// 1e12).
 pub const MAX_WEIGHT: u64 = 1_000_000_000_000;
@@ -104,17 +126,15 @@ pub fn runtime_weight(raw: &[u8]) -> RuntimeWeight {
 }
 
 /// Checks one `yarl_roots` URL and returns it without a trailing slash (the transport appends
-/// `/v1/sync`).
-///
-/// Only `http://` is accepted: the core's transport is built without TLS, and accepting an
-/// `https://` root that can never be reached would silently disable syncing.
+/// `/v1/sync`). `http://` and `https://` (verified against the system's trust store or
+/// `yarl_sync_ca`) are accepted.
 pub fn parse_root_url(s: &str) -> Result<String, &'static str> {
-    let rest = if let Some(r) = strip_prefix_ignore_case(s, "http://") {
-        r
-    } else if strip_prefix_ignore_case(s, "https://").is_some() {
-        return Err("https is not supported, roots are reached over plain http");
+    let (scheme, rest) = if let Some(r) = strip_prefix_ignore_case(s, "http://") {
+        ("http", r)
+    } else if let Some(r) = strip_prefix_ignore_case(s, "https://") {
+        ("https", r)
     } else {
-        return Err("it must start with \"http://\"");
+        return Err("it must start with \"http://\" or \"https://\"");
     };
     if s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
         return Err("it must not contain blanks");
@@ -163,7 +183,7 @@ pub fn parse_root_url(s: &str) -> Result<String, &'static str> {
         }
     }
     let path = path.trim_end_matches('/');
-    Ok(format!("http://{authority}{path}"))
+    Ok(format!("{scheme}://{authority}{path}"))
 }
 
 fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {

@@ -1,15 +1,15 @@
 //! The JSON document `yarl_stats` answers with, built without nginx so tests/report.rs can
 //! check it.
 //!
-//! Ages are computed here, at request time, from the limiter clock: the sync thread's status
-//! snapshot is only refreshed once per round, so a raw timestamp would make readers do clock
-//! arithmetic against a clock they cannot see.
+//! The page is the host's: every worker renders the same zone (quotas, counters, the sync
+//! agent's roots), whichever answers. Ages are computed here, at request time, from the
+//! zone's clock, so readers never do arithmetic against a clock they cannot see.
 
 use serde::Serialize;
 use yarl_core::sync::RootStatus;
-use yarl_core::{QuotaInfo, SyncStatus};
+use yarl_core::{QuotaInfo, ZoneStatus};
 
-/// What this worker's access handler decided so far.
+/// What the access handlers of all workers decided so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct RequestCounters {
     /// Requests that went through at least one `yarl_check`/`yarl_account` rule.
@@ -22,19 +22,6 @@ pub struct RequestCounters {
     pub rejected: u64,
     /// Would have been rejected, passed because of `yarl_dry_run on`.
     pub rejected_dry_run: u64,
-}
-
-/// Live values read from the limiter when the page is rendered.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Live {
-    /// Clock time now (ns), the limiter's clock.
-    pub now_ns: u64,
-    /// Highest quota epoch held.
-    pub epoch: u64,
-    /// Quotas held.
-    pub quotas: u64,
-    /// Rejections counted by the limiter (dry-run ones included).
-    pub rejections: u64,
 }
 
 /// Sync settings in force.
@@ -72,19 +59,49 @@ struct Quota<'a> {
     high_burst: f64,
     parent: Option<&'a str>,
     fill: f64,
+    rejections: u64,
+}
+
+#[derive(Serialize)]
+struct Agent {
+    /// The worker that holds the sync agent's lease.
+    pid: Option<u32>,
+    /// That worker answered this request.
+    here: bool,
+    /// Milliseconds since the agent last renewed its lease (it does before every round).
+    lease_age_ms: u64,
+    /// How many times a worker took the agent role.
+    starts: u64,
+}
+
+#[derive(Serialize)]
+struct Zone {
+    bytes: u64,
+    bytes_used: u64,
+    capacity: u64,
+    quotas: u64,
+    missing: u64,
+    slots_used: u64,
+    arena_words: u64,
+    arena_used: u64,
+    index_rebuilds: u64,
 }
 
 #[derive(Serialize)]
 struct Page<'a> {
     pid: u32,
     limiter_id: &'a str,
+    generation: u64,
     sync_running: bool,
+    agent: Agent,
     sync: SyncSettings,
     epoch: u64,
     quotas: u64,
     rejections: u64,
     rounds: u64,
     cluster_fresh: bool,
+    last_round_age_ms: Option<u64>,
+    zone: Zone,
     requests: RequestCounters,
     roots: Vec<Root<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -114,38 +131,62 @@ fn root(now_ns: u64, r: &RootStatus) -> Root<'_> {
 /// Everything the page shows.
 #[derive(Debug)]
 pub struct Input<'a> {
-    /// This worker's pid.
+    /// The pid of the worker answering.
     pub pid: u32,
-    /// The sync thread's last snapshot (`None`: no thread runs in this worker).
-    pub status: Option<&'a SyncStatus>,
-    /// Live limiter values.
-    pub live: Live,
+    /// The host's limiter (`None`: this worker has none, e.g. the zone was missing).
+    pub zone: Option<&'a ZoneStatus>,
+    /// Whether the agent's lease holder is alive and renewing.
+    pub agent_alive: bool,
+    /// The clock time the page is rendered at (ns, the zone's clock).
+    pub now_ns: u64,
+    /// The configured roots, with what the agent last recorded for each.
+    pub roots: &'a [RootStatus],
     /// Settings in force.
     pub sync: SyncSettings,
-    /// Handler counters.
+    /// The host's handler counters.
     pub requests: RequestCounters,
     /// `Some` when the page was asked about one quota (`?quota=NAME`); the inner `None` means
-    /// this worker does not hold it.
+    /// the zone does not hold it.
     pub quota: Option<(&'a str, Option<&'a QuotaInfo>)>,
 }
 
 /// Renders the page (one JSON object and a newline).
 pub fn render(input: &Input<'_>) -> String {
-    let now = input.live.now_ns;
-    let empty = SyncStatus::default();
-    let status = input.status.unwrap_or(&empty);
+    let now = input.now_ns;
+    let empty = ZoneStatus::default();
+    let z = input.zone.unwrap_or(&empty);
+    let u = &z.usage;
     let page = Page {
         pid: input.pid,
-        limiter_id: &status.limiter_id,
-        sync_running: input.status.is_some(),
+        limiter_id: &z.limiter_id,
+        generation: z.generation,
+        sync_running: input.agent_alive,
+        agent: Agent {
+            pid: z.agent,
+            here: z.agent == Some(input.pid),
+            lease_age_ms: z.agent_age_ms,
+            starts: z.agent_starts,
+        },
         sync: input.sync,
-        epoch: input.live.epoch.max(status.epoch),
-        quotas: input.live.quotas,
-        rejections: input.live.rejections,
-        rounds: status.rounds,
-        cluster_fresh: status.cluster_fresh,
+        epoch: z.epoch,
+        quotas: u.quotas,
+        rejections: z.rejections,
+        rounds: z.rounds,
+        cluster_fresh: z.cluster_fresh,
+        last_round_age_ms: age_ms(now, Some(z.last_round_end_ns).filter(|&t| t != 0)),
+        zone: Zone {
+            bytes: u.bytes,
+            bytes_used: u.bytes_used,
+            capacity: u.capacity,
+            quotas: u.quotas,
+            missing: u.missing,
+            slots_used: u.slots_used,
+            arena_words: u.arena_words,
+            arena_used: u.arena_used,
+            index_rebuilds: u.index_rebuilds,
+        },
         requests: input.requests,
-        roots: status.roots.iter().map(|r| root(now, r)).collect(),
+        roots: input.roots.iter().map(|r| root(now, r)).collect(),
         quota: input.quota.map(|(name, q)| {
             q.map(|q| Quota {
                 name,
@@ -156,6 +197,7 @@ pub fn render(input: &Input<'_>) -> String {
                 high_burst: q.high_burst,
                 parent: q.parent.as_deref(),
                 fill: q.fill,
+                rejections: q.rejections,
             })
         }),
     };

@@ -1,9 +1,9 @@
-//! The `yarl_stats` content handler: this worker's limiter and sync state as JSON
+//! The `yarl_stats` content handler: the host's limiter and sync state as JSON
 //! (see report.rs for the document). `?quota=NAME` adds one quota's numbers and live fill.
 
 use crate::parse;
-use crate::report::{self, Input, Live, SyncSettings};
-use crate::worker::{self, COUNTERS};
+use crate::report::{self, Input, SyncSettings};
+use crate::worker;
 use ngx::core::{Buffer, Status};
 use ngx::ffi::{
     ngx_chain_t, ngx_http_arg, ngx_http_request_t, ngx_int_t, ngx_str_t, NGX_HTTP_GET,
@@ -12,6 +12,7 @@ use ngx::ffi::{
 use ngx::http::{HTTPStatus, Request};
 use ngx::ngx_log_error;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use yarl_core::sync::RootStatus;
 
 /// The content handler installed by `yarl_stats`.
 pub(crate) unsafe extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -70,28 +71,42 @@ fn stats(r: &mut Request) -> Status {
 
 fn render(r: &mut Request) -> String {
     let quota_name = quota_arg(r);
-    let status = worker::status();
-    let limiter = worker::limiter();
-    let live = limiter.map_or(Live::default(), |l| Live {
-        now_ns: l.clock().now_nanos(),
-        epoch: l.epoch(),
-        quotas: l.quota_count(),
-        rejections: l.rejections(),
+    let w = worker::worker();
+    let status = w.map(|w| w.limiter.zone_status());
+    let now_ns = w.map_or(0, |w| w.limiter.clock().now_nanos());
+    let agent_alive = match (w, &status) {
+        (Some(w), Some(z)) => z.agent.is_some_and(|pid| {
+            worker::alive(pid)
+                && (z.agent_age_ms as u128) < (w.interval * 2 + w.timeout).as_millis()
+        }),
+        _ => false,
+    };
+    let roots: Vec<RootStatus> = w.map_or_else(Vec::new, |w| {
+        w.roots
+            .iter()
+            .map(|url| {
+                w.limiter
+                    .root_status(url)
+                    .unwrap_or_else(|| RootStatus { url: url.clone(), ..RootStatus::default() })
+            })
+            .collect()
     });
-    let sync = worker::settings().map_or(SyncSettings::default(), |(i, t)| SyncSettings {
-        interval_ms: i.as_millis() as u64,
-        timeout_ms: t.as_millis() as u64,
+    let sync = w.map_or(SyncSettings::default(), |w| SyncSettings {
+        interval_ms: w.interval.as_millis() as u64,
+        timeout_ms: w.timeout.as_millis() as u64,
     });
-    let info = match (&quota_name, limiter) {
-        (Some(n), Some(l)) => l.quota(n),
+    let info = match (&quota_name, w) {
+        (Some(n), Some(w)) => w.limiter.quota(n),
         _ => None,
     };
     report::render(&Input {
         pid: std::process::id(),
-        status: status.as_ref(),
-        live,
+        zone: status.as_ref(),
+        agent_alive,
+        now_ns,
+        roots: &roots,
         sync,
-        requests: COUNTERS.snapshot(),
+        requests: worker::counters(),
         quota: quota_name.as_deref().map(|n| (n, info.as_ref())),
     })
 }

@@ -1,47 +1,82 @@
-//! Per-worker state: the limiter the access handler decides with, and the sync thread that
-//! feeds it.
+//! Per-worker state: the handle on the zone's limiter that the access handler decides with,
+//! and, in exactly one worker at a time, the sync agent.
 //!
-//! nginx workers are single-threaded processes, so these are process-wide statics, set once in
-//! `init_process` (after the fork: threads never exist in the master, they would not survive
-//! it) and torn down in `exit_process`. The sync thread shares nothing with nginx but the
-//! `Arc<Limiter>`: it never calls an nginx API.
+//! Every worker attaches to the zone in `init_process` and arms a timer. On each tick
+//! ([`tick`], in the worker's event loop) a worker without the agent tries the zone's agent
+//! lease: it is free, stale (not renewed for two intervals plus a timeout), or held by a
+//! worker that no longer exists (`kill(pid, 0)`: the master respawned a killed worker). The
+//! winner starts the sync thread, with every signal blocked, and the thread renews the lease
+//! before each round ([`LeaseKeeper`]). It hands over (stops, releases the lease) when the
+//! zone's generation moves on: the master bumps it when a reload reuses the zone, so the
+//! first worker of the new configuration takes over within about one interval and an old
+//! worker still finishing requests never syncs with old settings for long. A stopped
+//! thread is joined on the next tick; `exit_process` stops and joins it before the worker
+//! exits. The thread never calls an nginx API: it only touches the zone through atomics.
 
 use crate::conf::MainConf;
 use crate::report::RequestCounters;
+use core::ptr::addr_of_mut;
+use ngx::ffi::{
+    ngx_add_timer, ngx_cycle_t, ngx_del_timer, ngx_event_t, ngx_exiting, ngx_log_t, ngx_msec_t,
+    ngx_quit, ngx_terminate, NGX_LOG_ALERT, NGX_LOG_NOTICE,
+};
+use ngx::ngx_log_error;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use yarl_core::sync::{HttpTransport, SyncThread};
-use yarl_core::{Limiter, SyncConfig, SyncEngine, SyncStatus};
+use yarl_agent::{HttpOptions, HttpTransport, Supervisor, SyncThread, Transport};
+use yarl_core::{Clock, Limiter, SyncConfig, SyncEngine};
 
-struct Worker {
-    limiter: Arc<Limiter>,
-    interval: Duration,
-    timeout: Duration,
+/// The system's monotonic clock, the same in every process (the zone stores times).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_nanos(&self) -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC exists on
+        // every platform nginx supports here.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    }
+}
+
+/// What this worker knows.
+pub struct Worker {
+    /// The handle on the zone's limiter.
+    pub limiter: Arc<Limiter>,
+    /// `yarl_sync_interval`.
+    pub interval: Duration,
+    /// `yarl_sync_timeout`.
+    pub timeout: Duration,
+    /// `yarl_roots`.
+    pub roots: Vec<String>,
+    token: Option<String>,
+    ca: Option<std::path::PathBuf>,
+    pid: u32,
+    /// The zone generation of this worker's configuration.
+    generation: u64,
 }
 
 static WORKER: OnceLock<Worker> = OnceLock::new();
-static THREAD: Mutex<Option<SyncThread>> = Mutex::new(None);
+static AGENT: Mutex<Option<SyncThread>> = Mutex::new(None);
+/// Clock time before which this worker does not try to become the agent again (after its
+/// agent stopped).
+static RETRY_AT: AtomicU64 = AtomicU64::new(0);
+/// Clock time of the last "zone full" alert.
+static LAST_ALERT: AtomicU64 = AtomicU64::new(0);
 
-/// Counters behind `yarl_stats`' `requests` (process-local like everything here).
-pub struct Counters {
-    checked: AtomicU64,
-    passed: AtomicU64,
-    unlimited: AtomicU64,
-    rejected: AtomicU64,
-    rejected_dry_run: AtomicU64,
+/// Indices of the request counters among the zone's embedder counters.
+mod aux {
+    pub const CHECKED: usize = 0;
+    pub const PASSED: usize = 1;
+    pub const UNLIMITED: usize = 2;
+    pub const REJECTED: usize = 3;
+    pub const REJECTED_DRY_RUN: usize = 4;
 }
 
-/// The handler's counters.
-pub static COUNTERS: Counters = Counters {
-    checked: AtomicU64::new(0),
-    passed: AtomicU64::new(0),
-    unlimited: AtomicU64::new(0),
-    rejected: AtomicU64::new(0),
-    rejected_dry_run: AtomicU64::new(0),
-};
-
-/// One outcome of the access handler, for [`COUNTERS`].
+/// One outcome of the access handler, counted host-wide in the zone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counted {
     /// All matched quotas passed.
@@ -54,74 +89,257 @@ pub enum Counted {
     RejectedDryRun,
 }
 
-impl Counters {
-    /// Counts one decided request.
-    pub fn count(&self, what: Counted) {
-        self.checked.fetch_add(1, Relaxed);
-        match what {
-            Counted::Passed => &self.passed,
-            Counted::Unlimited => &self.unlimited,
-            Counted::Rejected => &self.rejected,
-            Counted::RejectedDryRun => &self.rejected_dry_run,
+/// Counts one decided request.
+pub fn count(what: Counted) {
+    let Some(l) = limiter() else { return };
+    let add = |i| {
+        if let Some(c) = l.aux_counter(i) {
+            c.fetch_add(1, Relaxed);
         }
-        .fetch_add(1, Relaxed);
-    }
+    };
+    add(aux::CHECKED);
+    add(match what {
+        Counted::Passed => aux::PASSED,
+        Counted::Unlimited => aux::UNLIMITED,
+        Counted::Rejected => aux::REJECTED,
+        Counted::RejectedDryRun => aux::REJECTED_DRY_RUN,
+    });
+}
 
-    /// A snapshot.
-    pub fn snapshot(&self) -> RequestCounters {
-        RequestCounters {
-            checked: self.checked.load(Relaxed),
-            passed: self.passed.load(Relaxed),
-            unlimited: self.unlimited.load(Relaxed),
-            rejected: self.rejected.load(Relaxed),
-            rejected_dry_run: self.rejected_dry_run.load(Relaxed),
-        }
+/// The host's request counters.
+pub fn counters() -> RequestCounters {
+    let Some(l) = limiter() else { return RequestCounters::default() };
+    let get = |i| l.aux_counter(i).map_or(0, |c| c.load(Relaxed));
+    RequestCounters {
+        checked: get(aux::CHECKED),
+        passed: get(aux::PASSED),
+        unlimited: get(aux::UNLIMITED),
+        rejected: get(aux::REJECTED),
+        rejected_dry_run: get(aux::REJECTED_DRY_RUN),
     }
 }
 
-/// The limiter of this worker, once [`start`] ran.
+/// This worker's state, once [`start`] ran.
+pub fn worker() -> Option<&'static Worker> {
+    WORKER.get()
+}
+
+/// The limiter handle of this worker.
 pub fn limiter() -> Option<&'static Arc<Limiter>> {
     WORKER.get().map(|w| &w.limiter)
 }
 
-/// Interval and timeout in force.
-pub fn settings() -> Option<(Duration, Duration)> {
-    WORKER.get().map(|w| (w.interval, w.timeout))
+/// Whether the process `pid` exists (a worker the master has not respawned yet).
+pub fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// The sync thread's last snapshot, when a thread runs.
-pub fn status() -> Option<SyncStatus> {
-    let guard = THREAD.lock().unwrap_or_else(|e| e.into_inner());
-    guard.as_ref().map(SyncThread::status)
-}
-
-/// Builds this worker's limiter and starts its sync thread. An error leaves the worker
-/// without a sync thread (quotas never arrive, every request passes): the caller logs it.
-pub fn start(mc: &MainConf) -> Result<(), String> {
-    let interval = mc.interval();
-    let timeout = mc.timeout();
-    let limiter = Arc::new(Limiter::builder().horizon(interval).build());
-    if WORKER.set(Worker { limiter: limiter.clone(), interval, timeout }).is_err() {
-        // Single-process mode re-reads the configuration without a new process: keep the
-        // limiter and thread that already run.
+/// Attaches this worker to the zone and arms its tick. An error leaves the worker without
+/// a limiter (every request passes): the caller logs it.
+pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
+    if WORKER.get().is_some() {
+        // Single-process mode re-reads the configuration in the same process: keep going.
         return Ok(());
     }
-    let roots = mc.roots.clone().unwrap_or_default();
-    let config = SyncConfig { interval, timeout, ..SyncConfig::default() };
-    let engine = SyncEngine::new(limiter, roots, config).map_err(|e| e.to_string())?;
-    let transport = Arc::new(HttpTransport::new(mc.token.clone())?);
-    let thread = with_signals_blocked(|| SyncThread::spawn(engine, transport))
-        .map_err(|e| format!("cannot start the sync thread: {e}"))?;
-    *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+    let block = crate::zone::of(mc).ok_or("the shared memory zone is missing")?;
+    let interval = mc.interval();
+    let limiter = Limiter::builder()
+        .clock(Arc::new(SystemClock))
+        .horizon(interval)
+        .open(block)
+        .map_err(|e| e.to_string())?;
+    let generation = limiter.generation();
+    let w = Worker {
+        limiter: Arc::new(limiter),
+        interval,
+        timeout: mc.timeout(),
+        roots: mc.roots.clone().unwrap_or_default(),
+        token: mc.token.clone(),
+        ca: mc.ca.clone(),
+        pid: std::process::id(),
+        generation,
+    };
+    let _ = WORKER.set(w);
+    // SAFETY: the cycle and its log live as long as this worker.
+    let log = unsafe { (*cycle).log };
+    arm(log);
+    tick_now(log);
     Ok(())
 }
 
-/// Stops and joins the sync thread (bounded by about one sync timeout).
-pub fn stop() {
-    let thread = THREAD.lock().unwrap_or_else(|e| e.into_inner()).take();
+/// Stops and joins the agent thread, if this worker runs it (bounded by about one sync
+/// timeout), and removes the tick.
+pub fn stop() -> bool {
+    // SAFETY: the worker's own event; only its event loop (this thread) touches it.
+    unsafe {
+        let ev = addr_of_mut!(TICK);
+        if (*ev).timer_set() != 0 {
+            ngx_del_timer(ev);
+        }
+    }
+    let thread = AGENT.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let had = thread.is_some();
     if let Some(t) = thread {
         t.stop();
     }
+    had
+}
+
+/// Keeps the lease while this worker's configuration is current.
+struct LeaseKeeper {
+    limiter: Arc<Limiter>,
+    pid: u32,
+    generation: u64,
+}
+
+impl Supervisor for LeaseKeeper {
+    fn before_round(&mut self) -> bool {
+        let now = self.limiter.clock().now_nanos();
+        self.limiter.generation() == self.generation
+            && self.limiter.agent_lease().renew(self.pid, now)
+    }
+
+    fn stopped(&mut self) {
+        self.limiter.agent_lease().release(self.pid);
+    }
+}
+
+/// Time after which an unrenewed lease is free: two intervals and one call timeout.
+fn stale_ns(w: &Worker) -> u64 {
+    u64::try_from((w.interval * 2 + w.timeout).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One tick: join a stopped agent; become the agent if the lease is free; alert about a full
+/// zone (agent only).
+fn tick(log: *mut ngx_log_t) {
+    let Some(w) = WORKER.get() else { return };
+    let now = w.limiter.clock().now_nanos();
+    let mut agent = AGENT.lock().unwrap_or_else(|e| e.into_inner());
+    if agent.as_ref().is_some_and(SyncThread::is_finished) {
+        if let Some(t) = agent.take() {
+            t.stop();
+        }
+        let wait = u64::try_from(w.interval.as_nanos()).unwrap_or(u64::MAX).saturating_mul(4);
+        RETRY_AT.store(now.saturating_add(wait), Relaxed);
+        ngx_log_error!(NGX_LOG_NOTICE, log, "yarl: sync agent stopped in this worker");
+    }
+    // SAFETY: nginx's process-wide flags, written by its signal handlers and read by its own
+    // event loop, which is where we are.
+    let exiting = unsafe { ngx_exiting != 0 || ngx_quit != 0 || ngx_terminate != 0 };
+    if agent.is_none()
+        && !exiting
+        && now >= RETRY_AT.load(Relaxed)
+        && w.limiter.generation() == w.generation
+        && w.limiter.agent_lease().try_acquire(w.pid, now, stale_ns(w), alive)
+    {
+        match start_agent(w) {
+            Ok(t) => {
+                *agent = Some(t);
+                ngx_log_error!(
+                    NGX_LOG_NOTICE,
+                    log,
+                    "yarl: sync agent started in this worker ({} roots, limiter {})",
+                    w.roots.len(),
+                    w.limiter.limiter_id()
+                );
+            }
+            Err(e) => {
+                w.limiter.agent_lease().release(w.pid);
+                RETRY_AT.store(now.saturating_add(10_000_000_000), Relaxed);
+                ngx_log_error!(NGX_LOG_ALERT, log, "yarl: {}; quotas will not be synced", e);
+            }
+        }
+    }
+    if agent.as_ref().is_some_and(|t| !t.is_finished()) {
+        alert_if_full(w, log, now);
+    }
+}
+
+/// The zone-full alert, at most once per interval, from the agent's worker.
+fn alert_if_full(w: &Worker, log: *mut ngx_log_t, now: u64) {
+    let u = w.limiter.zone_usage();
+    if u.missing == 0 {
+        return;
+    }
+    let every = u64::try_from(w.interval.as_nanos()).unwrap_or(u64::MAX);
+    let last = LAST_ALERT.load(Relaxed);
+    if last != 0 && now.saturating_sub(last) < every {
+        return;
+    }
+    LAST_ALERT.store(now.max(1), Relaxed);
+    ngx_log_error!(
+        NGX_LOG_ALERT,
+        log,
+        "yarl: zone \"yarl\" is full: {} quotas are missing and not limited \
+         ({} held, {} bytes); increase yarl_zone",
+        u.missing,
+        u.quotas,
+        u.bytes
+    );
+}
+
+fn start_agent(w: &Worker) -> Result<SyncThread, String> {
+    let config = SyncConfig { interval: w.interval, timeout: w.timeout, ..SyncConfig::default() };
+    let engine =
+        SyncEngine::new(w.limiter.clone(), w.roots.clone(), config).map_err(|e| e.to_string())?;
+    let opts = HttpOptions { token: w.token.clone(), ca_file: w.ca.clone() };
+    let transport: Arc<dyn Transport> =
+        Arc::new(HttpTransport::new(&opts).map_err(|e| e.to_string())?);
+    let keeper = LeaseKeeper { limiter: w.limiter.clone(), pid: w.pid, generation: w.generation };
+    with_signals_blocked(|| SyncThread::spawn_supervised(engine, transport, keeper))
+        .map_err(|e| format!("cannot start the sync thread: {e}"))
+}
+
+/// The tick's timer event (only this worker's event loop touches it).
+static mut TICK: ngx_event_t = unsafe { core::mem::zeroed() };
+/// What `ngx_event_ident` reads through the event's data pointer in debug logs.
+static TICK_IDENT: [usize; 4] = [0, 0, 0, 0x5941_524c]; // "YARL"
+
+fn period(w: &Worker) -> ngx_msec_t {
+    // Half an interval, so a free lease is taken within about one interval of its release.
+    (w.interval.as_millis() / 2).clamp(10, 1000) as ngx_msec_t
+}
+
+fn arm(log: *mut ngx_log_t) {
+    // SAFETY: TICK is only used from this worker's event loop; a zeroed ngx_event_t is its
+    // initial state (nginx's own modules ngx_memzero theirs). Cancelable: it does not keep a
+    // gracefully exiting worker alive.
+    unsafe {
+        let ev = addr_of_mut!(TICK);
+        (*ev).handler = Some(on_tick);
+        (*ev).log = log;
+        (*ev).data = core::ptr::addr_of!(TICK_IDENT).cast_mut().cast();
+        (*ev).set_cancelable(1);
+    }
+}
+
+fn tick_now(log: *mut ngx_log_t) {
+    if catch_unwind(AssertUnwindSafe(|| tick(log))).is_err() {
+        ngx_log_error!(NGX_LOG_ALERT, log, "yarl: internal error in the worker tick");
+    }
+    rearm();
+}
+
+fn rearm() {
+    let Some(w) = WORKER.get() else { return };
+    // SAFETY: as in `arm`; re-adding a fired timer is how nginx modules repeat one.
+    unsafe {
+        if ngx_exiting != 0 || ngx_quit != 0 || ngx_terminate != 0 {
+            return;
+        }
+        let ev = addr_of_mut!(TICK);
+        (*ev).set_timedout(0);
+        ngx_add_timer(ev, period(w));
+    }
+}
+
+unsafe extern "C" fn on_tick(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes our event; its log was set in `arm`.
+    let log = unsafe { (*ev).log };
+    tick_now(log);
 }
 
 /// Runs `f` with every asynchronous signal blocked in the calling thread, so a thread started

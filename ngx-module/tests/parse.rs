@@ -68,7 +68,8 @@ fn root_urls() {
     assert_eq!(parse_root_url("http://root.example:80/").unwrap(), "http://root.example:80");
     assert_eq!(parse_root_url("HTTP://r/yarl/").unwrap(), "http://r/yarl");
     assert_eq!(parse_root_url("http://[::1]:7700").unwrap(), "http://[::1]:7700");
-    assert!(parse_root_url("https://r:7700").unwrap_err().contains("https"));
+    assert_eq!(parse_root_url("HTTPS://r:7700/").unwrap(), "https://r:7700");
+    assert!(parse_root_url("ftp://r").unwrap_err().contains("https://"));
     // Hosts the HTTP client could not use fail at `nginx -t`, not at every sync.
     assert_eq!(parse_root_url("http://a:b:80"), Err("invalid host"));
     assert_eq!(parse_root_url("http://::1:7700"), Err("invalid host"));
@@ -97,4 +98,15 @@ fn percent_decoding() {
     assert_eq!(percent_decode(b"bad%4"), None);
     assert_eq!(percent_decode(b"bad%zz"), None);
     assert_eq!(percent_decode(b"%ff"), None);
+}
+
+#[test]
+fn zone_sizes() {
+    assert!(check_zone_size(100 << 10).unwrap_err().contains("at least 256k"));
+    let small = check_zone_size(256 << 10).unwrap();
+    assert!(small >= 64, "{small}");
+    let default = check_zone_size(DEFAULT_ZONE_SIZE).unwrap();
+    assert!((170_000..200_000).contains(&default), "32m holds {default}");
+    let big = check_zone_size(200 << 20).unwrap();
+    assert!(big > 1_000_000, "200m holds {big}");
 }

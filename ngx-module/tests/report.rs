@@ -7,37 +7,44 @@ mod report;
 use report::*;
 use serde_json::Value;
 use yarl_core::sync::RootStatus;
-use yarl_core::{QuotaInfo, SyncStatus};
+use yarl_core::{QuotaInfo, ZoneStatus, ZoneUsage};
 
-fn status() -> SyncStatus {
-    SyncStatus {
-        limiter_id: "abc".into(),
-        roots: vec![
-            RootStatus {
-                url: "http://127.0.0.1:7700".into(),
-                ok: Some(true),
-                last_attempt_ns: Some(9_000_000_000),
-                last_success_ns: Some(8_500_000_000),
-                last_latency_us: Some(800),
-                successes: 12,
-                ..RootStatus::default()
-            },
-            RootStatus {
-                url: "http://127.0.0.1:7701".into(),
-                ok: Some(false),
-                last_error: Some("connection failed".into()),
-                last_attempt_ns: Some(9_000_000_000),
-                failures: 3,
-                consecutive_failures: 3,
-                ..RootStatus::default()
-            },
-        ],
-        epoch: 7,
-        quotas: 2,
-        rejections: 1,
+fn roots() -> Vec<RootStatus> {
+    vec![
+        RootStatus {
+            url: "http://127.0.0.1:7700".into(),
+            ok: Some(true),
+            last_attempt_ns: Some(9_000_000_000),
+            last_success_ns: Some(8_500_000_000),
+            last_latency_us: Some(800),
+            successes: 12,
+            ..RootStatus::default()
+        },
+        RootStatus {
+            url: "http://127.0.0.1:7701".into(),
+            ok: Some(false),
+            last_error: Some("connection failed".into()),
+            last_attempt_ns: Some(9_000_000_000),
+            failures: 3,
+            consecutive_failures: 3,
+            ..RootStatus::default()
+        },
+    ]
+}
+
+fn zone() -> ZoneStatus {
+    ZoneStatus {
+        limiter_id: "00000000000000ab".into(),
+        generation: 2,
+        epoch: 9,
+        rejections: 5,
         rounds: 40,
         cluster_fresh: true,
-        now_ns: 9_100_000_000,
+        last_round_end_ns: 9_900_000_000,
+        agent: Some(77),
+        agent_age_ms: 120,
+        agent_starts: 2,
+        usage: ZoneUsage { quotas: 3, capacity: 190_000, missing: 4, ..ZoneUsage::default() },
     }
 }
 
@@ -47,23 +54,30 @@ fn parse(s: &str) -> Value {
 }
 
 #[test]
-fn ages_are_relative_to_render_time() {
-    let st = status();
+fn the_host_state_with_ages_relative_to_render_time() {
+    let (z, r) = (zone(), roots());
     let page = parse(&render(&Input {
         pid: 42,
-        status: Some(&st),
-        live: Live { now_ns: 10_000_000_000, epoch: 9, quotas: 3, rejections: 5 },
+        zone: Some(&z),
+        agent_alive: true,
+        now_ns: 10_000_000_000,
+        roots: &r,
         sync: SyncSettings { interval_ms: 1000, timeout_ms: 500 },
         requests: RequestCounters { checked: 4, passed: 2, rejected: 2, ..Default::default() },
         quota: None,
     }));
     assert_eq!(page["pid"], 42);
+    assert_eq!(page["limiter_id"], "00000000000000ab");
     assert_eq!(page["sync_running"], true);
-    // Live values win over the snapshot of the last round.
+    assert_eq!(page["agent"]["pid"], 77);
+    assert_eq!(page["agent"]["here"], false);
     assert_eq!(page["epoch"], 9);
     assert_eq!(page["quotas"], 3);
     assert_eq!(page["rejections"], 5);
     assert_eq!(page["rounds"], 40);
+    assert_eq!(page["last_round_age_ms"], 100);
+    assert_eq!(page["zone"]["missing"], 4);
+    assert_eq!(page["zone"]["capacity"], 190_000);
     assert_eq!(page["requests"]["rejected"], 2);
     let roots = page["roots"].as_array().unwrap();
     assert_eq!(roots.len(), 2);
@@ -76,7 +90,7 @@ fn ages_are_relative_to_render_time() {
 }
 
 #[test]
-fn without_a_thread_and_with_a_quota_query() {
+fn without_a_zone_and_with_a_quota_query() {
     let info = QuotaInfo {
         id: 3,
         epoch: 5,
@@ -85,25 +99,32 @@ fn without_a_thread_and_with_a_quota_query() {
         high_burst: 4.0,
         parent: Some("p".into()),
         fill: 3.5,
+        rejections: 7,
     };
     let page = parse(&render(&Input {
         pid: 1,
-        status: None,
-        live: Live::default(),
+        zone: None,
+        agent_alive: false,
+        now_ns: 0,
+        roots: &[],
         sync: SyncSettings::default(),
         requests: RequestCounters::default(),
         quota: Some(("q", Some(&info))),
     }));
     assert_eq!(page["sync_running"], false);
+    assert_eq!(page["agent"]["pid"], Value::Null);
     assert_eq!(page["roots"].as_array().unwrap().len(), 0);
     assert_eq!(page["quota"]["name"], "q");
     assert_eq!(page["quota"]["parent"], "p");
     assert_eq!(page["quota"]["fill"], 3.5);
+    assert_eq!(page["quota"]["rejections"], 7);
 
     let missing = parse(&render(&Input {
         pid: 1,
-        status: None,
-        live: Live::default(),
+        zone: None,
+        agent_alive: false,
+        now_ns: 0,
+        roots: &[],
         sync: SyncSettings::default(),
         requests: RequestCounters::default(),
         quota: Some(("nope", None)),

@@ -1,7 +1,11 @@
 use super::*;
 use crate::clock::ManualClock;
+use crate::decision::Outcome;
 use crate::decision::SeededRandom;
-use crate::quota::Limits;
+use crate::quota::{Limits, QuotaUpdate};
+use crate::units::MAX_WEIGHT_UNITS;
+use crate::zone::Block;
+use std::sync::atomic::AtomicBool;
 
 const S: u64 = 1_000_000_000;
 
@@ -36,11 +40,8 @@ fn setup() -> (Limiter, ManualClock) {
 
 /// Sets the synced fill of `name` to `units` as a root report would.
 fn set_fill(l: &Limiter, name: &str, units: f64, now: u64) {
-    let id = l.quota(name).unwrap().id;
-    l.with_counters(|c| {
-        let s = c.slot_of(id).unwrap();
-        c.write_exact(s, (units * 1000.0) as u64, now);
-    });
+    let (s, _) = l.find(name).unwrap();
+    l.slot(s).unwrap().write_base((units * 1000.0) as u64, now);
 }
 
 /// Marks `name` hot with the static ratio `r` (what a sync round does).
@@ -50,12 +51,6 @@ fn hot(l: &Limiter, name: &str, r: f64) {
         let s = c.slot_of(id).unwrap();
         c.set_rates(s, r * c.limit(s) as f64, 0.0);
     });
-}
-
-impl CounterAccess<'_> {
-    fn write_exact(&self, s: u32, fill: u64, now: u64) {
-        self.slot(s).unwrap().write_base(fill, now);
-    }
 }
 
 #[test]
@@ -297,10 +292,10 @@ fn freed_slots_are_reused_only_after_quarantine() {
     l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None)]);
     l.apply_quotas(&[tomb(1, "a", 2)]);
     l.apply_quotas(&[q(2, "b", 3, 1.0, 0.0, 0.0, None)]);
-    assert_eq!(l.writer.lock().next_slot, 2, "slot of a is still quarantined");
+    assert_eq!(l.used_slots(), 2, "slot of a is still quarantined");
     clock.advance(Duration::from_secs(3));
     l.apply_quotas(&[q(3, "c", 4, 1.0, 0.0, 0.0, None)]);
-    assert_eq!(l.writer.lock().next_slot, 2, "slot of a was reused");
+    assert_eq!(l.used_slots(), 2, "slot of a was reused");
     assert_eq!(l.names(), ["b".to_string(), "c".to_string()].into_iter().collect());
 }
 
@@ -457,4 +452,155 @@ fn local_guard_caps_one_hosts_own_rate_at_the_limit() {
     clock.advance(std::time::Duration::from_millis(100));
     assert_eq!((0..50).filter(|_| guarded.account("a", 1).unwrap().allowed()).count(), 10);
     assert!(guarded.check("a").allowed());
+}
+
+/// Two handles on one block stand for two nginx workers sharing a zone.
+fn shared_pair(clock: &ManualClock, quotas: u32) -> (Limiter, Limiter) {
+    let block = Block::for_quotas(quotas);
+    crate::zone::prepare(&block).unwrap();
+    let open = || {
+        Limiter::builder()
+            .clock(Arc::new(clock.clone()))
+            .random(SeededRandom::new(3))
+            .open(block.clone())
+            .unwrap()
+    };
+    (open(), open())
+}
+
+#[test]
+fn handles_of_one_block_share_quotas_and_counts() {
+    let clock = ManualClock::at(10 * S);
+    let (a, b) = shared_pair(&clock, 1000);
+    a.apply_quotas(&[q(1, "api", 1, 10.0, 5.0, 5.0, None)]);
+    assert_eq!(b.quota("api").unwrap().limit, 10.0, "b sees what a applied");
+    assert_eq!(b.limiter_id(), a.limiter_id());
+    for _ in 0..3 {
+        assert!(a.account("api", 1).unwrap().allowed());
+        assert!(b.account("api", 1).unwrap().allowed());
+    }
+    assert_eq!(a.quota("api").unwrap().fill, 6.0, "one counter, not one per handle");
+    assert_eq!(b.account("api", 1).unwrap().outcome, Outcome::Rejected);
+    assert_eq!((a.rejections(), b.rejections()), (1, 1));
+    assert_eq!(a.quota("api").unwrap().rejections, 1);
+    // The block refuses a handle that was never prepared, and an unrelated one is separate.
+    assert!(matches!(
+        Limiter::builder().open(Block::heap(1 << 20)),
+        Err(crate::zone::ZoneError::NotPrepared(_))
+    ));
+}
+
+#[test]
+fn the_writer_moves_between_handles_and_rebuilds_its_caches() {
+    let clock = ManualClock::at(10 * S);
+    let (a, b) = shared_pair(&clock, 1000);
+    a.apply_quotas(&[
+        q(1, "p", 1, 1.0, 0.0, 0.0, None),
+        q(2, "c", 2, 100.0, 100.0, 100.0, Some("later")),
+        q(3, "a-name-longer-than-twenty-three-bytes", 3, 5.0, 1.0, 1.0, Some("p")),
+    ]);
+    // b becomes the writer: it must know ids a inserted, and that c waits for "later".
+    b.apply_quotas(&[q(1, "p", 4, 2.0, 0.0, 0.0, None), q(9, "later", 5, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(b.quota_count(), 4);
+    assert_eq!(a.quota("p").unwrap().limit, 2.0, "updated in place, not inserted twice");
+    assert_eq!(a.quota("c").unwrap().parent.as_deref(), Some("later"));
+    // Back to a, whose caches are stale now.
+    a.apply_quotas(&[tomb(3, "a-name-longer-than-twenty-three-bytes", 6)]);
+    assert_eq!(b.quota_count(), 3);
+    assert!(b.quota("a-name-longer-than-twenty-three-bytes").is_none());
+    assert_eq!(a.names(), b.names());
+}
+
+#[test]
+fn a_full_block_leaves_new_quotas_unlimited_and_counts_them() {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(100).build();
+    let cap = l.zone_usage().capacity;
+    let ups: Vec<_> =
+        (1..=cap + 50).map(|i| q(i, &format!("q{i}"), i, 1.0, 0.0, 0.0, None)).collect();
+    let r = l.apply_quotas(&ups);
+    assert_eq!((r.inserted as u64, r.missing), (cap, 50));
+    assert_eq!(l.zone_usage().missing, 50);
+    assert_eq!(l.quota_count(), cap);
+    assert_eq!(l.check(&format!("q{}", cap + 1)).outcome, Outcome::Unlimited);
+    assert_eq!(l.check("q1").outcome, Outcome::Passed);
+    // Deleting makes room again after the quarantine.
+    let dels: Vec<_> = (1..=10).map(|i| tomb(i, &format!("q{i}"), 1000 + i)).collect();
+    l.apply_quotas(&dels);
+    clock.advance(Duration::from_secs(3));
+    let r = l.apply_quotas(&[q(5000, "late", 2000, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(r.inserted, 1);
+    assert!(l.contains("late"));
+}
+
+#[test]
+fn names_of_every_length_are_found_and_reported() {
+    let (l, _) = setup();
+    let names: Vec<String> = (1..=255).map(|n| "x".repeat(n)).collect();
+    let ups: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| q(i as u64 + 1, n, i as u64 + 1, 1.0, 0.0, 0.0, None))
+        .collect();
+    assert_eq!(l.apply_quotas(&ups).inserted, 255);
+    for n in &names {
+        assert!(l.contains(n), "{}", n.len());
+        assert!(!l.contains(&format!("{n}y")));
+    }
+    l.account(&names[200], 1).unwrap();
+    let d = l.account(&names[200], 1).unwrap();
+    assert_eq!(d.quota.as_deref(), Some(names[200].as_str()), "the rejecting name is whole");
+}
+
+/// Issue 9: a rejected `account_many` with a zero weight marked its chain dirty with nothing
+/// to send.
+#[test]
+fn a_refused_zero_weight_counts_nothing() {
+    let (l, _) = setup();
+    l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None), q(2, "b", 2, 1.0, 10.0, 10.0, None)]);
+    l.account("a", 1).unwrap();
+    l.take_dirty();
+    let d = l.account_many(&[("b", 0), ("a", 0)]).unwrap();
+    assert_eq!(d.outcome, Outcome::Rejected);
+    assert_eq!(l.take_dirty(), Vec::<u32>::new(), "zero weights leave nothing to send");
+    // Non-zero refused weights are demand on every chain of the request.
+    let d = l.account_many(&[("b", 2), ("a", 1)]).unwrap();
+    assert_eq!(d.outcome, Outcome::Rejected);
+    let (a, _) = l.find("a").unwrap();
+    let (b, _) = l.find("b").unwrap();
+    assert_eq!(l.take_dirty(), vec![a, b]);
+    let rejected = |s| l.slot(s).unwrap().get(crate::zone::slot::REJECTED);
+    assert_eq!((rejected(a), rejected(b)), (1000, 2000));
+}
+
+#[test]
+fn readers_on_other_handles_during_updates() {
+    let clock = ManualClock::at(10 * S);
+    let (a, b) = shared_pair(&clock, 10_000);
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    a.apply_quotas(&[q(1, "hot", 1, 1e6, 1e9, 1e9, None)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (b, stop) = (b.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                assert_eq!(b.account("hot", 1).unwrap().outcome, Outcome::Passed);
+                assert!(b.check("x-never").outcome == Outcome::Unlimited);
+                n += 1;
+            }
+            n
+        })
+    };
+    for e in 2..3_000u64 {
+        // Inserts, deletes and re-inserts, so slots and index entries churn under the reader.
+        a.apply_quotas(&[q(e, &format!("x{}", e % 500), e, 1.0, 0.0, 0.0, None)]);
+        if e % 3 == 0 {
+            a.apply_quotas(&[tomb(e, &format!("x{}", e % 500), e)]);
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    stop.store(true, Relaxed);
+    let n = reader.join().unwrap();
+    assert_eq!(a.quota("hot").unwrap().fill, n as f64, "no increment lost");
 }

@@ -287,3 +287,87 @@ fn own_batch_is_not_counted_twice_while_a_root_is_slow() {
     n.engine.end_round(now);
     assert_eq!(n.limiter.quota("a").unwrap().fill, 100.0);
 }
+
+/// A limiter handle on a shared block, as an nginx worker holds one.
+fn shared(clock: &ManualClock, block: &crate::zone::Block) -> Arc<Limiter> {
+    Arc::new(
+        Limiter::builder()
+            .clock(Arc::new(clock.clone()))
+            .random(SeededRandom::new(1))
+            .open(block.clone())
+            .unwrap(),
+    )
+}
+
+fn engine_on(l: &Arc<Limiter>) -> Node {
+    let urls = vec!["http://root0".to_string()];
+    Node {
+        engine: SyncEngine::new(l.clone(), urls, SyncConfig::default()).unwrap(),
+        limiter: l.clone(),
+    }
+}
+
+/// The nginx sync agent moves to another worker (reload, or its worker died): the new
+/// engine continues the root session, the sequence numbers and the quota epoch.
+#[test]
+fn a_new_engine_on_the_same_block_continues_every_session() {
+    let clock = ManualClock::at(S);
+    let mut r = root_with(&[quota(1, "a", 0.001, 1e6, 1e6)]);
+    let block = crate::zone::Block::for_quotas(1000);
+    crate::zone::prepare(&block).unwrap();
+    let first = shared(&clock, &block);
+    let mut n1 = engine_on(&first);
+    round(&mut n1, &mut [Some(&mut r)], clock.now_nanos());
+    first.account("a", 5).unwrap();
+    round(&mut n1, &mut [Some(&mut r)], clock.now_nanos());
+    drop(n1);
+
+    let second = shared(&clock, &block);
+    let mut n2 = engine_on(&second);
+    second.account("a", 7).unwrap();
+    let calls = n2.engine.begin_round(clock.now_nanos());
+    let req = &calls[0].request;
+    assert_eq!(req.root_instance, Some(r.instance()), "not a first contact");
+    assert!(req.hints.is_empty());
+    assert_eq!(req.epoch, 1, "quotas are not fetched again");
+    assert_eq!(req.limiter, first.limiter_id());
+    assert_eq!(req.batches.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![2]);
+    let resp = r.sync(req, clock.now_nanos()).unwrap();
+    n2.engine.on_response(0, Ok(resp), Duration::ZERO, clock.now_nanos());
+    n2.engine.end_round(clock.now_nanos());
+    assert_eq!(r.limiter_count(), 1);
+    assert_eq!(r.counter(1, clock.now_nanos()).unwrap().fill, 12.0);
+    assert_eq!(first.quota("a").unwrap().fill, 12.0);
+    assert_eq!(n2.engine.status(0).rounds, 3);
+}
+
+/// The agent's worker is killed after a round's batch reached the root but before the
+/// answer came back: the next engine resends that batch with its `seq`, so the root counts
+/// it once; when the root never saw it, it counts it then.
+#[test]
+fn a_batch_left_in_flight_by_a_dead_engine_is_counted_once() {
+    for root_saw_it in [true, false] {
+        let clock = ManualClock::at(S);
+        let mut r = root_with(&[quota(1, "a", 0.001, 1e6, 1e6)]);
+        let block = crate::zone::Block::for_quotas(1000);
+        crate::zone::prepare(&block).unwrap();
+        let first = shared(&clock, &block);
+        let mut n1 = engine_on(&first);
+        round(&mut n1, &mut [Some(&mut r)], clock.now_nanos());
+        first.account("a", 5).unwrap();
+        let calls = n1.engine.begin_round(clock.now_nanos());
+        if root_saw_it {
+            r.sync(&calls[0].request, clock.now_nanos()).unwrap();
+        }
+        drop(n1); // killed: no answer handled, no end of round
+
+        let second = shared(&clock, &block);
+        let mut n2 = engine_on(&second);
+        second.account("a", 1).unwrap();
+        round(&mut n2, &mut [Some(&mut r)], clock.now_nanos());
+        round(&mut n2, &mut [Some(&mut r)], clock.now_nanos());
+        let now = clock.now_nanos();
+        assert_eq!(r.counter(1, now).unwrap().fill, 6.0, "root saw it: {root_saw_it}");
+        assert_eq!(second.quota("a").unwrap().fill, 6.0, "root saw it: {root_saw_it}");
+    }
+}

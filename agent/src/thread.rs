@@ -1,0 +1,231 @@
+//! The background sync thread: one OS thread running a single-threaded tokio runtime, so all
+//! roots are called in parallel without a thread per root.
+
+use crate::transport::Transport;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use yarl_core::{SyncEngine, SyncStatus};
+
+/// Decides, between rounds, whether the agent keeps running; told when it stops.
+///
+/// The nginx module renews the agent lease of the shared zone here, and stops when another
+/// worker took the role over or a reload made a newer configuration's worker the agent.
+pub trait Supervisor: Send + 'static {
+    /// Called before each round; `false` stops the agent.
+    fn before_round(&mut self) -> bool {
+        true
+    }
+
+    /// Called once when the agent stops, whatever the reason.
+    fn stopped(&mut self) {}
+}
+
+/// A supervisor that never stops the agent.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSupervisor;
+
+impl Supervisor for NoSupervisor {}
+
+struct Shared {
+    stop: AtomicBool,
+    wake: tokio::sync::Notify,
+    status: Mutex<SyncStatus>,
+}
+
+/// A running sync thread. [`SyncThread::stop`] (or drop) stops and joins it.
+pub struct SyncThread {
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SyncThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncThread").field("running", &!self.is_finished()).finish()
+    }
+}
+
+impl SyncThread {
+    /// Starts the thread. The caller decides its signal mask (nginx blocks all signals
+    /// around this call so the thread inherits none).
+    pub fn spawn(engine: SyncEngine, transport: Arc<dyn Transport>) -> std::io::Result<Self> {
+        Self::spawn_supervised(engine, transport, NoSupervisor)
+    }
+
+    /// Like [`spawn`](Self::spawn), with a [`Supervisor`] consulted before every round.
+    pub fn spawn_supervised(
+        mut engine: SyncEngine,
+        transport: Arc<dyn Transport>,
+        mut supervisor: impl Supervisor,
+    ) -> std::io::Result<Self> {
+        let now = engine.limiter().clock().now_nanos();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            status: Mutex::new(engine.status(now)),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let sh = shared.clone();
+        let handle = std::thread::Builder::new().name("yarl-sync".into()).spawn(move || {
+            let stop = || sh.stop.load(Ordering::Acquire);
+            rt.block_on(drive(&mut engine, &*transport, &mut supervisor, &stop, &sh.wake, |s| {
+                *sh.status.lock() = s;
+            }));
+            supervisor.stopped();
+            // Shut the runtime down here, inside the thread, without waiting for blocking
+            // tasks: a DNS lookup stuck in getaddrinfo must not hold nginx's worker exit.
+            rt.shutdown_timeout(Duration::from_millis(100));
+        })?;
+        Ok(SyncThread { shared, handle: Some(handle) })
+    }
+
+    /// The state after the last round.
+    pub fn status(&self) -> SyncStatus {
+        self.shared.status.lock().clone()
+    }
+
+    /// Whether the thread ended by itself (its supervisor stopped it).
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().map_or(true, JoinHandle::is_finished)
+    }
+
+    /// Stops the thread and waits for it (at most about one call timeout).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for SyncThread {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Runs rounds once per interval until `stop()` holds or the supervisor declines a round:
+/// every root is called in parallel, each call bounded by the timeout; a round that reports
+/// more quotas waiting runs again at once. `wake` interrupts the wait between rounds.
+/// `publish` receives the status after each round.
+pub async fn drive(
+    engine: &mut SyncEngine,
+    transport: &dyn Transport,
+    supervisor: &mut dyn Supervisor,
+    stop: &dyn Fn() -> bool,
+    wake: &tokio::sync::Notify,
+    mut publish: impl FnMut(SyncStatus),
+) {
+    let interval = engine.config().interval;
+    let timeout = engine.config().timeout;
+    let clock = engine.limiter().clock().clone();
+    let mut next = tokio::time::Instant::now();
+    while !stop() && supervisor.before_round() {
+        let calls = engine.begin_round(clock.now_nanos());
+        let mut set = tokio::task::JoinSet::new();
+        for call in calls {
+            let fut = transport.call(&call.url, call.request, timeout);
+            let root = call.root;
+            set.spawn(async move {
+                let start = Instant::now();
+                let r = match tokio::time::timeout(timeout, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err("timed out".to_string()),
+                };
+                (root, r, start.elapsed())
+            });
+        }
+        loop {
+            tokio::select! {
+                joined = set.join_next() => match joined {
+                    Some(Ok((root, r, lat))) => engine.on_response(root, r, lat, clock.now_nanos()),
+                    // A call task panicked: count it as that call failing (the engine keeps
+                    // the batch and retries); the id of the root is lost with the task.
+                    Some(Err(_)) => {}
+                    None => break,
+                },
+                _ = wake.notified() => {
+                    if stop() { return; }
+                }
+            }
+        }
+        let report = engine.end_round(clock.now_nanos());
+        publish(engine.status(clock.now_nanos()));
+        if report.more {
+            continue;
+        }
+        next += interval;
+        let now = tokio::time::Instant::now();
+        if next < now {
+            // Fell behind (a slow round): don't burst to catch up.
+            next = now;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = wake.notified() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::CallFuture;
+    use std::sync::atomic::AtomicUsize;
+    use yarl_core::proto::{SyncRequest, SyncResponse};
+    use yarl_core::{Limiter, RootConfig, RootState, SyncConfig};
+
+    /// An in-process root behind the transport trait.
+    struct Local(Mutex<RootState>, Arc<dyn yarl_core::Clock>);
+
+    impl Transport for Local {
+        fn call(&self, _url: &str, req: SyncRequest, _timeout: Duration) -> CallFuture {
+            let r: Result<SyncResponse, String> =
+                self.0.lock().sync(&req, self.1.now_nanos()).map_err(|e| e.to_string());
+            Box::pin(async move { r })
+        }
+    }
+
+    struct Rounds(Arc<AtomicUsize>, usize, Arc<AtomicBool>);
+
+    impl Supervisor for Rounds {
+        fn before_round(&mut self) -> bool {
+            self.0.fetch_add(1, Ordering::Relaxed) < self.1
+        }
+        fn stopped(&mut self) {
+            self.2.store(true, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_supervisor_stops_the_thread_between_rounds() {
+        let limiter = Arc::new(Limiter::builder().capacity(100).build());
+        let cfg = SyncConfig { interval: Duration::from_millis(5), ..SyncConfig::default() };
+        let engine = SyncEngine::new(limiter.clone(), vec!["http://r".into()], cfg).unwrap();
+        let root =
+            Local(Mutex::new(RootState::new(RootConfig::default())), limiter.clock().clone());
+        let (count, stopped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let t = SyncThread::spawn_supervised(
+            engine,
+            Arc::new(root),
+            Rounds(count.clone(), 3, stopped.clone()),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(t.is_finished());
+        assert!(stopped.load(Ordering::Relaxed));
+        assert_eq!(limiter.zone_status().rounds, 3);
+        assert_eq!(t.status().roots[0].successes, 3);
+        t.stop();
+    }
+}

@@ -1,0 +1,224 @@
+//! What the sync engine reads and writes in the block. Everything that changes a synced
+//! base goes through [`CounterAccess`], under the writer lock, which makes the engine the
+//! only writer of bases.
+
+use super::writer::Writer;
+use super::{Estimator, Limiter};
+use crate::quota::{Epoch, QuotaId};
+use crate::units::drain_once;
+use crate::zone::hdr;
+use crate::zone::roots::{Entry, Roots};
+use crate::zone::slot::{
+    pack_rates, unpack_rates, Slot, ID, INFLIGHT, LIMIT, LOCAL, RATES, REJECTED,
+};
+use std::sync::atomic::Ordering::*;
+
+impl Limiter {
+    /// Runs `f` with access to counters by quota id, under the writer lock.
+    pub(crate) fn with_counters<R>(&self, f: impl FnOnce(&CounterAccess<'_>) -> R) -> R {
+        let w = self.writer();
+        f(&CounterAccess { limiter: self, writer: &w })
+    }
+
+    /// Slots with counts since the last call (their dirty bits cleared), in slot order.
+    pub(crate) fn take_dirty(&self) -> Vec<u32> {
+        let words = self.words();
+        let bits =
+            &words[self.layout.dirty..self.layout.dirty + self.used_slots().div_ceil(64) as usize];
+        let mut out = Vec::new();
+        for (k, cell) in bits.iter().enumerate() {
+            if cell.load(Relaxed) == 0 {
+                continue;
+            }
+            let mut b = cell.swap(0, Relaxed);
+            while b != 0 {
+                let i = b.trailing_zeros();
+                out.push(k as u32 * 64 + i);
+                b &= b - 1;
+            }
+        }
+        out
+    }
+
+    /// Every live slot for which `keep` holds (a scan of all slots).
+    pub(crate) fn scan_slots(&self, mut keep: impl FnMut(&Slot<'_>) -> bool) -> Vec<u32> {
+        (0..self.used_slots()).filter(|&i| self.live_slot(i).is_some_and(|s| keep(&s))).collect()
+    }
+
+    /// `local` now only holds what was accounted since `t` (a round that began at `t` ended).
+    pub(crate) fn set_local_since(&self, t: u64) {
+        self.hdr(hdr::LOCAL_SINCE).store(t, Relaxed);
+    }
+
+    pub(crate) fn set_cluster_fresh(&self, fresh: bool) {
+        self.hdr(hdr::FRESH).store(u64::from(fresh), Relaxed);
+    }
+
+    pub(crate) fn raise_epoch(&self, e: Epoch) {
+        self.hdr(hdr::EPOCH).fetch_max(e, Relaxed);
+    }
+
+    /// Forgets every quota epoch so the next sync fetches every quota again (quotas already
+    /// held are updated in place): how quotas that did not fit get a second chance.
+    pub(crate) fn refetch_all(&self, now: u64) {
+        let _w = self.writer();
+        self.hdr(hdr::EPOCH).store(0, Relaxed);
+        self.hdr(hdr::MISSING).store(0, Relaxed);
+        self.hdr(hdr::LAST_REFETCH).store(now.max(1), Relaxed);
+    }
+
+    /// The next batch sequence number (persistent: a new agent continues it).
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.hdr(hdr::NEXT_SEQ).fetch_add(1, Relaxed).max(1)
+    }
+
+    /// The sequence number of the batch a round took and did not finish (a sync agent died
+    /// mid-round), 0 if none.
+    pub(crate) fn inflight_seq(&self) -> u64 {
+        self.hdr(hdr::INFLIGHT_SEQ).load(Relaxed)
+    }
+
+    pub(crate) fn set_inflight_seq(&self, seq: u64) {
+        self.hdr(hdr::INFLIGHT_SEQ).store(seq, Relaxed);
+    }
+
+    pub(crate) fn count_round(&self, now: u64) {
+        self.hdr(hdr::ROUNDS).fetch_add(1, Relaxed);
+        self.hdr(hdr::LAST_ROUND_END).store(now.max(1), Relaxed);
+    }
+
+    pub(crate) fn roots_table(&self) -> Roots<'_> {
+        Roots::new(self.words(), &self.layout)
+    }
+
+    pub(crate) fn root_entry(&self, i: usize) -> Entry<'_> {
+        self.roots_table().entry(i)
+    }
+
+    /// Quotas that did not fit since the last refetch.
+    pub(crate) fn missing_count(&self) -> u64 {
+        self.hdr(hdr::MISSING).load(Relaxed)
+    }
+
+    pub(crate) fn last_refetch(&self) -> u64 {
+        self.hdr(hdr::LAST_REFETCH).load(Relaxed)
+    }
+}
+
+/// Counter operations for the sync engine, valid while the writer lock is held.
+pub(crate) struct CounterAccess<'a> {
+    limiter: &'a Limiter,
+    writer: &'a Writer,
+}
+
+impl CounterAccess<'_> {
+    pub fn slot_of(&self, id: QuotaId) -> Option<u32> {
+        self.limiter.find_id(self.writer, id)
+    }
+
+    fn slot(&self, s: u32) -> Option<Slot<'_>> {
+        self.limiter.live_slot(s)
+    }
+
+    pub fn id_of(&self, s: u32) -> Option<QuotaId> {
+        self.slot(s).map(|x| x.get(ID))
+    }
+
+    pub fn local(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.get(LOCAL))
+    }
+
+    /// Moves what was accounted since the last round into `inflight` and returns it.
+    pub fn take_local(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| {
+            let v = x.w(LOCAL).swap(0, Relaxed);
+            x.w(INFLIGHT).fetch_add(v, Relaxed);
+            v
+        })
+    }
+
+    pub fn inflight(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.get(INFLIGHT))
+    }
+
+    /// Whether `s` has counts no round has taken yet.
+    pub fn has_pending(&self, s: u32) -> bool {
+        self.slot(s).is_some_and(|x| x.get(LOCAL) > 0 || x.get(REJECTED) > 0)
+    }
+
+    /// Lists `s` for the next round again.
+    pub fn mark_dirty(&self, s: u32) {
+        self.limiter.mark_dirty(s);
+    }
+
+    /// Takes the locally refused weight (it only feeds the roots' demand meters).
+    pub fn take_rejected(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.w(REJECTED).swap(0, Relaxed))
+    }
+
+    /// Takes `v` out of `inflight` (a root's answer includes it now, or it was anchored).
+    pub fn sub_inflight(&self, s: u32, v: u64) {
+        if let Some(x) = self.slot(s) {
+            // Never below zero, even if the slot was reset by a delete in between.
+            let _ = x.w(INFLIGHT).fetch_update(Relaxed, Relaxed, |l| Some(l.saturating_sub(v)));
+        }
+    }
+
+    /// Sets what the rest of the cluster is estimated to add and the cluster's attempted
+    /// demand (both milli-units/s; 0, 0 for a cold counter).
+    pub fn set_rates(&self, s: u32, inflow: f64, demand: f64) {
+        if let Some(x) = self.slot(s) {
+            x.w(RATES).store(pack_rates(inflow, demand), Relaxed);
+        }
+    }
+
+    /// The synced fill drained to `now` at the full rate (no extrapolation): what this
+    /// limiter knows the cluster has counted.
+    pub fn synced(&self, s: u32, now: u64) -> u64 {
+        self.slot(s).map_or(0, |x| {
+            let (base, at) = x.read_base();
+            drain_once(base, x.get(LIMIT), now.saturating_sub(at))
+        })
+    }
+
+    /// Merges a root's report: `base = max(drained base, reported)` (max of roots, SPEC §1).
+    pub fn merge_report(&self, s: u32, fill: u64, now: u64) {
+        if let Some(x) = self.slot(s) {
+            let v = self.synced(s, now).max(fill);
+            x.write_base(v, now);
+        }
+    }
+
+    /// The raw (`base`, `at`) pair.
+    pub fn base(&self, s: u32) -> Option<(u64, u64)> {
+        self.slot(s).map(|x| x.read_base())
+    }
+
+    /// The quota's limit, milli-units/s.
+    pub fn limit(&self, s: u32) -> u64 {
+        self.slot(s).map_or(0, |x| x.get(LIMIT))
+    }
+
+    /// The current inflow estimate, milli-units/s.
+    pub fn inflow(&self, s: u32) -> f64 {
+        self.slot(s).map_or(0.0, |x| unpack_rates(x.get(RATES)).0)
+    }
+
+    /// The estimator configured on the limiter.
+    pub fn estimator(&self) -> Estimator {
+        self.limiter.estimator
+    }
+
+    /// Folds `v` counted locally into the base when no root took it this round.
+    pub fn anchor(&self, s: u32, v: u64, now: u64) {
+        if let Some(x) = self.slot(s) {
+            let b = self.synced(s, now).saturating_add(v);
+            x.write_base(b, now);
+        }
+    }
+
+    /// Whether `s` has a synced fill or counts of its own (a hint candidate).
+    pub fn is_active(&self, s: u32, now: u64) -> bool {
+        self.synced(s, now) > 0 || self.local(s) > 0 || self.inflight(s) > 0
+    }
+}

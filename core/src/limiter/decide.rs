@@ -1,0 +1,215 @@
+//! The request path: decide for a name's chain and, when accounting, count the weight.
+//!
+//! Nothing here takes a lock or waits: a hash probe, loads of the chain's slots, and atomic
+//! adds on a pass. Two handles deciding at the same instant can both pass before either
+//! adds: decisions are local and the counters only approximate, by design.
+
+use super::{Limiter, WeightError, MAX_CHAIN};
+use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
+use crate::units::{MAX_WEIGHT_UNITS, MILLI};
+use crate::zone::hdr;
+use crate::zone::slot::{
+    unpack_rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, RATES, REJECTED, REJECTS,
+};
+use std::sync::atomic::Ordering::*;
+
+/// The slots of one decision's parent chain.
+#[derive(Default)]
+pub(super) struct Chain {
+    slots: [u32; MAX_CHAIN],
+    len: usize,
+}
+
+impl Chain {
+    fn push(&mut self, s: u32) {
+        if self.len < MAX_CHAIN {
+            self.slots[self.len] = s;
+            self.len += 1;
+        }
+    }
+
+    fn slots(&self) -> &[u32] {
+        &self.slots[..self.len]
+    }
+}
+
+enum Walk {
+    Unlimited,
+    Passed(f64),
+    Rejected(Decision),
+}
+
+impl Limiter {
+    /// Decides for `name` and its ancestors without counting anything (the nginx
+    /// `yarl_check` role).
+    #[inline]
+    pub fn check(&self, name: &str) -> Decision {
+        self.decide(name, 0)
+    }
+
+    /// Decides for `name` and its ancestors; if allowed, adds `weight` units to every counter
+    /// of the chain, if rejected adds nothing (all-or-nothing, seed `002_…`).
+    #[inline]
+    pub fn account(&self, name: &str, weight: u64) -> Result<Decision, WeightError> {
+        if weight > MAX_WEIGHT_UNITS {
+            return Err(WeightError(weight));
+        }
+        Ok(self.decide(name, weight * MILLI))
+    }
+
+    fn decide(&self, name: &str, weight: u64) -> Decision {
+        let now = self.clock.now_nanos();
+        let mut chain = Chain::default();
+        match self.walk(name, now, weight, &mut chain) {
+            Walk::Unlimited => Decision::unlimited(),
+            Walk::Rejected(d) => {
+                self.count_rejected(&chain, weight);
+                d
+            }
+            Walk::Passed(fill) => {
+                self.add_local(&chain, weight);
+                Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None }
+            }
+        }
+    }
+
+    /// Like [`account`](Self::account) for several names at once, all-or-nothing across all
+    /// of them: if any chain rejects, nothing is added anywhere (the refused weights count as
+    /// demand). The first rejection is returned; otherwise the pass of the last name that
+    /// matched a quota (`Unlimited` if none did).
+    pub fn account_many(&self, items: &[(&str, u64)]) -> Result<Decision, WeightError> {
+        if let Some(&(_, w)) = items.iter().find(|(_, w)| *w > MAX_WEIGHT_UNITS) {
+            return Err(WeightError(w));
+        }
+        let now = self.clock.now_nanos();
+        let mut chains: Vec<(Chain, u64)> = Vec::with_capacity(items.len());
+        let mut result = Decision::unlimited();
+        for &(name, weight) in items {
+            let weight = weight * MILLI;
+            let mut chain = Chain::default();
+            match self.walk(name, now, weight, &mut chain) {
+                Walk::Unlimited => {}
+                Walk::Rejected(d) => {
+                    self.count_rejected(&chain, weight);
+                    for (c, w) in &chains {
+                        self.count_rejected(c, *w);
+                    }
+                    return Ok(d);
+                }
+                Walk::Passed(fill) => {
+                    result =
+                        Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None };
+                    chains.push((chain, weight));
+                }
+            }
+        }
+        for (c, w) in &chains {
+            self.add_local(c, *w);
+        }
+        Ok(result)
+    }
+
+    /// Decides for `name`'s chain at `now`, recording the walked slots in `chain` (on a
+    /// rejection: those that passed, then the rejecting one and its ancestors).
+    fn walk(&self, name: &str, now: u64, weight: u64, chain: &mut Chain) -> Walk {
+        let Some((mut idx, mut slot)) = self.find(name) else {
+            return Walk::Unlimited;
+        };
+        let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
+        let horizon = self.horizon_ns();
+        // Seconds `local` has been counting, for the local guard; only read when it is on.
+        let guard_dt = if self.local_guard && weight > 0 {
+            Some(now.saturating_sub(self.hdr(hdr::LOCAL_SINCE).load(Relaxed)) as f64 * 1e-9)
+        } else {
+            None
+        };
+        let mut leaf_fill = 0.0;
+        loop {
+            let fill = slot.estimate(now, fresh, horizon);
+            if chain.len == 0 {
+                leaf_fill = fill;
+            }
+            let low = slot.get(LOW);
+            let limit = slot.get(LIMIT);
+            let high = slot.get(HIGH);
+            let mut p = drop_probability(fill, low, high);
+            if let Some(dt) = guard_dt {
+                // One host alone may not outrun the whole quota; a tenth of an interval's
+                // worth absorbs arrival noise. (Subtracting what the others were last seen
+                // adding reacts faster but rejects a lone busy host under the limit:
+                // docs/accuracy.md.)
+                let room = limit as f64 * (dt + horizon as f64 * 1e-10);
+                let own = slot.get(LOCAL).saturating_add(slot.get(INFLIGHT));
+                if own.saturating_add(weight) as f64 > room {
+                    p = 1.0;
+                }
+            }
+            if self.demand && fill > low as f64 && fresh {
+                // Seed 004: suppress exactly the share of the attempted demand above the
+                // limit. Demand doesn't fall when we reject, so this does not oscillate.
+                let (_, demand) = unpack_rates(slot.get(RATES));
+                if demand > limit as f64 {
+                    p = p.max(1.0 - limit as f64 / demand);
+                }
+            }
+            let rejected = p > 0.0 && (p >= 1.0 || self.random.unit() < p);
+            if rejected || chain.len < MAX_CHAIN {
+                chain.push(idx);
+            }
+            if rejected {
+                self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
+                slot.w(REJECTS).fetch_add(1, Relaxed);
+                // The ancestors above the rejecting quota also saw this attempt as demand.
+                let mut cur = slot.parent();
+                while cur != 0 && chain.len < MAX_CHAIN {
+                    chain.push(cur - 1);
+                    cur = self.slot(cur - 1).map_or(0, |s| s.parent());
+                }
+                return Walk::Rejected(Decision {
+                    outcome: Outcome::Rejected,
+                    quota: Some(self.slot_name(idx).into()),
+                    fill: fill / MILLI as f64,
+                    retry_after: Some(retry_after_secs(fill, low, limit)),
+                });
+            }
+            let parent = slot.parent();
+            if parent == 0 || chain.len == MAX_CHAIN {
+                break;
+            }
+            match self.live_slot(parent - 1) {
+                Some(p) => {
+                    idx = parent - 1;
+                    slot = p;
+                }
+                None => break,
+            }
+        }
+        Walk::Passed(leaf_fill / MILLI as f64)
+    }
+
+    fn add_local(&self, chain: &Chain, weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        for &i in chain.slots() {
+            if let Some(s) = self.slot(i) {
+                s.w(LOCAL).fetch_add(weight, Relaxed);
+                self.mark_dirty(i);
+            }
+        }
+    }
+
+    /// A refused attempt still counts as demand on every quota of its chain (a check, with
+    /// weight 0, has nothing to count).
+    fn count_rejected(&self, chain: &Chain, weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        for &i in chain.slots() {
+            if let Some(s) = self.slot(i) {
+                s.w(REJECTED).fetch_add(weight, Relaxed);
+                self.mark_dirty(i);
+            }
+        }
+    }
+}

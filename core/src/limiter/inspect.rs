@@ -1,0 +1,276 @@
+//! Read-only views of the limiter for stats pages and metrics, and the lease that elects one
+//! sync agent among the processes sharing a block.
+
+use super::{Limiter, QuotaInfo};
+use crate::quota::Epoch;
+use crate::sync::RootStatus;
+use crate::units::{milli_to_units, MILLI};
+use crate::zone::roots::{self, LATENCY_BUCKETS_US};
+use crate::zone::slot::{HIGH, ID, LIMIT, LOW, REJECTS};
+use crate::zone::{self, hdr, ZoneUsage, AUX_COUNTERS};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// The limiter's state as a whole, readable by any handle.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ZoneStatus {
+    /// The limiter's id on the wire (hex), the same for every handle of a block and kept as
+    /// long as the block is.
+    pub limiter_id: String,
+    /// How many times the block was prepared (an nginx reload reusing the zone adds one).
+    pub generation: u64,
+    /// Highest quota epoch held.
+    pub epoch: Epoch,
+    /// Requests rejected so far.
+    pub rejections: u64,
+    /// Sync rounds completed, by any agent.
+    pub rounds: u64,
+    /// Whether the last round reached at least one root.
+    pub cluster_fresh: bool,
+    /// Clock time (ns) the last round ended; 0 before the first.
+    pub last_round_end_ns: u64,
+    /// The sync agent's token (nginx: its worker's pid), if one holds the lease.
+    pub agent: Option<u32>,
+    /// Milliseconds since the agent last renewed its lease.
+    pub agent_age_ms: u64,
+    /// How many times an agent took the lease.
+    pub agent_starts: u64,
+    /// Memory use.
+    pub usage: ZoneUsage,
+}
+
+impl Limiter {
+    /// Whether a quota called `name` is held (an index lookup, nothing else).
+    pub fn contains(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+
+    /// The quota called `name`, with its estimated fill now.
+    pub fn quota(&self, name: &str) -> Option<QuotaInfo> {
+        let (s, slot) = self.find(name)?;
+        let now = self.clock.now_nanos();
+        let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
+        let parent = match slot.parent() {
+            0 => None,
+            p => Some(self.slot_name(p - 1)),
+        };
+        Some(QuotaInfo {
+            id: slot.get(ID),
+            epoch: self.cold(s).0.load(Relaxed),
+            limit: milli_to_units(slot.get(LIMIT)),
+            low_burst: milli_to_units(slot.get(LOW)),
+            high_burst: milli_to_units(slot.get(HIGH)),
+            parent,
+            fill: slot.estimate(now, fresh, self.horizon_ns()) / MILLI as f64,
+            rejections: slot.get(REJECTS),
+        })
+    }
+
+    /// Highest quota epoch applied.
+    pub fn epoch(&self) -> Epoch {
+        self.hdr(hdr::EPOCH).load(Relaxed)
+    }
+
+    /// Number of quotas held.
+    pub fn quota_count(&self) -> u64 {
+        self.hdr(hdr::QUOTAS).load(Relaxed)
+    }
+
+    /// Requests rejected so far (by every handle of the block).
+    pub fn rejections(&self) -> u64 {
+        self.hdr(hdr::REJECTIONS).load(Relaxed)
+    }
+
+    /// Whether the last sync round reached a root (extrapolation is on).
+    pub fn cluster_fresh(&self) -> bool {
+        self.hdr(hdr::FRESH).load(Relaxed) != 0
+    }
+
+    /// The limiter's id on the wire.
+    pub fn limiter_id(&self) -> String {
+        format!("{:016x}", self.hdr(hdr::LIMITER_ID).load(Relaxed))
+    }
+
+    /// How many times the block was prepared; see [`ZoneStatus::generation`].
+    pub fn generation(&self) -> u64 {
+        self.hdr(hdr::GENERATION).load(Acquire)
+    }
+
+    /// Memory use of the block.
+    pub fn zone_usage(&self) -> ZoneUsage {
+        zone::usage(self.words(), &self.layout)
+    }
+
+    /// Bytes of the block in use plus this handle's own writer caches.
+    pub fn memory_bytes(&self) -> usize {
+        let own = match self.writer.try_lock() {
+            Some(w) => Limiter::id_count(&w) * 9,
+            None => 0,
+        };
+        self.zone_usage().bytes_used as usize + own
+    }
+
+    /// A snapshot of the whole state.
+    pub fn zone_status(&self) -> ZoneStatus {
+        let now = self.clock.now_nanos();
+        let lease = self.agent_lease();
+        ZoneStatus {
+            limiter_id: self.limiter_id(),
+            generation: self.generation(),
+            epoch: self.epoch(),
+            rejections: self.rejections(),
+            rounds: self.hdr(hdr::ROUNDS).load(Relaxed),
+            cluster_fresh: self.cluster_fresh(),
+            last_round_end_ns: self.hdr(hdr::LAST_ROUND_END).load(Relaxed),
+            agent: lease.holder(),
+            agent_age_ms: lease.age_ms(now),
+            agent_starts: self.hdr(hdr::AGENT_STARTS).load(Relaxed),
+            usage: self.zone_usage(),
+        }
+    }
+
+    /// One of [`zone::AUX_COUNTERS`] counters the embedder may use for its own statistics
+    /// (shared by every handle of the block, kept across reloads).
+    pub fn aux_counter(&self, i: usize) -> Option<&AtomicU64> {
+        (i < AUX_COUNTERS).then(|| self.hdr(hdr::AUX + i))
+    }
+
+    /// The state of the root at `url` as the sync agent last recorded it.
+    pub fn root_status(&self, url: &str) -> Option<RootStatus> {
+        let e = self.roots_table().find(url)?;
+        let opt = |f: usize| Some(e.get(f)).filter(|&v| v != 0);
+        let (hist, sum) = e.histogram();
+        Some(RootStatus {
+            url: url.to_owned(),
+            ok: match e.get(roots::OK) {
+                1 => Some(true),
+                2 => Some(false),
+                _ => None,
+            },
+            last_error: e.error(),
+            last_attempt_ns: opt(roots::LAST_ATTEMPT),
+            last_success_ns: opt(roots::LAST_SUCCESS),
+            last_latency_us: (e.get(roots::SUCCESSES) > 0).then(|| e.get(roots::LATENCY_US)),
+            successes: e.get(roots::SUCCESSES),
+            failures: e.get(roots::FAILURES),
+            consecutive_failures: u32::try_from(e.get(roots::CONSECUTIVE)).unwrap_or(u32::MAX),
+            instance: opt(roots::INSTANCE),
+            pending_batches: e.get(roots::PENDING) as usize,
+            latency_buckets_us: LATENCY_BUCKETS_US.to_vec(),
+            latency_counts: hist.to_vec(),
+            latency_sum_us: sum,
+        })
+    }
+
+    /// The lease that elects one sync agent among the handles of this block.
+    pub fn agent_lease(&self) -> AgentLease<'_> {
+        AgentLease { word: self.hdr(hdr::AGENT), starts: self.hdr(hdr::AGENT_STARTS) }
+    }
+}
+
+/// The sync agent's lease: one word holding the holder's token (non-zero, e.g. a pid) and
+/// the time of its last renewal in milliseconds (wrapping), changed only by compare-and-swap,
+/// so two candidates can never both win.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentLease<'a> {
+    word: &'a AtomicU64,
+    starts: &'a AtomicU64,
+}
+
+fn pack(holder: u32, now_ns: u64) -> u64 {
+    u64::from(holder) << 32 | (now_ns / 1_000_000) as u32 as u64
+}
+
+impl AgentLease<'_> {
+    /// The holder's token, if any.
+    pub fn holder(&self) -> Option<u32> {
+        Some((self.word.load(Acquire) >> 32) as u32).filter(|&h| h != 0)
+    }
+
+    /// Milliseconds since the holder last renewed (0 when free).
+    pub fn age_ms(&self, now_ns: u64) -> u64 {
+        let v = self.word.load(Acquire);
+        if v >> 32 == 0 {
+            return 0;
+        }
+        u64::from(((now_ns / 1_000_000) as u32).wrapping_sub(v as u32))
+    }
+
+    /// Takes the lease for `me` (non-zero) if it is free, not renewed for `stale_ns`, or its
+    /// holder is no longer `alive` (nginx: the worker was killed). `true` if `me` holds it.
+    pub fn try_acquire(
+        &self,
+        me: u32,
+        now_ns: u64,
+        stale_ns: u64,
+        alive: impl FnOnce(u32) -> bool,
+    ) -> bool {
+        if me == 0 {
+            return false;
+        }
+        let cur = self.word.load(Acquire);
+        let holder = (cur >> 32) as u32;
+        if holder == me {
+            return self.renew(me, now_ns);
+        }
+        if holder != 0 {
+            let age_ns =
+                u64::from(((now_ns / 1_000_000) as u32).wrapping_sub(cur as u32)) * 1_000_000;
+            if age_ns < stale_ns && alive(holder) {
+                return false;
+            }
+        }
+        let won = self.word.compare_exchange(cur, pack(me, now_ns), AcqRel, Acquire).is_ok();
+        if won {
+            self.starts.fetch_add(1, Relaxed);
+        }
+        won
+    }
+
+    /// Renews the lease; `false` if `me` does not hold it any more.
+    pub fn renew(&self, me: u32, now_ns: u64) -> bool {
+        let cur = self.word.load(Acquire);
+        (cur >> 32) as u32 == me
+            && me != 0
+            && self.word.compare_exchange(cur, pack(me, now_ns), AcqRel, Acquire).is_ok()
+    }
+
+    /// Gives the lease up if `me` holds it.
+    pub fn release(&self, me: u32) {
+        let cur = self.word.load(Acquire);
+        if (cur >> 32) as u32 == me {
+            let _ = self.word.compare_exchange(cur, 0, AcqRel, Acquire);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn one_holder_stale_or_dead_holders_are_replaced() {
+        let l = Limiter::builder().capacity(100).build();
+        let lease = l.agent_lease();
+        assert_eq!(lease.holder(), None);
+        assert!(lease.try_acquire(7, 1000 * MS, 2000 * MS, |_| true));
+        assert!(!lease.try_acquire(8, 1500 * MS, 2000 * MS, |_| true), "fresh and alive");
+        assert!(lease.renew(7, 2000 * MS));
+        assert!(!lease.renew(8, 2000 * MS));
+        assert!(lease.try_acquire(8, 2100 * MS, 2000 * MS, |p| p != 7), "holder died");
+        assert_eq!(lease.holder(), Some(8));
+        assert!(!lease.renew(7, 2200 * MS), "the old holder learns it lost");
+        assert!(lease.try_acquire(9, 4200 * MS, 2000 * MS, |_| true), "stale");
+        lease.release(8);
+        assert_eq!(lease.holder(), Some(9), "only the holder releases");
+        lease.release(9);
+        assert_eq!(lease.holder(), None);
+        assert!(!lease.try_acquire(0, 1, 1, |_| true), "0 is not a token");
+        assert_eq!(l.zone_status().agent_starts, 3);
+        // The millisecond clock wraps after 49 days; ages are still right across the wrap.
+        let wrap = (u64::from(u32::MAX) + 1) * MS;
+        assert!(lease.try_acquire(5, wrap - 10 * MS, 2000 * MS, |_| true));
+        assert_eq!(lease.age_ms(wrap + 20 * MS), 30);
+    }
+}

@@ -1,0 +1,432 @@
+//! Quota changes: inserts, updates, deletes and parent links, by one writer at a time.
+//!
+//! The block holds everything a reader needs; the writing handle also keeps two caches in
+//! its own memory: quota id → slot, and the children whose parent has not arrived. Several
+//! processes may take turns as the writer (nginx: the sync agent moves to another worker
+//! after a reload or a crash), so the caches are stamped with a random token that the
+//! writer also stores in the block: a handle that finds another token there rebuilds its
+//! caches from the block before writing. The block itself keeps every fact the caches hold
+//! (ids in slots, a waiting child's parent name in an arena record).
+//!
+//! Slots of deleted quotas wait [`SLOT_QUARANTINE_NS`] in a first-in first-out list before
+//! reuse, so a reader that found a slot an instant before the delete never sees another
+//! quota's numbers in it.
+
+use super::{ApplyReport, Limiter};
+use crate::quota::{validate_name, QuotaId, QuotaUpdate};
+use crate::zone::arena::name;
+use crate::zone::hdr;
+use crate::zone::slot::{HIGH, ID, LIMIT, LOW};
+use hashbrown::HashTable;
+use parking_lot::MutexGuard;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::*;
+
+/// How long a deleted quota's slot waits before it is reused.
+pub(crate) const SLOT_QUARANTINE_NS: u64 = 2_000_000_000;
+
+/// The writing handle's caches (see the module docs).
+#[derive(Default)]
+pub(crate) struct Writer {
+    token: u64,
+    /// Slot indices, found by the slot's id.
+    by_id: HashTable<u32>,
+    /// Children whose parent is not (yet) known: child slot → parent name.
+    unresolved: HashMap<u32, Box<str>>,
+}
+
+fn hash_id(id: QuotaId) -> u64 {
+    // Ids are sequential; spread them over the table with a multiplicative hash.
+    id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl Limiter {
+    /// This handle's writer, its caches in step with the block.
+    pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
+        let mut w = self.writer.lock();
+        if w.token == 0 || self.hdr(hdr::WRITER).load(Acquire) != w.token {
+            self.rebuild_writer(&mut w);
+        }
+        w
+    }
+
+    fn rebuild_writer(&self, w: &mut Writer) {
+        w.by_id.clear();
+        w.unresolved.clear();
+        let n = self.used_slots();
+        for i in 0..n {
+            let Some(s) = self.live_slot(i) else { continue };
+            let id = s.get(ID);
+            w.by_id.insert_unique(hash_id(id), i, |&j| self.id_at(j));
+            let off = self.cold(i).1.load(Relaxed) as u32;
+            if off != 0 {
+                let arena = self.arena();
+                let parent = name::decode(|k| arena.word(off, k));
+                w.unresolved.insert(i, String::from_utf8_lossy(&parent).into());
+            }
+        }
+        let token = fastrand::u64(1..);
+        self.hdr(hdr::WRITER).store(token, Release);
+        w.token = token;
+    }
+
+    /// Slots ever allocated (live or free).
+    pub(super) fn used_slots(&self) -> u32 {
+        self.hdr(hdr::NEXT_SLOT).load(Relaxed).min(u64::from(self.layout.slot_cap)) as u32
+    }
+
+    fn id_at(&self, s: u32) -> u64 {
+        hash_id(self.slot(s).map_or(0, |x| x.get(ID)))
+    }
+
+    pub(super) fn find_id(&self, w: &Writer, id: QuotaId) -> Option<u32> {
+        w.by_id.find(hash_id(id), |&i| self.slot(i).is_some_and(|s| s.get(ID) == id)).copied()
+    }
+
+    pub(super) fn id_count(w: &Writer) -> usize {
+        w.by_id.len()
+    }
+
+    fn epoch_of(&self, s: u32) -> u64 {
+        self.cold(s).0.load(Relaxed)
+    }
+
+    fn rehash_slot(&self, s: u32) -> u64 {
+        match self.slot(s) {
+            Some(x) => self.hash(&x.name(&self.arena())),
+            None => 0,
+        }
+    }
+
+    /// Applies quota changes (from a root, or directly when embedding): inserts, changes,
+    /// deletes and re-parents, in any order and idempotently; an update older than the
+    /// version held is ignored. A new quota that does not fit in the block is counted as
+    /// missing and stays unlimited.
+    pub fn apply_quotas(&self, updates: &[QuotaUpdate]) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        if updates.is_empty() {
+            return report;
+        }
+        let now = self.clock.now_nanos();
+        let mut guard = self.writer();
+        let w = &mut *guard;
+        let mut parent_jobs: Vec<(u32, Option<&str>)> = Vec::new();
+        let mut deleted: HashMap<u32, Box<str>> = HashMap::new();
+        let mut max_epoch = 0;
+
+        for u in updates {
+            if validate_name(&u.name).is_err()
+                || (!u.deleted && u.limits.validate().is_err())
+                || u.id == 0
+            {
+                report.invalid += 1;
+                continue;
+            }
+            max_epoch = max_epoch.max(u.epoch);
+            let existing = self.find_id(w, u.id);
+            if u.deleted {
+                match existing {
+                    Some(s) if self.epoch_of(s) <= u.epoch => {
+                        let name = self.slot_name(s);
+                        self.free_slot(w, s, now);
+                        deleted.insert(s, name.into());
+                        report.deleted += 1;
+                    }
+                    Some(_) => report.stale += 1,
+                    None => {}
+                }
+                continue;
+            }
+            if let Some(s) = existing {
+                if self.epoch_of(s) > u.epoch {
+                    report.stale += 1;
+                    continue;
+                }
+                let same_name =
+                    self.slot(s).is_some_and(|x| x.name_eq(u.name.as_bytes(), &self.arena()));
+                if !same_name {
+                    // Ids keep their name in the database; follow a rename anyway, and, as
+                    // for a new id, the name's older holder is gone.
+                    if let Some((old, _)) = self.find(&u.name) {
+                        if self.epoch_of(old) > u.epoch {
+                            report.stale += 1;
+                            continue;
+                        }
+                        let n = self.slot_name(old);
+                        self.free_slot(w, old, now);
+                        deleted.insert(old, n.into());
+                    }
+                }
+                if !same_name {
+                    // Children link to a parent by name: those of the old name wait for it.
+                    let old = self.slot_name(s);
+                    let renamed = self.rename(s, &u.name, now);
+                    deleted.insert(s, old.into());
+                    if !renamed {
+                        self.free_slot(w, s, now);
+                        self.count_missing(&mut report);
+                        continue;
+                    }
+                }
+                self.store_limits(s, u);
+                parent_jobs.push((s, u.parent.as_deref()));
+                report.updated += 1;
+                continue;
+            }
+            // A new id. If the name still points at an older quota, that one was deleted and
+            // re-created while this limiter was not looking.
+            if let Some((old, _)) = self.find(&u.name) {
+                if self.epoch_of(old) > u.epoch {
+                    report.stale += 1;
+                    continue;
+                }
+                self.free_slot(w, old, now);
+                deleted.insert(old, u.name.as_str().into());
+            }
+            match self.insert(w, u, now) {
+                Some(s) => {
+                    parent_jobs.push((s, u.parent.as_deref()));
+                    report.inserted += 1;
+                }
+                None => self.count_missing(&mut report),
+            }
+        }
+
+        if !deleted.is_empty() {
+            // Children of a deleted quota lose the link but remember the name, so a re-created
+            // parent is linked again. Deleting a parent with children is refused by the admin
+            // API, so this scan is rare.
+            for i in 0..self.used_slots() {
+                let Some(s) = self.live_slot(i) else { continue };
+                let p = s.parent();
+                if p == 0 {
+                    continue;
+                }
+                if let Some(name) = deleted.get(&(p - 1)) {
+                    s.set_parent(0);
+                    self.set_unresolved(w, i, name);
+                }
+            }
+        }
+        for (s, parent) in parent_jobs {
+            let Some(slot) = self.live_slot(s) else { continue };
+            match parent {
+                None => {
+                    slot.set_parent(0);
+                    self.clear_unresolved(w, s);
+                }
+                Some(p) => match self.find(p) {
+                    Some((pi, _)) if pi != s => {
+                        slot.set_parent(pi + 1);
+                        self.clear_unresolved(w, s);
+                    }
+                    _ => {
+                        slot.set_parent(0);
+                        self.set_unresolved(w, s, p);
+                    }
+                },
+            }
+        }
+        if !w.unresolved.is_empty() {
+            let waiting: Vec<(u32, Box<str>)> =
+                w.unresolved.iter().map(|(&c, p)| (c, p.clone())).collect();
+            for (child, parent) in waiting {
+                let Some(c) = self.live_slot(child) else {
+                    w.unresolved.remove(&child);
+                    continue;
+                };
+                if let Some((p, _)) = self.find(&parent) {
+                    if p != child {
+                        c.set_parent(p + 1);
+                        self.clear_unresolved(w, child);
+                    }
+                }
+            }
+        }
+        self.hdr(hdr::EPOCH).fetch_max(max_epoch, Relaxed);
+        self.hdr(hdr::QUOTAS).store(w.by_id.len() as u64, Relaxed);
+        report
+    }
+
+    fn count_missing(&self, report: &mut ApplyReport) {
+        report.missing += 1;
+        self.hdr(hdr::MISSING).fetch_add(1, Relaxed);
+    }
+
+    fn store_limits(&self, s: u32, u: &QuotaUpdate) {
+        if let Some(slot) = self.slot(s) {
+            slot.w(LIMIT).store(u.limits.limit, Relaxed);
+            slot.w(LOW).store(u.limits.low_burst, Relaxed);
+            slot.w(HIGH).store(u.limits.high_burst, Relaxed);
+        }
+        self.cold(s).0.store(u.epoch, Relaxed);
+    }
+
+    /// Writes `n` as slot `s`'s name (inline words and an arena tail); `false` when the
+    /// arena is full.
+    fn write_name(&self, s: u32, n: &[u8]) -> bool {
+        let Some(slot) = self.slot(s) else { return false };
+        let arena = self.arena();
+        let tail_words = name::tail_words(n);
+        let tail = if tail_words > 0 {
+            let Some(off) = arena.alloc(tail_words) else { return false };
+            for i in 0..tail_words {
+                arena.set(off, i, name::word(n, name::INLINE + i));
+            }
+            off
+        } else {
+            0
+        };
+        slot.set_inline_name(n);
+        slot.set_tail_off(tail);
+        true
+    }
+
+    /// Frees slot `s`'s arena tail.
+    fn drop_name(&self, s: u32) {
+        let Some(slot) = self.slot(s) else { return };
+        let n = slot.name(&self.arena());
+        self.arena().free(slot.tail_off(), name::tail_words(&n));
+        slot.set_tail_off(0);
+    }
+
+    fn insert(&self, w: &mut Writer, u: &QuotaUpdate, now: u64) -> Option<u32> {
+        let n = u.name.as_bytes();
+        let h = self.hash(n);
+        let s = self.alloc_slot(now)?;
+        let slot = self.slot(s)?;
+        if !self.write_name(s, n) {
+            self.return_slot(s);
+            return None;
+        }
+        slot.set_tag_parent((h >> 32) as u32, 0);
+        self.store_limits(s, u);
+        slot.clear_counters();
+        self.cold(s).1.store(0, Relaxed);
+        if self.index().insert(h, s, now, &|x| self.rehash_slot(x)).is_err() {
+            self.drop_name(s);
+            self.return_slot(s);
+            return None;
+        }
+        slot.w(ID).store(u.id, Release);
+        w.by_id.insert_unique(hash_id(u.id), s, |&j| self.id_at(j));
+        Some(s)
+    }
+
+    fn rename(&self, s: u32, new: &str, now: u64) -> bool {
+        let Some(slot) = self.slot(s) else { return false };
+        let old = slot.name(&self.arena());
+        let rehash = |x: u32| self.rehash_slot(x);
+        self.index().remove(self.hash(&old), s, now, &rehash);
+        self.drop_name(s);
+        let n = new.as_bytes();
+        if !self.write_name(s, n) {
+            return false;
+        }
+        let h = self.hash(n);
+        slot.set_tag_parent((h >> 32) as u32, slot.parent());
+        self.index().insert(h, s, now, &rehash).is_ok()
+    }
+
+    fn alloc_slot(&self, now: u64) -> Option<u32> {
+        let head = self.hdr(hdr::FREE_HEAD).load(Relaxed) as u32;
+        if head != 0 {
+            let s = head - 1;
+            let (freed_at, next) = self.cold(s);
+            if now.saturating_sub(freed_at.load(Relaxed)) >= SLOT_QUARANTINE_NS {
+                let next = next.load(Relaxed);
+                self.hdr(hdr::FREE_HEAD).store(next, Relaxed);
+                if next == 0 {
+                    self.hdr(hdr::FREE_TAIL).store(0, Relaxed);
+                }
+                self.hdr(hdr::FREE_COUNT).fetch_sub(1, Relaxed);
+                return Some(s);
+            }
+        }
+        let n = self.hdr(hdr::NEXT_SLOT).load(Relaxed);
+        if n >= u64::from(self.layout.slot_cap) {
+            return None;
+        }
+        self.hdr(hdr::NEXT_SLOT).store(n + 1, Relaxed);
+        Some(n as u32)
+    }
+
+    /// Gives back a slot that was allocated but never published.
+    fn return_slot(&self, s: u32) {
+        let next = self.hdr(hdr::NEXT_SLOT);
+        if u64::from(s) + 1 == next.load(Relaxed) {
+            next.store(u64::from(s), Relaxed);
+        } else {
+            self.push_free(s, 0);
+        }
+    }
+
+    fn push_free(&self, s: u32, at: u64) {
+        let (t, next) = self.cold(s);
+        t.store(at, Relaxed);
+        next.store(0, Relaxed);
+        let tail = self.hdr(hdr::FREE_TAIL).load(Relaxed) as u32;
+        if tail != 0 {
+            self.cold(tail - 1).1.store(u64::from(s) + 1, Relaxed);
+        } else {
+            self.hdr(hdr::FREE_HEAD).store(u64::from(s) + 1, Relaxed);
+        }
+        self.hdr(hdr::FREE_TAIL).store(u64::from(s) + 1, Relaxed);
+        self.hdr(hdr::FREE_COUNT).fetch_add(1, Relaxed);
+    }
+
+    fn free_slot(&self, w: &mut Writer, s: u32, now: u64) {
+        let Some(slot) = self.slot(s) else { return };
+        let id = slot.get(ID);
+        let n = slot.name(&self.arena());
+        self.index().remove(self.hash(&n), s, now, &|x| self.rehash_slot(x));
+        slot.w(ID).store(0, Release);
+        slot.set_parent(0);
+        if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
+            e.remove();
+        }
+        self.clear_unresolved(w, s);
+        self.drop_name(s);
+        slot.clear_counters();
+        self.push_free(s, now.max(1));
+    }
+
+    /// Remembers that child `s` waits for a parent called `parent` (in the block too, so a
+    /// later writer knows).
+    fn set_unresolved(&self, w: &mut Writer, s: u32, parent: &str) {
+        if w.unresolved.get(&s).is_some_and(|p| &**p == parent) {
+            return;
+        }
+        self.clear_unresolved(w, s);
+        let n = parent.as_bytes();
+        let arena = self.arena();
+        if let Some(off) = arena.alloc(name::words(n)) {
+            for i in 0..name::words(n) {
+                arena.set(off, i, name::word(n, i));
+            }
+            self.cold(s).1.store(u64::from(off), Relaxed);
+        }
+        w.unresolved.insert(s, parent.into());
+    }
+
+    fn clear_unresolved(&self, w: &mut Writer, s: u32) {
+        let cell = self.cold(s).1;
+        let off = cell.load(Relaxed) as u32;
+        if off != 0 && w.unresolved.contains_key(&s) {
+            let arena = self.arena();
+            let len = (arena.word(off, 0) & 0xFF) as usize;
+            arena.free(off, (len + 1).div_ceil(8));
+            cell.store(0, Relaxed);
+        }
+        w.unresolved.remove(&s);
+    }
+
+    /// Names of the quotas currently held (for tests and debugging; walks every slot).
+    #[doc(hidden)]
+    pub fn names(&self) -> HashSet<String> {
+        (0..self.used_slots())
+            .filter(|&i| self.live_slot(i).is_some())
+            .map(|i| self.slot_name(i))
+            .collect()
+    }
+}
