@@ -109,3 +109,4 @@ pub fn quota(limit: f64, low: f64, high: f64, parent: Option<&str>) -> String {
 pub fn short_poll() -> Settings {
     Settings { poll_interval: Duration::from_millis(200), ..Settings::default() }
 }
+pub mod process;
