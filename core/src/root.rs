@@ -25,7 +25,7 @@
 //! limit per limiter plus the heaviest single request. Nothing honest is bounded by the
 //! quota alone, so the root does not drop claims; it **parks** them:
 //!
-//! * A counter's **ceiling** is `high_burst + limit × claim_slack` (0.5 s by default). An
+//! * A counter's **ceiling** is `high_burst + limit × claim_slack` (0.25 s by default). An
 //!   admitted delta fills the counter up to the ceiling; the rest is parked with the session
 //!   (limiter id) that claimed it, per quota.
 //! * Each later sync of *that* session first moves its parked amounts into the counters, as
@@ -36,10 +36,11 @@
 //! * A client that **stops** sending stops feeding: its parked claims stay parked until its
 //!   session is forgotten. From the ceiling the counter drains to `low_burst` in
 //!   `(high_burst - low_burst) / limit + claim_slack`: with the recommended bursts
-//!   (`low_burst` = 1.5 and `high_burst` = 3 intervals of the limit) that is 2 intervals at a
-//!   1 s interval, and less for shorter bursts. Below `low_burst` nothing is rejected, whatever
-//!   the demand meter says, so that is how long a stopped client's claims can keep a quota
-//!   rejecting.
+//!   (`low_burst` = 1.5 and `high_burst` = 3 intervals of the limit) that is 1.75 s at a 1 s
+//!   interval, within two intervals, and less for shorter bursts. Below `low_burst` nothing
+//!   is rejected, whatever the demand meter says. Limiters learn it at their next sync, so
+//!   honest traffic sees it up to one of their intervals later: a stopped client leaves a
+//!   quota where an honest burst to `high_burst` would, plus `claim_slack`.
 //! * **Hints** merge by max and are cut at the ceiling (a hint restores a restarted root;
 //!   it never needs to exceed what the counter can hold).
 //! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
@@ -157,7 +158,7 @@ impl Default for RootConfig {
             limiter_idle_ns: 600 * NANOS_PER_SEC,
             max_entries: 2_000_000,
             rate_tau_ns: 5 * NANOS_PER_SEC,
-            claim_slack_ns: NANOS_PER_SEC / 2,
+            claim_slack_ns: NANOS_PER_SEC / 4,
             max_parked_per_limiter: 65_536,
             max_parked: 1_000_000,
             // After a root outage a limiter resends up to 30 batches at once.

@@ -266,14 +266,14 @@ fn limit_change_drains_at_the_old_rate_first() {
 #[test]
 fn counter_view_reports_rate_and_probability() {
     let mut r = RootState::new(RootConfig::default());
-    r.apply_quotas([quota_b(2, 1000.0, 10.0, 20.0)], 0);
+    r.apply_quotas([quota_b(2, 1000.0, 100.0, 400.0)], 0);
     for i in 1..=20 {
         r.sync(&req("a", vec![(i, vec![(2, 500_000)])]), i * S / 2).unwrap();
     }
     let v = r.counter(2, 10 * S).unwrap();
     // 500 units every 0.5 s is 1000 units/s; the meter needs a few time constants to settle.
     assert!((v.rate - 1000.0).abs() < 200.0, "{v:?}");
-    // Under the ceiling: high_burst 20 + 0.5 s of 1000/s.
+    // Above high_burst (400), under the ceiling (400 + 0.25 s of 1000/s).
     assert_eq!(v.fill, 500.0);
     assert_eq!(v.drop_probability, 1.0);
 }
@@ -326,9 +326,9 @@ fn hostile_fills_are_capped_at_the_ceiling() {
     h.batches[0].deltas[0].2 = u64::MAX;
     h.hints = vec![(1, u64::MAX)];
     let answer = r.sync(&h, S).unwrap();
-    // Ceiling: high_burst 20 + 0.5 s of the limit.
-    assert_eq!(fill(&r, 1, S), 20.5);
-    assert_eq!(fill(&r, 2, S), 520.0);
+    // Ceiling: high_burst 20 + 0.25 s of the limit.
+    assert_eq!(fill(&r, 1, S), 20.25);
+    assert_eq!(fill(&r, 2, S), 270.0);
     // Demand: at most 1024 × (high + 1 s of limit) per entry, averaged over 2 s.
     let demand = answer.counters.iter().find(|c| c.0 == 2).unwrap().2;
     assert_eq!(demand, 0, "the current 250 ms bucket is not read yet");
@@ -337,9 +337,9 @@ fn hostile_fills_are_capped_at_the_ceiling() {
     assert_eq!(demand, 1024 * 1_020_000 / 2);
     assert_eq!((r.stats().rejected_capped, r.stats().hints_capped), (1, 1));
     // The attacker stops: nothing feeds its parked claim, q2 drains to low_burst (10) in
-    // 0.51 s, q1 (1 unit/s) in 10.5 s: (high - low) / limit + 0.5 s.
-    assert_eq!(fill(&r, 2, S + 510 * S / 1000), 10.0);
-    assert_eq!(fill(&r, 1, S + 21 * S / 2), 10.0);
+    // 0.26 s, q1 (1 unit/s) in 10.25 s: (high - low) / limit + 0.25 s.
+    assert_eq!(fill(&r, 2, S + 260 * S / 1000), 10.0);
+    assert_eq!(fill(&r, 1, S + 41 * S / 4), 10.0);
     assert_eq!(r.parked_count(), 1);
 }
 
@@ -350,7 +350,7 @@ fn recommended(id: u64, limit: f64) -> QuotaUpdate {
 
 /// The worst legal client: every message as heavy as the format allows, from many sessions
 /// at 50 ms, for 10 s. Once it stops, the counter is at or below low_burst within two 1 s
-/// intervals.
+/// intervals (1.75 s).
 #[test]
 fn a_stopped_attacker_leaves_at_most_two_intervals_of_rejection() {
     let mut r = RootState::new(RootConfig::default());
@@ -370,12 +370,12 @@ fn a_stopped_attacker_leaves_at_most_two_intervals_of_rejection() {
     }
     let stop = t - S / 20;
     let f = r.counter(1, stop).unwrap();
-    assert_eq!((f.fill, f.drop_probability), (350.0, 1.0));
+    assert_eq!((f.fill, f.drop_probability), (325.0, 1.0));
     let reopened = (0..=40u64)
         .map(|k| stop + k * S / 20)
         .find(|&at| r.counter(1, at).unwrap().fill * 1000.0 <= low as f64)
         .unwrap();
-    assert_eq!(reopened - stop, 2 * S, "(3 - 1.5) s + 0.5 s of slack");
+    assert_eq!(reopened - stop, 7 * S / 4, "(3 - 1.5) s + 0.25 s of slack");
 }
 
 /// An honest limiter that admitted one very heavy request (allowed whenever its estimate is
@@ -387,17 +387,17 @@ fn a_heavy_single_request_is_not_cut_while_its_limiter_syncs() {
     r.apply_quotas([recommended(1, 100.0)], 0);
     // 10,000 units at 100 units/s: 100 s of drain.
     r.sync(&req("honest", vec![(1, vec![(1, 10_000_000)])]), S).unwrap();
-    assert_eq!(fill(&r, 1, S), 350.0);
+    assert_eq!(fill(&r, 1, S), 325.0);
     for k in 2..=97 {
         let at = k * S;
-        assert!(fill(&r, 1, at) >= 250.0, "{k}: {}", fill(&r, 1, at));
+        assert!(fill(&r, 1, at) >= 225.0, "{k}: {}", fill(&r, 1, at));
         r.sync(&req("honest", vec![]), at).unwrap();
-        assert_eq!(fill(&r, 1, at), 350.0, "{k}");
+        assert_eq!(fill(&r, 1, at), 325.0, "{k}");
     }
     // 10,000 units in 100 s at 100/s: the parked rest is gone by now.
     r.sync(&req("honest", vec![]), 104 * S).unwrap();
     assert_eq!(r.parked_count(), 0);
-    assert!(fill(&r, 1, 104 * S) < 350.0);
+    assert!(fill(&r, 1, 104 * S) < 325.0);
 }
 
 /// After a root outage a limiter resends up to 30 batches at once; a first contact after a
@@ -409,9 +409,9 @@ fn resends_after_an_outage_all_count() {
     // 30 intervals of 120 units each from one limiter (it overshot high_burst in total).
     let resend: Vec<_> = (1..=30).map(|s| (s, vec![(1, 120_000)])).collect();
     assert_eq!(r.sync(&req("a", resend), 30 * S).unwrap().acked_seq, 30);
-    assert_eq!(fill(&r, 1, 30 * S), 350.0);
+    assert_eq!(fill(&r, 1, 30 * S), 325.0);
     assert_eq!(r.parked_count(), 1);
-    // 3,600 units claimed, 350 fit: the rest (3,250) keeps feeding for 32.5 s.
+    // 3,600 units claimed, 325 fit: the rest (3,275) keeps feeding for 32.75 s.
     let mut at = 30 * S;
     while r.parked_count() > 0 {
         at += S;

@@ -3,7 +3,7 @@
 use std::io::Read as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub struct Root {
@@ -41,8 +41,9 @@ impl Root {
         cmd.args(args)
             .env_remove("RUST_LOG")
             .env("RUST_LOG", "warn,yarl_root=info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap());
+            // The log goes to stdout, errors before it starts to stderr: keep both.
+            .stdout(std::fs::File::create(&stderr).unwrap())
+            .stderr(std::fs::OpenOptions::new().append(true).open(&stderr).unwrap());
         for k in ["LISTEN", "DB", "POLL_INTERVAL", "ADMIN_TOKEN_FILE", "SYNC_TOKEN_FILE"] {
             cmd.env_remove(format!("YARL_{k}"));
         }
