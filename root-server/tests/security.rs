@@ -291,3 +291,100 @@ async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
     }
     out
 }
+
+/// Issue 10, items 3 and 4: eight 64 MiB sync bodies at once. Memory stays bounded (the
+/// budget admits one full body at a time, the others wait and get 503 + Retry-After) and
+/// `/healthz` keeps answering quickly throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_concurrent_64_mib_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = tokens(dir.path());
+    let root = Root::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let base = root.url();
+    // 1.9 M valid entries with long numbers: just under 64 MiB and under the entry limit.
+    let mut body = String::from(r#"{"v":1,"limiter":"L","batches":[{"seq":1,"deltas":["#);
+    let entry = "[1234567890123,1234567890123,1234567],";
+    while body.len() + entry.len() + 10 < (64 << 20) && body.len() / entry.len() < 1_900_000 {
+        body.push_str(entry);
+    }
+    body.push_str("[1,1,1]]}]}");
+    let size = body.len();
+    let body = bytes::Bytes::from(body);
+    let (rss0, _) = root.rss_kib();
+
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let probe = {
+        let (client, base, done) = (client.clone(), base.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut worst = Duration::ZERO;
+            let mut n = 0;
+            while !done.load(Relaxed) {
+                let t0 = Instant::now();
+                let r = client.get(format!("{base}/healthz")).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                worst = worst.max(t0.elapsed());
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (n, worst)
+        })
+    };
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let (pid, peak) = (root.pid(), peak.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                    if let Some(v) = s.lines().find(|l| l.starts_with("VmHWM:")) {
+                        let kib = v.split_whitespace().nth(1).and_then(|n| n.parse().ok());
+                        peak.fetch_max(kib.unwrap_or(0), Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let mut sends = vec![];
+    for k in 0..8 {
+        let (client, base) = (client.clone(), base.clone());
+        let body = bytes::Bytes::from(
+            String::from_utf8(body.to_vec()).unwrap().replacen("\"L\"", &format!("\"L{k}\""), 1),
+        );
+        sends.push(tokio::spawn(async move {
+            let r = client
+                .post(format!("{base}/v1/sync"))
+                .bearer_auth(SYNC)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.headers().contains_key("retry-after"))
+        }));
+    }
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for s in sends {
+        let (status, retry_after) = s.await.unwrap();
+        assert!(status == 200 || (status == 503 && retry_after), "{status}");
+        *statuses.entry(status).or_default() += 1;
+    }
+    let took = t0.elapsed();
+    done.store(true, Relaxed);
+    let (probes, worst) = probe.await.unwrap();
+    sampler.abort();
+    let peak_kib = peak.load(Relaxed).max(root.rss_kib().1);
+    eprintln!(
+        "8 concurrent sync bodies of {:.1} MiB: statuses {statuses:?} in {:.1} s; RSS {} MiB \
+         before, peak {} MiB; /healthz answered {probes} times, slowest {:.1} ms",
+        size as f64 / (1 << 20) as f64,
+        took.as_secs_f64(),
+        rss0 / 1024,
+        peak_kib / 1024,
+        worst.as_secs_f64() * 1000.0
+    );
+    assert!(statuses.get(&200).copied().unwrap_or(0) >= 1);
+    assert!(peak_kib < 640 * 1024, "peak RSS {peak_kib} KiB");
+    assert!(worst < Duration::from_millis(100), "/healthz took {worst:?}");
+}
