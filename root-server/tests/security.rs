@@ -349,9 +349,11 @@ async fn eight_concurrent_64_mib_syncs() {
     let mut sends = vec![];
     for k in 0..8 {
         let (client, base) = (client.clone(), base.clone());
-        let body = bytes::Bytes::from(
-            String::from_utf8(body.to_vec()).unwrap().replacen("\"L\"", &format!("\"L{k}\""), 1),
-        );
+        let body = bytes::Bytes::from(String::from_utf8(body.to_vec()).unwrap().replacen(
+            "\"L\"",
+            &format!("\"L{k}\""),
+            1,
+        ));
         sends.push(tokio::spawn(async move {
             let r = client
                 .post(format!("{base}/v1/sync"))
