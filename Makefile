@@ -21,7 +21,7 @@ ROOT_BIN := $(OUT)/yarl-root
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test prove test run bench clean \
+.PHONY: all deps build lint unit-test hostile-test prove test run bench clean \
 	distro-deps distro-module distro-test packaging-test install
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
@@ -80,9 +80,16 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets $(CARGO_PROFILE_FLAG) -- -D warnings
 
-# Unit, property, router and storage tests; the PostgreSQL ones against a throwaway cluster.
+# Unit, property, router and storage tests; the PostgreSQL ones against a throwaway cluster
+# (YARL_TEST_PG_REQUIRED=1: they fail instead of skipping if it is not there). Includes the
+# root's hostile-input suite and security tests against real yarl-root processes
+# (root-server/tests/hostile.rs, security.rs).
 unit-test: build
-	scripts/with-postgres.sh $(CARGO) test --workspace $(CARGO_PROFILE_FLAG)
+	YARL_TEST_PG_REQUIRED=1 scripts/with-postgres.sh $(CARGO) test --workspace $(CARGO_PROFILE_FLAG)
+
+# Just the root's hostile-input and security suites (a real root process each), with figures.
+hostile-test: deps
+	$(CARGO) test -p yarl-root $(CARGO_PROFILE_FLAG) --test hostile --test security -- --nocapture
 
 # End-to-end: a real nginx with the module and a real yarl-root, nginx-tests style.
 prove: build

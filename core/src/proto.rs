@@ -87,7 +87,22 @@ pub enum SyncError {
     /// The root tracks as many limiters as it may; idle ones are forgotten over time.
     #[error("too many limiters ({0}); try again later")]
     TooManyLimiters(usize),
-    /// The request carries more deltas or hints than a root accepts at once.
-    #[error("request carries {0} entries, the maximum is {1}")]
+    /// The request carries more deltas, hints and batches than a root accepts at once.
+    #[error("request carries {0} entries (deltas + hints + batches), the maximum is {1}")]
     TooLarge(usize, usize),
+    /// A batch `seq` runs further ahead of this limiter's last acknowledged one than it
+    /// could have counted since its last sync (a limiter makes at most one batch per
+    /// interval).
+    #[error(
+        "batches[].seq {seq} is too far ahead of the last acknowledged seq {acked} \
+         (at most {max_ahead} ahead now)"
+    )]
+    SeqTooFarAhead {
+        /// The highest `seq` in the request.
+        seq: u64,
+        /// The session's acknowledged `seq`.
+        acked: u64,
+        /// How far ahead it may be now.
+        max_ahead: u64,
+    },
 }

@@ -13,25 +13,90 @@
 //! have lost state) merge by **max**, which is idempotent, so a hint applied twice is harmless.
 //!
 //! Roots don't know each other: a limiter syncs with every root and takes the max.
+//!
+//! # What a sync may claim
+//!
+//! Whoever holds the sync token can send any well-formed message, so the root only lets a
+//! message move a counter as far as an honest limiter could have. What an honest limiter
+//! admits: requests while its estimate of the fill is below `high_burst`, each adding its
+//! weight, and one request of any weight (bytes: up to 1e12 units) whenever the estimate is
+//! at or below `low_burst`. Several limiters add to one counter, each with a view up to an
+//! interval old, so honest sums do overshoot `high_burst`, by up to one interval of the
+//! limit per limiter plus the heaviest single request. Nothing honest is bounded by the
+//! quota alone, so the root does not drop claims; it **parks** them:
+//!
+//! * A counter's **ceiling** is `high_burst + limit × claim_slack` (0.25 s by default). An
+//!   admitted delta fills the counter up to the ceiling; the rest is parked with the session
+//!   (limiter id) that claimed it, per quota.
+//! * Each later sync of *that* session first moves its parked amounts into the counters, as
+//!   far as the ceilings allow. An honest limiter syncs every interval, so a heavy request or
+//!   an overshoot keeps its quota at the ceiling for as long as its weight takes to drain at
+//!   `limit`, as if the counter had taken it whole (it dips by at most one interval of the
+//!   limit between two syncs of the limiter that claimed it).
+//! * A client that **stops** sending stops feeding: its parked claims stay parked until its
+//!   session is forgotten. From the ceiling the counter drains to `low_burst` in
+//!   `(high_burst - low_burst) / limit + claim_slack`: with the recommended bursts
+//!   (`low_burst` = 1.5 and `high_burst` = 3 intervals of the limit) that is 1.75 s at a 1 s
+//!   interval, within two intervals, and less for shorter bursts. Below `low_burst` nothing
+//!   is rejected, whatever the demand meter says. Limiters learn it at their next sync, so
+//!   honest traffic sees it up to one of their intervals later: a stopped client leaves a
+//!   quota where an honest burst to `high_burst` would, plus `claim_slack`.
+//! * **Hints** merge by max and are cut at the ceiling (a hint restores a restarted root;
+//!   it never needs to exceed what the counter can hold).
+//! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
+//!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
+//!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
+//!   spans 2 s and only acts while the fill is above `low_burst`.
+//! * **Sequence numbers**: a session that had a batch applied refuses a `seq` more than
+//!   `seq_ahead_slack` (64) plus one per 25 ms since its last sync ahead of the acknowledged
+//!   one (a limiter makes at most one batch per interval, intervals are 50 ms or more, and
+//!   after an outage up to 30 pending batches arrive at once). A session without an applied
+//!   batch takes any `seq`: limiters keep their numbering across nginx reloads, and a
+//!   restarted root meets them mid-sequence.
+//! * **Sessions** never lock anyone out: when the table or a peer address's budget is full,
+//!   the least recently seen session (of that address) is forgotten. A live limiter syncs
+//!   every interval and is never the oldest for long; a forgotten one is met again as a first
+//!   contact. One address cannot hold more than `max_limiters_per_addr` sessions, so it
+//!   cannot push the others out.
 
 use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
-use std::collections::{BTreeMap, HashMap};
+use serde::ser::{SerializeSeq, SerializeStruct};
+use serde::{Serialize, Serializer};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Limits of one root.
 #[derive(Debug, Clone)]
 pub struct RootConfig {
     /// Most quotas in one answer; the limiter asks again at once for the rest.
     pub page_size: usize,
-    /// Most limiter sessions tracked at once.
+    /// Most limiter sessions tracked at once; beyond it the least recently seen is forgotten.
     pub max_limiters: usize,
+    /// Most sessions one peer address may hold; beyond it that address's least recently
+    /// seen session is forgotten, so one address cannot push everyone else's out.
+    pub max_limiters_per_addr: usize,
     /// A limiter not heard from for this long (ns) is forgotten.
     pub limiter_idle_ns: u64,
-    /// Most deltas plus hints in one request.
+    /// Most deltas plus hints plus batches in one request.
     pub max_entries: usize,
     /// Time constant of the per-counter rate meter shown by the admin API (ns).
     pub rate_tau_ns: u64,
+    /// How far above `high_burst` a claim may lift a counter, in time of the quota's limit
+    /// (ns): the counter's ceiling is `high_burst + limit × claim_slack_ns`. See "What a
+    /// sync may claim" in the module docs.
+    pub claim_slack_ns: u64,
+    /// Most parked claims (quota, amount) one session may hold.
+    pub max_parked_per_limiter: usize,
+    /// Most parked claims over all sessions.
+    pub max_parked: usize,
+    /// A known session's batch `seq` may run ahead of its acknowledged one by this much plus
+    /// one per [`RootConfig::seq_min_interval_ns`] since its last sync.
+    pub seq_ahead_slack: u64,
+    /// The shortest sync interval a limiter is assumed to use (ns); see `seq_ahead_slack`.
+    pub seq_min_interval_ns: u64,
 }
 
 /// Width of one bucket of the demand window, ns.
@@ -85,11 +150,21 @@ impl DemandWindow {
 impl Default for RootConfig {
     fn default() -> Self {
         RootConfig {
-            page_size: 50_000,
+            // 10,000 quotas are about 1 MB of JSON: a first contact costs the root little
+            // per round, and a million quotas still arrive in 100 back-to-back rounds.
+            page_size: 10_000,
             max_limiters: 100_000,
+            max_limiters_per_addr: 4_096,
             limiter_idle_ns: 600 * NANOS_PER_SEC,
             max_entries: 2_000_000,
             rate_tau_ns: 5 * NANOS_PER_SEC,
+            claim_slack_ns: NANOS_PER_SEC / 4,
+            max_parked_per_limiter: 65_536,
+            max_parked: 1_000_000,
+            // After a root outage a limiter resends up to 30 batches at once.
+            seq_ahead_slack: 64,
+            // Half the shortest interval anyone runs (50 ms): twice the honest rate.
+            seq_min_interval_ns: 25_000_000,
         }
     }
 }
@@ -107,6 +182,17 @@ pub struct RootStats {
     pub duplicate_batches: u64,
     /// Hints that raised a counter.
     pub hints_applied: u64,
+    /// Admitted amounts that met a counter's ceiling and were parked with their session.
+    pub claims_parked: u64,
+    /// Parked amounts dropped because the session or the root held too many.
+    pub claims_dropped: u64,
+    /// Delta entries whose `rejected` (or whole attempted) amount was cut for the demand
+    /// meter.
+    pub rejected_capped: u64,
+    /// Hints cut at a counter's ceiling.
+    pub hints_capped: u64,
+    /// Sessions forgotten to make room (table or address budget full).
+    pub limiters_evicted: u64,
 }
 
 /// A counter's live view for the admin API.
@@ -143,10 +229,97 @@ fn meter_at(rate: f64, at: u64, now: u64, tau: u64) -> f64 {
     rate * (-(now.saturating_sub(at) as f64) / tau.max(1) as f64).exp()
 }
 
-#[derive(Debug, Clone, Copy)]
+/// `limit` milli-units/s over `ns`, saturating.
+fn limit_over(limit: u64, ns: u64) -> u64 {
+    u64::try_from(u128::from(limit) * u128::from(ns) / u128::from(NANOS_PER_SEC))
+        .unwrap_or(u64::MAX)
+}
+
+/// Attempts one delta entry may report to the demand meter, as a multiple of what the
+/// quota can take in a second (`high_burst + limit × 1 s`). The demand signal suppresses
+/// `1 - limit / demand`: 1024 times the capacity is already 99.9 %, so the cap changes
+/// nothing an honest flood shows and keeps a forged one finite.
+const DEMAND_CAP_FACTOR: u64 = 1024;
+
+/// The key of a session in the recency index: last seen, then a serial for ties.
+type Recency = (u64, u64);
+
+#[derive(Debug, Default)]
 struct Session {
     acked: u64,
     last_seen: u64,
+    serial: u64,
+    addr: Option<IpAddr>,
+    /// Admitted amounts above a counter's ceiling, fed in as this session keeps syncing.
+    parked: HashMap<QuotaId, u64>,
+}
+
+/// What one root answers: a [`SyncResponse`] whose quotas are shared with the root's table
+/// rather than copied, so building it under the root's lock costs one reference count per
+/// quota and the JSON is written after the lock is released. Serialises exactly as the
+/// [`SyncResponse`] it converts into.
+#[derive(Debug, Clone)]
+pub struct SyncAnswer {
+    /// Protocol version.
+    pub v: u32,
+    /// Random id of this root process.
+    pub root_instance: u64,
+    /// Highest batch `seq` of this limiter the root has applied.
+    pub acked_seq: u64,
+    /// The root's counter version now.
+    pub version: u64,
+    /// Counters changed since `since`: `[id, fill, demand]`.
+    pub counters: Vec<(QuotaId, u64, u64)>,
+    /// Quotas and tombstones above the limiter's epoch, in epoch order.
+    pub quotas: Vec<Arc<QuotaUpdate>>,
+    /// The epoch the limiter holds once it applied `quotas`.
+    pub epoch: Epoch,
+    /// More quotas are waiting.
+    pub more: bool,
+}
+
+impl SyncAnswer {
+    /// The owned wire message.
+    pub fn into_response(self) -> SyncResponse {
+        SyncResponse {
+            v: self.v,
+            root_instance: self.root_instance,
+            acked_seq: self.acked_seq,
+            version: self.version,
+            counters: self.counters,
+            quotas: self.quotas.into_iter().map(|q| (*q).clone()).collect(),
+            epoch: self.epoch,
+            more: self.more,
+        }
+    }
+}
+
+struct QuotaList<'a>(&'a [Arc<QuotaUpdate>]);
+
+impl Serialize for QuotaList<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for q in self.0 {
+            seq.serialize_element(&**q)?;
+        }
+        seq.end()
+    }
+}
+
+impl Serialize for SyncAnswer {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
+        let mut st = s.serialize_struct("SyncResponse", 8)?;
+        st.serialize_field("v", &self.v)?;
+        st.serialize_field("root_instance", &self.root_instance)?;
+        st.serialize_field("acked_seq", &self.acked_seq)?;
+        st.serialize_field("version", &self.version)?;
+        st.serialize_field("counters", &self.counters)?;
+        st.serialize_field("quotas", &QuotaList(&self.quotas))?;
+        st.serialize_field("epoch", &self.epoch)?;
+        st.serialize_field("more", &self.more)?;
+        st.end()
+    }
 }
 
 /// One root's counters, quota table and limiter sessions. Not thread-safe on its own: the
@@ -155,7 +328,7 @@ struct Session {
 pub struct RootState {
     config: RootConfig,
     instance: u64,
-    quotas: HashMap<QuotaId, QuotaUpdate>,
+    quotas: HashMap<QuotaId, Arc<QuotaUpdate>>,
     by_epoch: BTreeMap<Epoch, QuotaId>,
     /// Quotas in `quotas` that are not tombstones.
     live: usize,
@@ -164,7 +337,14 @@ pub struct RootState {
     /// Latest version of each counter that changed → its id.
     changes: BTreeMap<u64, QuotaId>,
     version: u64,
-    limiters: HashMap<String, Session>,
+    limiters: HashMap<Box<str>, Session>,
+    /// Every session by recency, oldest first: who goes when room is needed.
+    recency: BTreeMap<Recency, Box<str>>,
+    /// Each peer address's sessions by recency.
+    by_addr: HashMap<IpAddr, BTreeSet<Recency>>,
+    next_serial: u64,
+    /// Parked claims over all sessions.
+    parked: usize,
     stats: RootStats,
 }
 
@@ -182,6 +362,10 @@ impl RootState {
             changes: BTreeMap::new(),
             version: 0,
             limiters: HashMap::new(),
+            recency: BTreeMap::new(),
+            by_addr: HashMap::new(),
+            next_serial: 0,
+            parked: 0,
             stats: RootStats::default(),
         }
     }
@@ -211,6 +395,11 @@ impl RootState {
         self.limiters.len()
     }
 
+    /// Parked claims held over all sessions.
+    pub fn parked_count(&self) -> usize {
+        self.parked
+    }
+
     /// Running totals.
     pub fn stats(&self) -> RootStats {
         self.stats
@@ -218,7 +407,7 @@ impl RootState {
 
     /// The stored quota or tombstone with this id.
     pub fn quota(&self, id: QuotaId) -> Option<&QuotaUpdate> {
-        self.quotas.get(&id)
+        self.quotas.get(&id).map(|q| &**q)
     }
 
     /// Applies quotas and tombstones read from the database. Older versions than held are
@@ -248,7 +437,7 @@ impl RootState {
                 (true, true) => self.live -= 1,
                 _ => {}
             }
-            self.quotas.insert(u.id, u);
+            self.quotas.insert(u.id, Arc::new(u));
         }
     }
 
@@ -256,14 +445,22 @@ impl RootState {
         self.quotas.get(&id).filter(|q| !q.deleted).map(|q| q.limits.limit)
     }
 
-    /// The most a counter may hold: twice `high_burst` plus a minute of the limit. Limiters
-    /// stop adding once a fill passes `high_burst`, so only a hostile or broken sync request
-    /// gets there; without a cap one hint of `u64::MAX` would pin a quota shut for years.
-    fn fill_cap(&self, id: QuotaId) -> Option<u64> {
+    /// The highest fill a claim may lift a counter to: `high_burst` plus
+    /// [`RootConfig::claim_slack_ns`] of the limit. See "What a sync may claim".
+    fn ceiling(&self, id: QuotaId) -> Option<u64> {
         let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
         Some(
-            q.limits.high_burst.saturating_mul(2).saturating_add(q.limits.limit.saturating_mul(60)),
+            q.limits
+                .high_burst
+                .saturating_add(limit_over(q.limits.limit, self.config.claim_slack_ns)),
         )
+    }
+
+    /// The most one delta entry may add to the demand meter.
+    fn demand_cap(&self, id: QuotaId) -> u64 {
+        self.quotas.get(&id).map_or(0, |q| {
+            q.limits.high_burst.saturating_add(q.limits.limit).saturating_mul(DEMAND_CAP_FACTOR)
+        })
     }
 
     fn bump(&mut self, id: QuotaId) {
@@ -278,26 +475,48 @@ impl RootState {
         }
     }
 
-    fn add(&mut self, id: QuotaId, amount: u64, rejected: u64, now: u64) {
-        let Some(limit) = self.live_limit(id) else {
-            self.stats.deltas_unknown += 1;
-            return;
-        };
-        let rate_tau = self.config.rate_tau_ns;
-        let cap = self.fill_cap(id).unwrap_or(u64::MAX);
+    /// Lifts counter `id` by up to `amount`, never past its ceiling; returns what did not
+    /// fit, or `None` for a quota this root does not know.
+    fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
+        let (limit, ceiling) = (self.live_limit(id)?, self.ceiling(id)?);
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
-        c.bucket.add(amount);
-        c.bucket.fill = c.bucket.fill.min(cap);
+        let room = ceiling.saturating_sub(c.bucket.fill);
+        let taken = amount.min(room);
+        c.bucket.add(taken);
+        if taken > 0 {
+            self.bump(id);
+        }
+        Some(amount - taken)
+    }
+
+    /// Applies one delta entry; returns the admitted amount the counter had no room for.
+    fn add(&mut self, id: QuotaId, amount: u64, rejected: u64, now: u64) -> u64 {
+        let Some(excess) = self.fill_up(id, amount, now) else {
+            self.stats.deltas_unknown += 1;
+            return 0;
+        };
+        let rate_tau = self.config.rate_tau_ns;
+        let cap = self.demand_cap(id);
+        let attempted = amount.saturating_add(rejected);
+        if attempted > cap {
+            self.stats.rejected_capped += 1;
+        }
+        let c = self.counters.entry(id).or_default();
         meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
-        c.demand.add(amount.saturating_add(rejected), now);
+        c.demand.add(attempted.min(cap), now);
         self.stats.deltas_applied += 1;
+        // A delta changes the demand even when the fill stayed at the ceiling.
         self.bump(id);
+        excess
     }
 
     fn hint(&mut self, id: QuotaId, fill: u64, now: u64) {
-        let (Some(limit), Some(cap)) = (self.live_limit(id), self.fill_cap(id)) else { return };
-        let fill = fill.min(cap);
+        let (Some(limit), Some(ceiling)) = (self.live_limit(id), self.ceiling(id)) else { return };
+        if fill > ceiling {
+            self.stats.hints_capped += 1;
+        }
+        let fill = fill.min(ceiling);
         let c = self.counters.entry(id).or_default();
         c.bucket.advance(now, limit);
         if fill > c.bucket.fill {
@@ -308,28 +527,56 @@ impl RootState {
         }
     }
 
-    /// Answers one limiter's sync at time `now` (ns).
+    /// Answers one limiter's sync at time `now` (ns). Same as [`RootState::sync_from`]
+    /// without a peer address, with an owned answer.
     pub fn sync(&mut self, req: &SyncRequest, now: u64) -> Result<SyncResponse, SyncError> {
+        self.sync_from(req, None, now).map(SyncAnswer::into_response)
+    }
+
+    /// Answers one limiter's sync at time `now` (ns), received from `peer` (the address
+    /// budget of [`RootConfig::max_limiters_per_addr`] applies per peer).
+    pub fn sync_from(
+        &mut self,
+        req: &SyncRequest,
+        peer: Option<IpAddr>,
+        now: u64,
+    ) -> Result<SyncAnswer, SyncError> {
         if req.v != PROTOCOL_VERSION {
             return Err(SyncError::UnsupportedVersion(req.v));
         }
         if req.limiter.is_empty() || req.limiter.len() > MAX_LIMITER_ID_LEN {
             return Err(SyncError::BadLimiterId);
         }
-        let entries = req.hints.len() + req.batches.iter().map(|b| b.deltas.len()).sum::<usize>();
+        let entries = req
+            .batches
+            .iter()
+            .map(|b| b.deltas.len() + 1)
+            .fold(req.hints.len(), usize::saturating_add);
         if entries > self.config.max_entries {
             return Err(SyncError::TooLarge(entries, self.config.max_entries));
         }
-        if !self.limiters.contains_key(&req.limiter) {
-            if self.limiters.len() >= self.config.max_limiters {
-                self.forget_idle_limiters(now);
+        let mut session = match self.limiters.remove_entry(req.limiter.as_str()) {
+            Some((name, s)) => {
+                if let Err(e) = self.check_seq(req, &s, now) {
+                    self.limiters.insert(name, s);
+                    return Err(e);
+                }
+                self.unindex(&s);
+                (name, s)
             }
-            if self.limiters.len() >= self.config.max_limiters {
-                return Err(SyncError::TooManyLimiters(self.limiters.len()));
+            None => {
+                self.make_room(peer);
+                if self.config.max_limiters == 0 {
+                    return Err(SyncError::TooManyLimiters(0));
+                }
+                let s = Session { addr: peer, ..Session::default() };
+                (Box::from(req.limiter.as_str()), s)
             }
-            self.limiters.insert(req.limiter.clone(), Session { acked: 0, last_seen: now });
-        }
-        let mut acked = self.limiters[&req.limiter].acked;
+        };
+        let s = &mut session.1;
+        self.feed_parked(s, now);
+
+        let mut acked = s.acked;
         let mut batches: Vec<_> = req.batches.iter().collect();
         batches.sort_by_key(|b| b.seq);
         for b in batches {
@@ -338,17 +585,26 @@ impl RootState {
                 continue;
             }
             for &(id, amount, rejected) in &b.deltas {
-                self.add(id, amount, rejected, now);
+                let excess = self.add(id, amount, rejected, now);
+                if excess > 0 {
+                    self.park(s, id, excess);
+                }
             }
             acked = b.seq;
         }
         for &(id, fill) in &req.hints {
             self.hint(id, fill, now);
         }
-        if let Some(s) = self.limiters.get_mut(&req.limiter) {
-            s.acked = acked;
-            s.last_seen = now;
+        s.acked = acked;
+        s.last_seen = now;
+        s.serial = self.next_serial;
+        self.next_serial += 1;
+        if peer.is_some() {
+            s.addr = peer;
         }
+        let (name, s) = session;
+        self.index(name.clone(), &s);
+        self.limiters.insert(name, s);
 
         let since = if req.root_instance == Some(self.instance) { req.since } else { 0 };
         let counters = self
@@ -369,14 +625,14 @@ impl RootState {
                 more = true;
                 break;
             }
-            quotas.push(self.quotas[id].clone());
+            quotas.push(Arc::clone(&self.quotas[id]));
             epoch = e;
         }
         if !more {
             epoch = self.epoch.max(req.epoch);
         }
         self.stats.syncs += 1;
-        Ok(SyncResponse {
+        Ok(SyncAnswer {
             v: PROTOCOL_VERSION,
             root_instance: self.instance,
             acked_seq: acked,
@@ -386,6 +642,109 @@ impl RootState {
             epoch,
             more,
         })
+    }
+
+    /// Refuses a batch `seq` further ahead of a known session's acknowledged one than that
+    /// limiter could have counted since its last sync. A session that never had a batch
+    /// applied takes any `seq`: a limiter keeps its numbering across nginx reloads, and this
+    /// root may be meeting it for the first time after its own restart.
+    fn check_seq(&self, req: &SyncRequest, s: &Session, now: u64) -> Result<(), SyncError> {
+        if s.acked == 0 {
+            return Ok(());
+        }
+        let Some(seq) = req.batches.iter().map(|b| b.seq).max() else { return Ok(()) };
+        let elapsed = now.saturating_sub(s.last_seen);
+        let max_ahead = self
+            .config
+            .seq_ahead_slack
+            .saturating_add(elapsed / self.config.seq_min_interval_ns.max(1));
+        if seq - s.acked.min(seq) > max_ahead {
+            return Err(SyncError::SeqTooFarAhead { seq, acked: s.acked, max_ahead });
+        }
+        Ok(())
+    }
+
+    /// Parks what a claim could not put into a counter with the session that claimed it.
+    fn park(&mut self, s: &mut Session, id: QuotaId, excess: u64) {
+        if let Some(p) = s.parked.get_mut(&id) {
+            *p = p.saturating_add(excess);
+        } else if s.parked.len() < self.config.max_parked_per_limiter
+            && self.parked < self.config.max_parked
+        {
+            s.parked.insert(id, excess);
+            self.parked += 1;
+        } else {
+            self.stats.claims_dropped += 1;
+            return;
+        }
+        self.stats.claims_parked += 1;
+    }
+
+    /// Moves a session's parked claims into their counters as far as the ceilings allow.
+    fn feed_parked(&mut self, s: &mut Session, now: u64) {
+        if s.parked.is_empty() {
+            return;
+        }
+        let parked = std::mem::take(&mut s.parked);
+        let before = parked.len();
+        s.parked = parked
+            .into_iter()
+            .filter_map(|(id, p)| {
+                let left = self.fill_up(id, p, now)?;
+                (left > 0).then_some((id, left))
+            })
+            .collect();
+        self.parked -= before - s.parked.len();
+    }
+
+    fn index(&mut self, name: Box<str>, s: &Session) {
+        let key = (s.last_seen, s.serial);
+        self.recency.insert(key, name);
+        if let Some(a) = s.addr {
+            self.by_addr.entry(a).or_default().insert(key);
+        }
+    }
+
+    fn unindex(&mut self, s: &Session) {
+        let key = (s.last_seen, s.serial);
+        self.recency.remove(&key);
+        if let Some(a) = s.addr {
+            if let Some(set) = self.by_addr.get_mut(&a) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.by_addr.remove(&a);
+                }
+            }
+        }
+    }
+
+    fn forget(&mut self, key: Recency) {
+        let Some(name) = self.recency.get(&key).cloned() else { return };
+        if let Some(s) = self.limiters.remove(&name) {
+            self.unindex(&s);
+            self.parked -= s.parked.len();
+        }
+    }
+
+    /// Makes room for one more session from `peer`: the least recently seen session of that
+    /// address goes if the address is at its budget, the least recently seen of all if the
+    /// table is full. A live limiter syncs every interval, so what goes is whoever has been
+    /// quiet longest; forgetting a live one costs little (its next batches count as a first
+    /// contact: nothing is lost, a batch resent after a lost answer may count twice).
+    fn make_room(&mut self, peer: Option<IpAddr>) {
+        if let Some(a) = peer {
+            while self.by_addr.get(&a).is_some_and(|s| s.len() >= self.config.max_limiters_per_addr)
+            {
+                let Some(&oldest) = self.by_addr.get(&a).and_then(|s| s.first()) else { break };
+                self.forget(oldest);
+                self.stats.limiters_evicted += 1;
+            }
+        }
+        while self.limiters.len() >= self.config.max_limiters {
+            let Some((&oldest, _)) = self.recency.first_key_value() else { break };
+            self.forget(oldest);
+            self.stats.limiters_evicted += 1;
+        }
     }
 
     /// The live view of a quota's counter.
@@ -429,7 +788,12 @@ impl RootState {
 
     fn forget_idle_limiters(&mut self, now: u64) {
         let idle = self.config.limiter_idle_ns;
-        self.limiters.retain(|_, s| now.saturating_sub(s.last_seen) < idle);
+        while let Some((&key, _)) = self.recency.first_key_value() {
+            if now.saturating_sub(key.0) < idle {
+                break;
+            }
+            self.forget(key);
+        }
     }
 }
 

@@ -1,18 +1,22 @@
 //! The admin API: quotas in units (floats) on the outside, fixed point in the database.
 //!
-//! Bodies are read as bytes and parsed here rather than with axum's `Json`, so every
-//! rejection (bad JSON, too large, unreadable) gets the same `{"error": …}` shape.
+//! Bodies are read with `crate::guard::read_body` (size checked before reading, deadline)
+//! and parsed here rather than with axum's `Json`, so every rejection (bad JSON, too large,
+//! unreadable, too slow) gets the same `{"error": …}` shape. Every route passes its gate
+//! first: a bounded number at once, the rest wait a moment and then get `503`.
 
 use crate::db::{NewQuota, StoreError, StoredQuota};
 use crate::error::ApiError;
+use crate::guard::read_body;
 use crate::AppState;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 use yarl_core::units::milli_to_units;
 use yarl_core::{validate_name, QuotaSpec};
 
@@ -112,19 +116,10 @@ pub(crate) struct ListParams {
     limit: Option<u32>,
 }
 
-/// Turns a body rejection into the API's error shape.
-pub(crate) fn read_body(
-    body: Result<Bytes, BytesRejection>,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge { limit }
-        } else {
-            ApiError::Body(r.body_text())
-        }
-    })
-}
+/// Deadline for an admin body (1 MiB).
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline for a batch body (256 MiB: 4.3 MB/s).
+const BATCH_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     p.map(|Path(n)| n)
@@ -135,9 +130,9 @@ fn invalid(index: Option<usize>, e: impl std::fmt::Display) -> ApiError {
     ApiError::Invalid { index, message: e.to_string() }
 }
 
-/// Records a failed write for metrics and the rate-limited database log, then passes it on.
+/// Feeds a database failure to the rate-limited database log, then passes it on (the
+/// refusal itself is counted by `crate::guard::observe`).
 fn refused(st: &AppState, e: ApiError) -> ApiError {
-    st.0.metrics.admin_refused.fetch_add(1, Relaxed);
     if let ApiError::Store { source, .. } = &e {
         st.db_failed(source);
     }
@@ -147,11 +142,13 @@ fn refused(st: &AppState, e: ApiError) -> ApiError {
 pub(crate) async fn put(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<QuotaJson>, ApiError> {
+    let _slot = st.0.guards.admin.enter().await?;
     let result = async {
         let name = path_name(name)?;
-        let body = read_body(body, crate::BODY_LIMIT)?;
+        let body = read_body(&headers, body, crate::BODY_LIMIT, BODY_TIMEOUT).await?;
         let b: QuotaBody =
             serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))?;
         if let Some(n) = &b.name {
@@ -185,12 +182,13 @@ pub(crate) async fn get(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<QuotaWithCounter>, ApiError> {
+    let _slot = st.0.guards.admin.enter().await?;
     let name = path_name(name)?;
     validate_name(&name).map_err(|e| invalid(None, e))?;
     let q = st.0.store.get(name.clone()).await.map_err(|e| refused(&st, e.into()))?;
     let q = q.ok_or(ApiError::Store { source: StoreError::NotFound(name), batch: false })?;
-    let now = st.now();
-    let counter = st.0.root.lock().counter(q.id, now).map(|c| CounterJson {
+    let (id, now) = (q.id, st.now());
+    let counter = st.with_root(move |r| r.counter(id, now)).await?.map(|c| CounterJson {
         fill: c.fill,
         rate: c.rate,
         drop_probability: c.drop_probability,
@@ -202,6 +200,7 @@ pub(crate) async fn delete(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
+    let _slot = st.0.guards.admin.enter().await?;
     let result = async {
         let name = path_name(name)?;
         validate_name(&name).map_err(|e| invalid(None, e))?;
@@ -222,6 +221,7 @@ pub(crate) async fn list(
     State(st): State<AppState>,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Page>, ApiError> {
+    let _slot = st.0.guards.admin.enter().await?;
     let Query(p) = params.map_err(|r| ApiError::BadRequest(r.body_text()))?;
     if !p.prefix.is_empty() {
         validate_name(&p.prefix).map_err(|e| ApiError::BadRequest(format!("prefix: {e}")))?;
@@ -249,10 +249,13 @@ pub(crate) async fn list(
 
 pub(crate) async fn batch(
     State(st): State<AppState>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<BatchResult>, ApiError> {
+    // One batch at a time: a full one holds its 256 MiB body and the parsed quotas.
+    let _slot = st.0.guards.batch.enter().await?;
     let result = async {
-        let body = read_body(body, crate::BATCH_BODY_LIMIT)?;
+        let body = read_body(&headers, body, crate::BATCH_BODY_LIMIT, BATCH_BODY_TIMEOUT).await?;
         // Parsing and validating a million items takes a second of CPU: keep it off the
         // async workers that answer syncs.
         let quotas = tokio::task::spawn_blocking(move || parse_batch(&body))

@@ -28,6 +28,16 @@ pub enum ApiError {
     /// 400: the body could not be read.
     #[error("could not read the request body: {0}")]
     Body(String),
+    /// 408: the body did not arrive in time.
+    #[error("request body not received within {0:?}")]
+    BodyTimeout(std::time::Duration),
+    /// 415: the sync route does not speak this content type.
+    #[error("unsupported content type {0:?}: send application/json (protocol v1)")]
+    UnsupportedMediaType(String),
+    /// 503 with `Retry-After`: the route is at its concurrency limit and the request waited
+    /// its turn for too long.
+    #[error("busy: too many concurrent {0} requests; retry later")]
+    Busy(&'static str),
     /// 401: the route needs a bearer token and none was sent.
     #[error("missing bearer token: send \"Authorization: Bearer <token>\"")]
     MissingToken,
@@ -66,6 +76,13 @@ pub enum ApiError {
     MethodNotAllowed,
 }
 
+/// Attached to every error response: why it was refused, for metrics and the log.
+#[derive(Debug, Clone)]
+pub(crate) struct Refusal {
+    pub reason: &'static str,
+    pub message: String,
+}
+
 impl From<StoreError> for ApiError {
     fn from(source: StoreError) -> Self {
         ApiError::Store { source, batch: false }
@@ -80,6 +97,9 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::MissingToken | ApiError::WrongToken => StatusCode::UNAUTHORIZED,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Store { source, .. } => match source {
@@ -95,11 +115,51 @@ impl ApiError {
             ApiError::Sync(e) => match e {
                 SyncError::TooLarge(..) => StatusCode::PAYLOAD_TOO_LARGE,
                 SyncError::TooManyLimiters(_) => StatusCode::TOO_MANY_REQUESTS,
+                SyncError::SeqTooFarAhead { .. } => StatusCode::CONFLICT,
                 _ => StatusCode::BAD_REQUEST,
             },
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// A short label for metrics and logs: bounded, so it can be a Prometheus label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::BadJson(_) => "bad_json",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::TooLarge { .. } => "too_large",
+            ApiError::Body(_) => "bad_body",
+            ApiError::BodyTimeout(_) => "body_timeout",
+            ApiError::Busy(_) => "busy",
+            ApiError::UnsupportedMediaType(_) => "content_type",
+            ApiError::MissingToken => "missing_token",
+            ApiError::WrongToken => "wrong_token",
+            ApiError::Invalid { .. } => "invalid",
+            ApiError::Store { source, .. } => match source {
+                StoreError::NotFound(_) => "not_found",
+                StoreError::Cycle { .. } => "cycle",
+                StoreError::HasChildren { .. } => "has_children",
+                StoreError::UnknownParent { .. } => "unknown_parent",
+                StoreError::ChainTooDeep { .. } | StoreError::DescendantTooDeep { .. } => {
+                    "chain_too_deep"
+                }
+                StoreError::Duplicate { .. } => "duplicate",
+                StoreError::Unavailable(_) => "db_unavailable",
+                _ => "db_invalid",
+            },
+            ApiError::Sync(e) => match e {
+                SyncError::UnsupportedVersion(_) => "unsupported_version",
+                SyncError::BadLimiterId => "bad_limiter_id",
+                SyncError::TooManyLimiters(_) => "too_many_limiters",
+                SyncError::TooLarge(..) => "too_many_entries",
+                SyncError::SeqTooFarAhead { .. } => "seq_too_far_ahead",
+                _ => "sync_refused",
+            },
+            ApiError::Internal(_) => "internal",
+            ApiError::NoRoute(_) => "no_route",
+            ApiError::MethodNotAllowed => "method_not_allowed",
         }
     }
 
@@ -115,9 +175,6 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
-            tracing::debug!(error = %self, "request failed");
-        }
         let mut body = serde_json::json!({ "error": self.to_string() });
         if let Some(i) = self.index() {
             body["index"] = i.into();
@@ -126,6 +183,11 @@ impl IntoResponse for ApiError {
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // Read by the refusal counter (`crate::guard::observe`), which logs the message.
+        resp.extensions_mut().insert(Refusal { reason: self.reason(), message: self.to_string() });
         resp
     }
 }

@@ -15,12 +15,17 @@
 //!
 //! # Routes and body limits
 //!
-//! | route | body limit | token |
-//! |---|---|---|
-//! | `POST /v1/sync` | [`SYNC_BODY_LIMIT`] | sync |
-//! | `POST /v1/quotas:batch` | [`BATCH_BODY_LIMIT`] | admin |
-//! | `PUT/GET/DELETE /v1/quotas/{name}`, `GET /v1/quotas` | [`BODY_LIMIT`] | admin |
-//! | `GET /healthz`, `GET /metrics` | [`BODY_LIMIT`] | none |
+//! | route | body limit | body deadline | at once | token |
+//! |---|---|---|---|---|
+//! | `POST /v1/sync` | [`SYNC_BODY_LIMIT`] | 10 s | 2 × cores, and 256 MiB of bodies | sync |
+//! | `POST /v1/quotas:batch` | [`BATCH_BODY_LIMIT`] | 60 s | 1 | admin |
+//! | `PUT/GET/DELETE /v1/quotas/{name}`, `GET /v1/quotas` | [`BODY_LIMIT`] | 10 s | 32 | admin |
+//! | `GET /healthz`, `GET /metrics` | none read | — | — | none |
+//!
+//! A declared `Content-Length` over the limit is refused before reading; a request that
+//! waits longer than `Settings::queue_wait` for its turn gets `503` with `Retry-After`.
+//! The accept loop ([`serve`]) adds the connection cap, the header and idle timeout, TLS
+//! ([`tls`]) and the bounded graceful shutdown.
 //!
 //! `/v1/quotas:batch` cannot collide with a quota name: names are matched only after
 //! `/v1/quotas/`, so a quota called `quotas:batch` is `/v1/quotas/quotas:batch`.
@@ -31,14 +36,18 @@ mod admin;
 mod auth;
 pub mod db;
 mod error;
+mod guard;
 mod metrics;
+pub mod serve;
 mod state;
 mod sync_api;
+pub mod tls;
 
 pub use error::ApiError;
 pub use state::{AppState, Background, Settings};
+pub use sync_api::SYNC_BODY_TIMEOUT;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{header, Uri};
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
@@ -62,15 +71,12 @@ pub fn app(state: AppState) -> Router {
 
     let admin = Router::new()
         .route("/v1/quotas", get(admin::list))
-        .route(
-            "/v1/quotas:batch",
-            post(admin::batch).layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT)),
-        )
+        .route("/v1/quotas:batch", post(admin::batch))
         .route("/v1/quotas/{name}", put(admin::put).get(admin::get).delete(admin::delete))
         // route_layer: only matched routes ask for a token, so unknown paths stay 404s.
         .route_layer(from_fn_with_state(admin_token, auth::require));
     let sync = Router::new()
-        .route("/v1/sync", post(sync_api::sync).layer(DefaultBodyLimit::max(SYNC_BODY_LIMIT)))
+        .route("/v1/sync", post(sync_api::sync))
         .route_layer(from_fn_with_state(sync_token, auth::require));
 
     Router::new()
@@ -80,9 +86,8 @@ pub fn app(state: AppState) -> Router {
         .merge(sync)
         .fallback(|uri: Uri| async move { ApiError::NoRoute(uri.path().to_owned()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        // The outer limit applies wherever a route sets none of its own (the inner layer
-        // runs later and overrides it).
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // Outermost: sees every answer, including the 401s of the token layers.
+        .layer(from_fn_with_state(state.clone(), guard::observe))
         .with_state(state)
 }
 
@@ -96,10 +101,10 @@ async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
     }))
 }
 
-async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
-    let snap = st.snapshot();
-    (
+async fn metrics(State(st): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let snap = st.snapshot().await?;
+    Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         st.0.metrics.render(&snap, st.0.store.kind()),
-    )
+    ))
 }

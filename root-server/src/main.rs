@@ -4,9 +4,12 @@
 use anyhow::Context as _;
 use clap::Parser;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
+use yarl_root::serve::{serve, ServeOptions};
+use yarl_root::tls::TlsFiles;
 use yarl_root::{app, db, AppState, Settings};
 
 /// The YARL root server: sums limiters' counters and serves quotas from a database.
@@ -28,6 +31,71 @@ struct Args {
     /// File holding the bearer token POST /v1/sync requires.
     #[arg(long, env = "YARL_SYNC_TOKEN_FILE")]
     sync_token_file: Option<PathBuf>,
+    /// PEM certificate chain: serve HTTPS (needs --tls-key). Re-read on SIGHUP or when the
+    /// file changes.
+    #[arg(long, env = "YARL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "YARL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Listen on a non-loopback address without both token files: anyone who reaches the
+    /// port can change quotas and counters. Logged as a warning at every start.
+    #[arg(long, env = "YARL_INSECURE_NO_AUTH")]
+    insecure_no_auth: bool,
+}
+
+/// Refuses an open root on a network address: SPEC §4, "secure by default".
+fn check_exposure(args: &Args) -> anyhow::Result<()> {
+    let open = args.admin_token_file.is_none() || args.sync_token_file.is_none();
+    if args.insecure_no_auth {
+        tracing::warn!(
+            addr = %args.listen,
+            "--insecure-no-auth: {}",
+            if open {
+                "routes without a token file are open to anyone who can reach this address"
+            } else {
+                "given, but both token files are set, so every route needs its token"
+            }
+        );
+        return Ok(());
+    }
+    if open && !args.listen.ip().is_loopback() {
+        let missing: Vec<&str> = [
+            args.admin_token_file.is_none().then_some("--admin-token-file"),
+            args.sync_token_file.is_none().then_some("--sync-token-file"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        anyhow::bail!(
+            "refusing to listen on {} without authentication: {} not set. Give both \
+             --admin-token-file and --sync-token-file (YARL_ADMIN_TOKEN_FILE, \
+             YARL_SYNC_TOKEN_FILE), listen on a loopback address, or pass --insecure-no-auth \
+             to run an open root on purpose",
+            args.listen,
+            missing.join(" and ")
+        );
+    }
+    Ok(())
+}
+
+/// Warns when a token file can be read by users other than its owner.
+fn check_token_mode(path: &Path, what: &str) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        if let Ok(m) = std::fs::metadata(path) {
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    "the {what} token file {} is readable by others (mode {mode:o}); chmod 600 it",
+                    path.display()
+                );
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, what);
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -40,6 +108,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 fn read_token(path: &Option<PathBuf>, what: &str) -> anyhow::Result<Option<String>> {
     let Some(path) = path else { return Ok(None) };
+    check_token_mode(path, what);
     let raw = std::fs::read_to_string(path)
         .with_context(|| format!("reading the {what} token file {}", path.display()))?;
     let token = raw.trim();
@@ -62,6 +131,11 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    check_exposure(&args)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(TlsFiles::load(cert, key)?)),
+        _ => None,
+    };
     let settings = Settings {
         poll_interval: args.poll_interval,
         admin_token: read_token(&args.admin_token_file, "admin")?,
@@ -79,10 +153,50 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    tracing::info!(addr = %args.listen, "yarl-root listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    if let Some(files) = &tls {
+        tokio::spawn(watch_tls(files.clone()));
+    }
+    tracing::info!(
+        addr = %args.listen,
+        scheme = if tls.is_some() { "https" } else { "http" },
+        admin_token = args.admin_token_file.is_some(),
+        sync_token = args.sync_token_file.is_some(),
+        "yarl-root listening"
+    );
+    let opts = ServeOptions { tls, ..ServeOptions::default() };
+    serve(listener, app(state), opts, shutdown_signal()).await;
     tracing::info!("yarl-root stopped");
     Ok(())
+}
+
+/// Reloads the certificate on SIGHUP, and when its files change (checked every 5 s).
+async fn watch_tls(files: Arc<TlsFiles>) {
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<()>();
+        let result = tokio::select! {
+            () = signalled => files.reload(),
+            _ = tick.tick() => files.reload_if_changed(),
+        };
+        match result {
+            Ok(true) => tracing::info!("TLS certificate reloaded"),
+            Ok(false) => {}
+            Err(e) => tracing::error!("TLS certificate not reloaded, keeping the one in use: {e}"),
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -129,5 +243,24 @@ mod tests {
         assert_eq!((a.db.as_str(), a.poll_interval), ("sqlite://yarl.db", Duration::from_secs(1)));
         let e = Args::try_parse_from(["yarl-root", "--poll-interval", "fast"]).unwrap_err();
         assert!(e.to_string().contains("--poll-interval"), "{e}");
+        let e = Args::try_parse_from(["yarl-root", "--tls-cert", "c.pem"]).unwrap_err();
+        assert!(e.to_string().contains("--tls-key"), "{e}");
+    }
+
+    #[test]
+    fn an_open_root_stays_on_loopback() {
+        let parse = |a: &[&str]| Args::try_parse_from([&["yarl-root"], a].concat()).unwrap();
+        assert!(check_exposure(&parse(&[])).is_ok());
+        assert!(check_exposure(&parse(&["--listen", "[::1]:7700"])).is_ok());
+        let e = check_exposure(&parse(&["--listen", "0.0.0.0:7700"])).unwrap_err().to_string();
+        assert!(e.contains("--admin-token-file and --sync-token-file not set"), "{e}");
+        let half = parse(&["--listen", "10.0.0.1:7700", "--admin-token-file", "a"]);
+        let e = check_exposure(&half).unwrap_err().to_string();
+        assert!(e.contains("--sync-token-file not set") && e.contains("--insecure-no-auth"), "{e}");
+        let both = ["--admin-token-file", "a", "--sync-token-file", "s"];
+        assert!(
+            check_exposure(&parse(&[&["--listen", "0.0.0.0:7700"][..], &both].concat())).is_ok()
+        );
+        assert!(check_exposure(&parse(&["--listen", "0.0.0.0:1", "--insecure-no-auth"])).is_ok());
     }
 }

@@ -1,6 +1,8 @@
 //! Prometheus text exposition, written by hand: a dozen series do not justify a metrics
 //! framework, and atomics keep the sync path free of extra locks.
 
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -22,6 +24,16 @@ pub struct Metrics {
     pub(crate) polls: AtomicU64,
     pub(crate) quota_writes: AtomicU64,
     pub(crate) admin_refused: AtomicU64,
+    /// Refused requests by (route, reason, status); every key is a `'static` label from a
+    /// fixed set, so the series stay bounded.
+    refused: Mutex<BTreeMap<(&'static str, &'static str, u16), u64>>,
+}
+
+/// Connections closed at once because the server held its maximum.
+static REFUSED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn note_refused_connection() {
+    REFUSED_CONNECTIONS.fetch_add(1, Relaxed);
 }
 
 /// Gauges read from the root state at scrape time.
@@ -31,13 +43,26 @@ pub(crate) struct Snapshot {
     pub limiters: usize,
     pub quotas: usize,
     pub counters: usize,
+    pub parked: usize,
     pub epoch: u64,
 }
 
 impl Metrics {
-    /// Records one sync request that took `took` (request parsing to answer serialised).
-    pub(crate) fn sync_done(&self, ok: bool, took: Duration) {
-        if ok { &self.sync_ok } else { &self.sync_refused }.fetch_add(1, Relaxed);
+    /// Records one refused request.
+    pub(crate) fn refused(&self, route: &'static str, reason: &'static str, status: u16) {
+        *self.refused.lock().entry((route, reason, status)).or_default() += 1;
+        match route {
+            "sync" => &self.sync_refused,
+            "batch" | "list" | "put" | "get" | "delete" => &self.admin_refused,
+            _ => return,
+        }
+        .fetch_add(1, Relaxed);
+    }
+
+    /// Records one answered sync request that took `took` (request parsing to answer
+    /// serialised).
+    pub(crate) fn sync_done(&self, took: Duration) {
+        self.sync_ok.fetch_add(1, Relaxed);
         let secs = took.as_secs_f64();
         for (b, &le) in self.sync_buckets.iter().zip(BUCKETS.iter()) {
             if secs <= le {
@@ -73,6 +98,31 @@ impl Metrics {
             s.stats.hints_applied,
         );
         counter(
+            "yarl_root_claims_parked_total",
+            "Admitted amounts above a counter's ceiling, parked with the limiter that sent them.",
+            s.stats.claims_parked,
+        );
+        counter(
+            "yarl_root_claims_dropped_total",
+            "Parked amounts dropped: the limiter or the root held too many.",
+            s.stats.claims_dropped,
+        );
+        counter(
+            "yarl_root_demand_capped_total",
+            "Delta entries whose attempted amount was cut for the demand meter.",
+            s.stats.rejected_capped,
+        );
+        counter(
+            "yarl_root_hints_capped_total",
+            "Hints cut at a counter's ceiling.",
+            s.stats.hints_capped,
+        );
+        counter(
+            "yarl_root_limiters_evicted_total",
+            "Limiter sessions forgotten to make room (table or address budget full).",
+            s.stats.limiters_evicted,
+        );
+        counter(
             "yarl_root_db_errors_total",
             "Failed quota database operations.",
             self.db_errors.load(Relaxed),
@@ -99,6 +149,7 @@ impl Metrics {
         gauge("yarl_root_limiters", "Limiters currently tracked.", s.limiters as u64);
         gauge("yarl_root_quotas", "Live quotas held in memory.", s.quotas as u64);
         gauge("yarl_root_counters", "Non-empty counters held.", s.counters as u64);
+        gauge("yarl_root_parked_claims", "Parked claims held.", s.parked as u64);
         gauge("yarl_root_epoch", "Highest quota epoch held.", s.epoch);
         gauge(
             "yarl_root_db_up",
@@ -117,7 +168,7 @@ impl Metrics {
         );
         let _ = writeln!(
             o,
-            "# HELP yarl_root_sync_duration_seconds Time to answer a parsed sync request.\n\
+            "# HELP yarl_root_sync_duration_seconds Time to decode, apply and encode an answered sync request.\n\
              # TYPE yarl_root_sync_duration_seconds histogram"
         );
         for (b, le) in self.sync_buckets.iter().zip(BUCKETS) {
@@ -127,7 +178,7 @@ impl Metrics {
                 b.load(Relaxed)
             );
         }
-        let total = ok + refused;
+        let total = ok;
         let _ = writeln!(o, "yarl_root_sync_duration_seconds_bucket{{le=\"+Inf\"}} {total}");
         let _ = writeln!(
             o,
@@ -135,6 +186,24 @@ impl Metrics {
             self.sync_sum_ns.load(Relaxed) as f64 / 1e9
         );
         let _ = writeln!(o, "yarl_root_sync_duration_seconds_count {total}");
+        let _ = writeln!(
+            o,
+            "# HELP yarl_root_refused_total Requests refused, by route, reason and status.\n\
+             # TYPE yarl_root_refused_total counter"
+        );
+        for ((route, reason, status), n) in self.refused.lock().iter() {
+            let _ = writeln!(
+                o,
+                "yarl_root_refused_total{{route=\"{route}\",reason=\"{reason}\",status=\"{status}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP yarl_root_connections_refused_total Connections closed at once: the server held its maximum.\n\
+             # TYPE yarl_root_connections_refused_total counter\n\
+             yarl_root_connections_refused_total {}",
+            REFUSED_CONNECTIONS.load(Relaxed)
+        );
         let _ = writeln!(
             o,
             "# HELP yarl_root_info The database kind.\n# TYPE yarl_root_info gauge\nyarl_root_info{{db=\"{store}\"}} 1"

@@ -11,6 +11,8 @@
 //! never receive 7 from this root.
 
 use crate::db::{QuotaStore, StoreError, Written};
+use crate::error::ApiError;
+use crate::guard::Gate;
 use crate::metrics::{Metrics, Snapshot};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -36,6 +38,14 @@ pub struct Settings {
     pub sync_token: Option<String>,
     /// The core's limits.
     pub root: RootConfig,
+    /// Sync requests decoded and applied at once (each on a blocking thread).
+    pub sync_concurrency: usize,
+    /// KiB of sync bodies (and what decoding them allocates) held at once.
+    pub sync_memory_kib: u32,
+    /// Admin requests (other than batches) handled at once.
+    pub admin_concurrency: usize,
+    /// How long a request waits for its turn before `503`.
+    pub queue_wait: Duration,
 }
 
 impl Default for Settings {
@@ -46,12 +56,31 @@ impl Default for Settings {
             admin_token: None,
             sync_token: None,
             root: RootConfig::default(),
+            sync_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get() * 2),
+            // Room for one full 64 MiB sync (body and decoded entries, 160 MiB) beside any
+            // number of ordinary ones.
+            sync_memory_kib: 256 * 1024,
+            admin_concurrency: 32,
+            queue_wait: Duration::from_secs(2),
         }
     }
 }
 
+/// The concurrency gates of the route groups.
+#[derive(Debug)]
+pub(crate) struct Guards {
+    pub sync: Gate,
+    pub sync_memory: Gate,
+    pub admin: Gate,
+    pub batch: Gate,
+}
+
 pub(crate) struct Inner {
     pub root: Mutex<RootState>,
+    pub guards: Guards,
+    /// The root's epoch, readable without the lock (`/healthz` must answer while a large
+    /// sync holds it).
+    pub epoch: AtomicU64,
     pub store: Arc<dyn QuotaStore>,
     pub clock: MonotonicClock,
     pub settings: Settings,
@@ -76,8 +105,17 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// A root with empty memory over `store`; call [`AppState::load`] before serving.
     pub fn new(store: Arc<dyn QuotaStore>, settings: Settings) -> Self {
+        let wait = settings.queue_wait;
+        let guards = Guards {
+            sync: Gate::new("sync", settings.sync_concurrency.max(1), wait),
+            sync_memory: Gate::new("sync", settings.sync_memory_kib.max(1) as usize, wait),
+            admin: Gate::new("admin", settings.admin_concurrency.max(1), wait),
+            batch: Gate::new("batch", 1, wait.max(Duration::from_secs(10))),
+        };
         AppState(Arc::new(Inner {
             root: Mutex::new(RootState::new(settings.root.clone())),
+            guards,
+            epoch: AtomicU64::new(0),
             store,
             clock: MonotonicClock::new(),
             settings,
@@ -101,7 +139,19 @@ impl AppState {
 
     /// The highest epoch applied to memory.
     pub fn epoch(&self) -> Epoch {
-        self.0.root.lock().epoch()
+        self.0.epoch.load(Relaxed)
+    }
+
+    /// Runs `f` on the root state on a blocking thread: the lock may be held by a large
+    /// sync for a while, and an async worker must never wait for it.
+    pub(crate) async fn with_root<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut RootState) -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let st = self.clone();
+        tokio::task::spawn_blocking(move || f(&mut st.0.root.lock()))
+            .await
+            .map_err(|e| ApiError::Internal(format!("root worker: {e}")))
     }
 
     /// Starts the poller and the sweeper; they stop when the returned value is dropped.
@@ -124,7 +174,7 @@ impl AppState {
             loop {
                 tick.tick().await;
                 let now = st.now();
-                st.0.root.lock().sweep(now);
+                let _ = st.with_root(move |r| r.sweep(now)).await;
             }
         });
         Background { handles: vec![poller, sweeper] }
@@ -142,7 +192,7 @@ impl AppState {
             if let Some(last) = rows.last() {
                 *cursor = last.epoch;
             }
-            self.apply(rows.into_iter().map(|q| q.into_update()));
+            self.apply(rows.into_iter().map(|q| q.into_update())).await;
             total += n;
             if n < APPLY_CHUNK {
                 break;
@@ -152,12 +202,20 @@ impl AppState {
         Ok(total)
     }
 
-    fn apply(&self, updates: impl Iterator<Item = QuotaUpdate>) {
+    async fn apply(&self, updates: impl Iterator<Item = QuotaUpdate>) {
         let mut updates = updates.peekable();
         while updates.peek().is_some() {
             let chunk: Vec<QuotaUpdate> = updates.by_ref().take(APPLY_CHUNK).collect();
             let now = self.now();
-            self.0.root.lock().apply_quotas(chunk, now);
+            let epoch = self
+                .with_root(move |r| {
+                    r.apply_quotas(chunk, now);
+                    r.epoch()
+                })
+                .await;
+            if let Ok(e) = epoch {
+                self.0.epoch.fetch_max(e, Relaxed);
+            }
         }
     }
 
@@ -169,7 +227,7 @@ impl AppState {
             return;
         }
         if *cursor == w.base_epoch {
-            self.apply(w.quotas.into_iter().map(|q| q.into_update()));
+            self.apply(w.quotas.into_iter().map(|q| q.into_update())).await;
             *cursor = last;
             return;
         }
@@ -208,15 +266,16 @@ impl AppState {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        let root = self.0.root.lock();
-        Snapshot {
+    pub(crate) async fn snapshot(&self) -> Result<Snapshot, ApiError> {
+        self.with_root(|root| Snapshot {
             stats: root.stats(),
             limiters: root.limiter_count(),
             quotas: root.quota_count(),
             counters: root.counter_count(),
+            parked: root.parked_count(),
             epoch: root.epoch(),
-        }
+        })
+        .await
     }
 }
 

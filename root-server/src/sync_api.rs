@@ -1,39 +1,122 @@
 //! `POST /v1/sync`: the limiter ↔ root exchange (wire format: `docs/sync-protocol.md`).
 //!
-//! JSON is parsed before and serialised after taking the root lock, so the lock is held
-//! only for the core's arithmetic.
+//! A sync goes through three bounded steps before the root's lock is taken:
+//!
+//! 1. **Admission**: a memory budget sized from the declared `Content-Length` (body plus
+//!    what decoding it may allocate), then a concurrency slot; either waits a moment and
+//!    then answers `503` with `Retry-After`.
+//! 2. **Body**: read within [`SYNC_BODY_TIMEOUT`]; a declared length over the limit is
+//!    refused before reading, a streamed one is cut at the limit.
+//! 3. **Decode, apply, encode** on a blocking thread, never on the async workers that
+//!    answer everyone else: [`SyncEncoding::decode`] (the only step that depends on the
+//!    content type, so a second encoding plugs in there), then the core's
+//!    `RootState::sync_from` under the lock, then the answer is encoded after the lock is
+//!    released (quotas are shared with the root's table, not copied under the lock).
 
-use crate::admin::read_body;
 use crate::error::ApiError;
+use crate::guard::{declared_length, read_body};
 use crate::AppState;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::header;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use std::time::Instant;
-use yarl_core::proto::SyncRequest;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use yarl_core::proto::{SyncError, SyncRequest};
+use yarl_core::root::SyncAnswer;
 
-pub(crate) async fn sync(
-    State(st): State<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = read_body(body, crate::SYNC_BODY_LIMIT)?;
-    let req: SyncRequest =
-        serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))?;
-    drop(body);
-    let started = Instant::now();
-    let now = st.now();
-    let result = st.0.root.lock().sync(&req, now);
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            st.0.metrics.sync_done(false, started.elapsed());
-            return Err(ApiError::Sync(e));
+/// Deadline for a whole sync body: 64 MiB in 10 s is 6.4 MB/s, far below any LAN.
+pub const SYNC_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes a decoded request may take per body byte, at most: `[1,1,1],` is 8 bytes of JSON
+/// and 24 in memory, and a vector may hold twice its length while it grows.
+const DECODE_FACTOR: u64 = 6;
+
+/// The wire encodings of a sync request and its answer. Only protocol v1 (JSON) so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SyncEncoding {
+    /// `application/json`: protocol v1.
+    JsonV1,
+}
+
+impl SyncEncoding {
+    /// The encoding a request's `Content-Type` names. No content type means JSON, as curl
+    /// and old limiters send it.
+    pub fn from_content_type(ct: Option<&HeaderValue>) -> Result<Self, ApiError> {
+        let Some(ct) = ct else { return Ok(SyncEncoding::JsonV1) };
+        let essence = ct.to_str().unwrap_or("").split(';').next().unwrap_or("").trim();
+        if essence.eq_ignore_ascii_case("application/json") || essence.is_empty() {
+            Ok(SyncEncoding::JsonV1)
+        } else {
+            Err(ApiError::UnsupportedMediaType(essence.chars().take(100).collect()))
         }
-    };
-    let json =
-        serde_json::to_vec(&resp).map_err(|e| ApiError::Internal(format!("sync answer: {e}")))?;
-    st.0.metrics.sync_done(true, started.elapsed());
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            SyncEncoding::JsonV1 => "application/json",
+        }
+    }
+
+    /// Decodes a request, refusing one with more than `max_entries` entries before it
+    /// allocates them.
+    pub fn decode(self, body: &[u8], max_entries: usize) -> Result<SyncRequest, ApiError> {
+        match self {
+            SyncEncoding::JsonV1 => {
+                // Every delta, hint and batch opens one '[' (plus the two outer lists), so
+                // counting them bounds the entries before serde builds them. Brackets
+                // inside strings only make the count larger, never smaller.
+                let brackets = body.iter().filter(|&&b| b == b'[').count();
+                if brackets > max_entries.saturating_add(2) {
+                    return Err(ApiError::Sync(SyncError::TooLarge(
+                        brackets.saturating_sub(2),
+                        max_entries,
+                    )));
+                }
+                serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))
+            }
+        }
+    }
+
+    pub fn encode(self, answer: &SyncAnswer) -> Result<Vec<u8>, ApiError> {
+        match self {
+            SyncEncoding::JsonV1 => serde_json::to_vec(answer)
+                .map_err(|e| ApiError::Internal(format!("sync answer: {e}"))),
+        }
+    }
+}
+
+/// KiB of the sync memory budget a body of `len` bytes takes.
+pub(crate) fn memory_cost(len: u64, max_entries: usize) -> u32 {
+    let decoded = (len.saturating_mul(DECODE_FACTOR)).min(max_entries as u64 * 48);
+    u32::try_from(len.saturating_add(decoded).div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+}
+
+pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let (parts, body): (_, Body) = req.into_parts();
+    let encoding = SyncEncoding::from_content_type(parts.headers.get(header::CONTENT_TYPE))?;
+    let limit = crate::SYNC_BODY_LIMIT;
+    let max_entries = st.0.settings.root.max_entries;
+    let declared = declared_length(&parts.headers).unwrap_or(limit as u64).min(limit as u64);
+    let guards = &st.0.guards;
+    let _memory = guards.sync_memory.enter_n(memory_cost(declared, max_entries)).await?;
+    let _slot = guards.sync.enter().await?;
+    let body = read_body(&parts.headers, body, limit, SYNC_BODY_TIMEOUT).await?;
+
+    let work = st.clone();
+    let (bytes, took) = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let req = encoding.decode(&body, max_entries)?;
+        drop(body);
+        let now = work.now();
+        let answer = work.0.root.lock().sync_from(&req, peer, now).map_err(ApiError::Sync)?;
+        drop(req);
+        let bytes = encoding.encode(&answer)?;
+        Ok::<_, ApiError>((bytes, started.elapsed()))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("sync worker: {e}")))??;
+    st.0.metrics.sync_done(took);
+    Ok(([(header::CONTENT_TYPE, encoding.content_type())], bytes).into_response())
 }

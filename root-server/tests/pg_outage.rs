@@ -20,6 +20,11 @@ fn pg_ctl(action: &str) {
 async fn syncs_survive_a_postgres_outage_and_writes_recover() {
     let Some(base) = pg_url("syncs_survive_a_postgres_outage_and_writes_recover") else { return };
     if std::env::var_os("YARL_TEST_PG_CTL").is_none() {
+        assert!(
+            !common::pg_required(),
+            "YARL_TEST_PG_CTL not set but PostgreSQL tests are required: run under \
+             scripts/with-postgres.sh"
+        );
         eprintln!("skipped: YARL_TEST_PG_CTL not set (run under scripts/with-postgres.sh)");
         return;
     }

@@ -1,5 +1,6 @@
 //! One storage suite, run against SQLite and against a real PostgreSQL
-//! (`scripts/with-postgres.sh cargo test -p yarl-root`; skipped without `YARL_TEST_PG_URL`).
+//! (`scripts/with-postgres.sh cargo test -p yarl-root`; skipped without `YARL_TEST_PG_URL`,
+//! except that with `YARL_TEST_PG_REQUIRED=1` (make test) or `CI` set they fail instead).
 
 mod common;
 

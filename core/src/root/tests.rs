@@ -1,6 +1,7 @@
 use super::*;
 use crate::proto::DeltaBatch;
 use crate::quota::Limits;
+use std::net::IpAddr;
 
 const S: u64 = 1_000_000_000;
 
@@ -10,8 +11,17 @@ fn quota(id: u64, epoch: u64, limit: f64, deleted: bool) -> QuotaUpdate {
         name: format!("q{id}"),
         epoch,
         deleted,
-        limits: Limits::from_units(limit, 10.0, 20.0).unwrap(),
+        // Bursts far above the fills here, so the ceiling stays out of these tests' way.
+        limits: Limits::from_units(limit, 10_000.0, 20_000.0).unwrap(),
         parent: None,
+    }
+}
+
+/// A quota with bursts `low` and `high` units.
+fn quota_b(id: u64, limit: f64, low: f64, high: f64) -> QuotaUpdate {
+    QuotaUpdate {
+        limits: Limits::from_units(limit, low, high).unwrap(),
+        ..quota(id, id, limit, false)
     }
 }
 
@@ -154,19 +164,81 @@ fn unknown_and_deleted_quotas_take_no_memory() {
 
 #[test]
 fn refuses_bad_requests() {
-    let mut r =
-        RootState::new(RootConfig { max_limiters: 2, max_entries: 3, ..RootConfig::default() });
+    let mut r = RootState::new(RootConfig { max_entries: 4, ..RootConfig::default() });
     let mut q = req("a", vec![]);
     q.v = 2;
     assert_eq!(r.sync(&q, 0), Err(SyncError::UnsupportedVersion(2)));
     assert_eq!(r.sync(&req("", vec![]), 0), Err(SyncError::BadLimiterId));
     assert_eq!(r.sync(&req(&"x".repeat(129), vec![]), 0), Err(SyncError::BadLimiterId));
-    assert_eq!(r.sync(&req("a", vec![(1, vec![(1, 1); 4])]), 0), Err(SyncError::TooLarge(4, 3)));
-    r.sync(&req("a", vec![]), 0).unwrap();
-    r.sync(&req("b", vec![]), 0).unwrap();
-    assert_eq!(r.sync(&req("c", vec![]), S), Err(SyncError::TooManyLimiters(2)));
-    // Idle limiters are forgotten, making room.
-    assert!(r.sync(&req("c", vec![]), 601 * S).is_ok());
+    // Batches count too: 4 deltas in 1 batch are 5 entries.
+    assert_eq!(r.sync(&req("a", vec![(1, vec![(1, 1); 4])]), 0), Err(SyncError::TooLarge(5, 4)));
+    let empty_batches: Vec<_> = (1..=5).map(|s| (s, vec![])).collect();
+    assert_eq!(r.sync(&req("a", empty_batches), 0), Err(SyncError::TooLarge(5, 4)));
+    assert_eq!(r.limiter_count(), 0, "a refused request makes no session");
+}
+
+/// Issue 10, item 6: 100,000 tiny requests with new limiter ids locked every restarted
+/// limiter out for 10 minutes.
+#[test]
+fn a_full_session_table_forgets_the_quietest_and_never_locks_out() {
+    let a: IpAddr = "10.0.0.1".parse().unwrap();
+    let b: IpAddr = "10.0.0.2".parse().unwrap();
+    let mut r = RootState::new(RootConfig {
+        max_limiters: 4,
+        max_limiters_per_addr: 2,
+        ..RootConfig::default()
+    });
+    r.apply_quotas([quota(1, 1, 1.0, false)], 0);
+    r.sync_from(&req("honest", vec![(1, vec![(1, 1_000)])]), Some(b), 0).unwrap();
+    // One address churning ids only ever pushes out its own sessions.
+    for i in 0..1_000u64 {
+        r.sync_from(&req(&format!("evil{i}"), vec![]), Some(a), i + 1).unwrap();
+        assert!(r.limiter_count() <= 3);
+    }
+    let again = r.sync_from(&req("honest", vec![(1, vec![(1, 1_000)])]), Some(b), S).unwrap();
+    assert_eq!(again.acked_seq, 1, "the honest session survived: its batch 1 is a duplicate");
+    // Many addresses fill the table; a new limiter still gets in, and the quietest goes.
+    for i in 0..10u64 {
+        let ip = IpAddr::from([10, 1, 0, i as u8]);
+        r.sync_from(&req(&format!("crowd{i}"), vec![]), Some(ip), 2 * S + i).unwrap();
+    }
+    assert!(r.sync_from(&req("newcomer", vec![]), Some(b), 3 * S).is_ok());
+    assert_eq!(r.limiter_count(), 4);
+    assert!(r.stats().limiters_evicted > 1_000);
+}
+
+/// Issue 10, item 7: a batch with `seq` = u64::MAX made every later batch of that session
+/// a duplicate.
+#[test]
+fn a_seq_far_ahead_of_a_known_session_is_refused() {
+    let mut r = root();
+    r.sync(&req("a", vec![(5, vec![(2, 1_000)])]), S).unwrap();
+    let err = r.sync(&req("a", vec![(u64::MAX, vec![(2, 1_000)])]), S).unwrap_err();
+    assert!(matches!(err, SyncError::SeqTooFarAhead { seq: u64::MAX, acked: 5, max_ahead: 64 }));
+    assert!(err.to_string().contains("batches[].seq"), "{err}");
+    // The session is intact: its next batch is applied.
+    assert_eq!(r.sync(&req("a", vec![(6, vec![(2, 1_000)])]), S).unwrap().acked_seq, 6);
+    // 30 batches resent at once after an outage are fine.
+    let resend: Vec<_> = (7..=36).map(|s| (s, vec![(2, 1_000)])).collect();
+    assert_eq!(r.sync(&req("a", resend), S).unwrap().acked_seq, 36);
+    // A limiter at 50 ms intervals that was cut off for 10 s: 200 batches later.
+    assert_eq!(r.sync(&req("a", vec![(236, vec![])]), 11 * S).unwrap().acked_seq, 236);
+    // First contact (this root restarted; the limiter kept its numbering): any seq.
+    assert_eq!(r.sync(&req("b", vec![(1 << 40, vec![])]), S).unwrap().acked_seq, 1 << 40);
+}
+
+/// `SyncAnswer` is built under the root's lock and serialised after it: it must write the
+/// very JSON of the `SyncResponse` it stands for.
+#[test]
+fn sync_answer_serialises_as_the_response() {
+    let mut r = root();
+    r.apply_quotas([quota(3, 3, 1.0, true)], 0);
+    let a = r.sync_from(&req("a", vec![(1, vec![(1, 2_000)])]), None, S).unwrap();
+    assert_eq!(a.quotas.len(), 3);
+    let json = serde_json::to_string(&a).unwrap();
+    assert_eq!(json, serde_json::to_string(&a.clone().into_response()).unwrap());
+    let back: SyncResponse = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, a.into_response());
 }
 
 #[test]
@@ -193,13 +265,15 @@ fn limit_change_drains_at_the_old_rate_first() {
 
 #[test]
 fn counter_view_reports_rate_and_probability() {
-    let mut r = root();
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([quota_b(2, 1000.0, 100.0, 400.0)], 0);
     for i in 1..=20 {
         r.sync(&req("a", vec![(i, vec![(2, 500_000)])]), i * S / 2).unwrap();
     }
     let v = r.counter(2, 10 * S).unwrap();
     // 500 units every 0.5 s is 1000 units/s; the meter needs a few time constants to settle.
     assert!((v.rate - 1000.0).abs() < 200.0, "{v:?}");
+    // Above high_burst (400), under the ceiling (400 + 0.25 s of 1000/s).
     assert_eq!(v.fill, 500.0);
     assert_eq!(v.drop_probability, 1.0);
 }
@@ -242,15 +316,106 @@ fn quota_count_follows_inserts_replaces_and_deletes() {
     assert_eq!(r.quota_count(), 2, "an older version does not resurrect");
 }
 
-/// Review finding: one hint (or delta) of u64::MAX pinned a quota shut for years.
+/// Review finding: one hint (or delta) of u64::MAX pinned a quota shut for years. Issue 10,
+/// item 2: the cap of 2·high_burst + 60 s of the limit still meant a minute of rejection.
 #[test]
-fn hostile_fills_are_capped() {
-    let mut r = root();
+fn hostile_fills_are_capped_at_the_ceiling() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([quota_b(1, 1.0, 10.0, 20.0), quota_b(2, 1000.0, 10.0, 20.0)], 0);
     let mut h = req("evil", vec![(1, vec![(2, u64::MAX)])]);
+    h.batches[0].deltas[0].2 = u64::MAX;
     h.hints = vec![(1, u64::MAX)];
-    r.sync(&h, S).unwrap();
-    // q1: limit 1/s, high 20 -> cap 2·20 + 60·1 = 100 units; q2: 1000/s -> 2·20 + 60000.
-    assert_eq!(fill(&r, 1, S), 100.0);
-    assert_eq!(fill(&r, 2, S), 60_040.0);
-    assert_eq!(fill(&r, 2, S + 61 * S), 0.0, "drained within about a minute");
+    let answer = r.sync(&h, S).unwrap();
+    // Ceiling: high_burst 20 + 0.25 s of the limit.
+    assert_eq!(fill(&r, 1, S), 20.25);
+    assert_eq!(fill(&r, 2, S), 270.0);
+    // Demand: at most 1024 × (high + 1 s of limit) per entry, averaged over 2 s.
+    let demand = answer.counters.iter().find(|c| c.0 == 2).unwrap().2;
+    assert_eq!(demand, 0, "the current 250 ms bucket is not read yet");
+    let later = r.sync(&req("reader", vec![]), S + S / 4).unwrap();
+    let demand = later.counters.iter().find(|c| c.0 == 2).unwrap().2;
+    assert_eq!(demand, 1024 * 1_020_000 / 2);
+    assert_eq!((r.stats().rejected_capped, r.stats().hints_capped), (1, 1));
+    // The attacker stops: nothing feeds its parked claim, q2 drains to low_burst (10) in
+    // 0.26 s, q1 (1 unit/s) in 10.25 s: (high - low) / limit + 0.25 s.
+    assert_eq!(fill(&r, 2, S + 260 * S / 1000), 10.0);
+    assert_eq!(fill(&r, 1, S + 41 * S / 4), 10.0);
+    assert_eq!(r.parked_count(), 1);
+}
+
+/// The recommended bursts (1.5 and 3 intervals of the limit) at a 1 s interval.
+fn recommended(id: u64, limit: f64) -> QuotaUpdate {
+    quota_b(id, limit, 1.5 * limit, 3.0 * limit)
+}
+
+/// The worst legal client: every message as heavy as the format allows, from many sessions
+/// at 50 ms, for 10 s. Once it stops, the counter is at or below low_burst within two 1 s
+/// intervals (1.75 s).
+#[test]
+fn a_stopped_attacker_leaves_at_most_two_intervals_of_rejection() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    let low = 150_000;
+    let mut t = S;
+    let mut seq = 0;
+    while t < 11 * S {
+        seq += 1;
+        for l in 0..8 {
+            let mut q = req(&format!("evil{l}"), vec![(seq, vec![(1, u64::MAX)])]);
+            q.batches[0].deltas[0].2 = u64::MAX;
+            q.hints = vec![(1, u64::MAX)];
+            r.sync(&q, t).unwrap();
+        }
+        t += S / 20;
+    }
+    let stop = t - S / 20;
+    let f = r.counter(1, stop).unwrap();
+    assert_eq!((f.fill, f.drop_probability), (325.0, 1.0));
+    let reopened = (0..=40u64)
+        .map(|k| stop + k * S / 20)
+        .find(|&at| r.counter(1, at).unwrap().fill * 1000.0 <= low as f64)
+        .unwrap();
+    assert_eq!(reopened - stop, 7 * S / 4, "(3 - 1.5) s + 0.25 s of slack");
+}
+
+/// An honest limiter that admitted one very heavy request (allowed whenever its estimate is
+/// at or below low_burst) keeps the quota closed for as long as the weight takes to drain,
+/// as long as it keeps syncing: the root parks what does not fit and feeds it back.
+#[test]
+fn a_heavy_single_request_is_not_cut_while_its_limiter_syncs() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    // 10,000 units at 100 units/s: 100 s of drain.
+    r.sync(&req("honest", vec![(1, vec![(1, 10_000_000)])]), S).unwrap();
+    assert_eq!(fill(&r, 1, S), 325.0);
+    for k in 2..=97 {
+        let at = k * S;
+        assert!(fill(&r, 1, at) >= 225.0, "{k}: {}", fill(&r, 1, at));
+        r.sync(&req("honest", vec![]), at).unwrap();
+        assert_eq!(fill(&r, 1, at), 325.0, "{k}");
+    }
+    // 10,000 units in 100 s at 100/s: the parked rest is gone by now.
+    r.sync(&req("honest", vec![]), 104 * S).unwrap();
+    assert_eq!(r.parked_count(), 0);
+    assert!(fill(&r, 1, 104 * S) < 325.0);
+}
+
+/// After a root outage a limiter resends up to 30 batches at once; a first contact after a
+/// root restart may carry them too. Everything counts, in time.
+#[test]
+fn resends_after_an_outage_all_count() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    // 30 intervals of 120 units each from one limiter (it overshot high_burst in total).
+    let resend: Vec<_> = (1..=30).map(|s| (s, vec![(1, 120_000)])).collect();
+    assert_eq!(r.sync(&req("a", resend), 30 * S).unwrap().acked_seq, 30);
+    assert_eq!(fill(&r, 1, 30 * S), 325.0);
+    assert_eq!(r.parked_count(), 1);
+    // 3,600 units claimed, 325 fit: the rest (3,275) keeps feeding for 32.75 s.
+    let mut at = 30 * S;
+    while r.parked_count() > 0 {
+        at += S;
+        r.sync(&req("a", vec![]), at).unwrap();
+    }
+    assert_eq!(at, 63 * S);
 }

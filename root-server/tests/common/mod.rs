@@ -20,9 +20,15 @@ pub async fn sqlite_store() -> (Arc<dyn QuotaStore>, String, tempfile::TempDir) 
 }
 
 /// The PostgreSQL server given by `YARL_TEST_PG_URL`, or `None` with a note on stderr.
+/// When `YARL_TEST_PG_REQUIRED=1` (set by `make test` and CI), a missing URL fails the
+/// test instead: a suite that cannot reach PostgreSQL must not pass as if it had.
 pub fn pg_url(test: &str) -> Option<String> {
     match std::env::var("YARL_TEST_PG_URL") {
         Ok(u) if !u.is_empty() => Some(u),
+        _ if pg_required() => panic!(
+            "{test}: YARL_TEST_PG_URL is not set but YARL_TEST_PG_REQUIRED=1: run the tests \
+             under scripts/with-postgres.sh (make test does)"
+        ),
         _ => {
             eprintln!(
                 "{test}: skipped: YARL_TEST_PG_URL not set (run under scripts/with-postgres.sh)"
@@ -30,6 +36,12 @@ pub fn pg_url(test: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// Whether PostgreSQL tests must run rather than skip.
+pub fn pg_required() -> bool {
+    std::env::var("YARL_TEST_PG_REQUIRED").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
 }
 
 /// A new, empty database on the server at `base` (a URL naming any database); returns its
@@ -109,3 +121,4 @@ pub fn quota(limit: f64, low: f64, high: f64, parent: Option<&str>) -> String {
 pub fn short_poll() -> Settings {
     Settings { poll_interval: Duration::from_millis(200), ..Settings::default() }
 }
+pub mod process;
