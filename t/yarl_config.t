@@ -12,6 +12,8 @@ use Test::More;
 use Test::Yarl;
 
 my $t = Test::Yarl->new();
+$t->write_file('index.html', "hello\n");
+system("$FindBin::Bin/../scripts/make-test-ca.sh '" . $t->testdir . "' >/dev/null") == 0 or die "make-test-ca.sh failed\n";
 
 sub conf {
 	my ($http, $location) = @_;
@@ -33,7 +35,9 @@ EOF
 }
 
 conf(<<'EOF', <<'EOF');
-    yarl_roots http://127.0.0.1:7700 http://127.0.0.1:7701/;
+    yarl_roots http://127.0.0.1:7700 https://127.0.0.1:7701/;
+    yarl_sync_ca %%TESTDIR%%/ca.pem;
+    yarl_zone 8m;
     yarl_sync_interval 250ms;
     yarl_sync_timeout 1s;
     yarl_sync_token secret-token;
@@ -55,7 +59,10 @@ is($rc, 0, 'full configuration accepted') or diag($out);
 my @bad = (
 	# [http part, location part, directive, value in the message]
 	['yarl_roots 127.0.0.1:7700;', '', 'yarl_roots', '127.0.0.1:7700'],
-	['yarl_roots https://r:7700;', '', 'yarl_roots', 'https://r:7700'],
+	['yarl_roots ftp://r:7700;', '', 'yarl_roots', 'ftp://r:7700'],
+	['yarl_zone 64k;', '', 'yarl_zone', '64k'],
+	['yarl_sync_ca %%TESTDIR%%/missing.pem;', '', 'yarl_sync_ca', $t->testdir . '/missing.pem'],
+	['yarl_sync_ca %%TESTDIR%%/index.html;', '', 'yarl_sync_ca', $t->testdir . '/index.html'],
 	['yarl_roots http://r:99999;', '', 'yarl_roots', 'http://r:99999'],
 	['yarl_roots http://a:1 http://a:1;', '', 'yarl_roots', 'http://a:1'],
 	['yarl_sync_interval fast;', '', 'yarl_sync_interval', 'fast'],

@@ -1,7 +1,8 @@
 #!/usr/bin/perl
 
-# The per-worker sync thread: exactly one per worker, none in the master; reload starts it
-# in the new workers and joins it in the old ones; quit joins it and nginx exits cleanly.
+# The sync thread: exactly one in one worker, none in the master; after a reload the old
+# configuration's worker stops it and a new worker starts one; quit joins it and nginx
+# exits cleanly.
 
 use warnings;
 use strict;
@@ -31,15 +32,18 @@ http {
 EOF2
 $t->run();
 
-sub sync_threads {
-	my ($pid) = @_;
-	return scalar grep { $_ eq 'yarl-sync' } $t->thread_names($pid);
+sub threads {
+	my ($per, $master) = $t->sync_threads();
+	my $n = 0;
+	$n += $_ for values %$per;
+	return ($n, $master, grep { $per->{$_} } keys %$per);
 }
 
 my @workers = $t->worker_pids();
 is(scalar @workers, 2, 'two workers');
-is(sync_threads($_), 1, "worker $_ runs one sync thread") for @workers;
-is(sync_threads($t->master_pid), 0, 'no thread in the master');
+my ($n, $master, $agent) = threads();
+is($n, 1, 'one sync thread among the workers');
+is($master, 0, 'no thread in the master');
 
 is(status_of(http_get($t->port(8080), "/index.html?q=$_")), 200, "request $_") for 1 .. 3;
 
@@ -50,17 +54,19 @@ for my $round (1 .. 3) {
 	my @new = grep { !$old{$_} } $t->worker_pids();
 	is(scalar @new, 2, "reload $round: two new workers");
 	ok($t->wait_for(sub { !grep { kill 0, $_ } @old }, 10), "reload $round: old workers exited");
-	is(sync_threads($_), 1, "reload $round: worker $_ runs one sync thread") for @new;
+	my %new = map { $_ => 1 } @new;
+	ok($t->wait_for(sub { my ($n, undef, $a) = threads(); $n == 1 && $a && $new{$a} }, 3),
+		"reload $round: one sync thread, in a new worker");
 	is(status_of(http_get($t->port(8080), '/index.html?q=a')), 200, "reload $round: serves");
 }
 
 $t->finish();
 
 my $log = $t->read_file('error.log');
-my $started = () = $log =~ /yarl: sync thread started/g;
-my $joined = () = $log =~ /yarl: sync thread joined/g;
-is($started, 8, 'threads started: 2 workers x 4 generations');
-is($joined, $started, 'every thread joined');
+my $started = () = $log =~ /yarl: sync agent started in this worker/g;
+my $ended = () = $log =~ /yarl: (sync agent stopped in this worker|sync thread joined)/g;
+is($started, 4, 'one agent started per configuration generation');
+is($ended, $started, 'every agent thread stopped and joined');
 unlike($log, qr/exited on signal/, 'no worker crashed');
 
 done_testing();

@@ -29,7 +29,9 @@
 //!   admitted delta fills the counter up to the ceiling; the rest is parked with the session
 //!   (limiter id) that claimed it, per quota.
 //! * Each later sync of *that* session first moves its parked amounts into the counters, as
-//!   far as the ceilings allow. An honest limiter syncs every interval, so a heavy request or
+//!   far as the ceilings allow. The fills answered to that session include what it still
+//!   has parked, so a limiter never forgets what it admitted itself (it would admit it
+//!   again); other sessions see the counter at its ceiling. An honest limiter syncs every interval, so a heavy request or
 //!   an overshoot keeps its quota at the ceiling for as long as its weight takes to drain at
 //!   `limit`, as if the counter had taken it whole (it dips by at most one interval of the
 //!   limit between two syncs of the limiter that claimed it).
@@ -193,6 +195,14 @@ pub struct RootStats {
     pub hints_capped: u64,
     /// Sessions forgotten to make room (table or address budget full).
     pub limiters_evicted: u64,
+    /// Sessions started: a limiter id this root did not know (a new limiter, or one it
+    /// forgot, or any limiter after this root restarted).
+    pub sessions_created: u64,
+    /// Requests without this root's current instance: first contacts, answered with every
+    /// counter instead of the changes.
+    pub first_contacts: u64,
+    /// Quotas and tombstones sent in answers.
+    pub quotas_sent: u64,
 }
 
 /// A counter's live view for the admin API.
@@ -570,6 +580,7 @@ impl RootState {
                     return Err(SyncError::TooManyLimiters(0));
                 }
                 let s = Session { addr: peer, ..Session::default() };
+                self.stats.sessions_created += 1;
                 (Box::from(req.limiter.as_str()), s)
             }
         };
@@ -603,17 +614,29 @@ impl RootState {
             s.addr = peer;
         }
         let (name, s) = session;
+        // What this limiter admitted beyond a ceiling is parked, not lost: it sees it in the
+        // fills it gets back, or it would admit that much again (others do not see it).
+        let own_parked = (!s.parked.is_empty()).then(|| s.parked.clone());
         self.index(name.clone(), &s);
         self.limiters.insert(name, s);
 
-        let since = if req.root_instance == Some(self.instance) { req.since } else { 0 };
+        let since = if req.root_instance == Some(self.instance) {
+            req.since
+        } else {
+            self.stats.first_contacts += 1;
+            0
+        };
         let counters = self
             .changes
             .range(since.saturating_add(1)..)
             .filter_map(|(_, id)| {
                 let c = self.counters.get(id)?;
                 let demand = c.demand.rate(now);
-                Some((*id, c.bucket.fill_at(now, self.live_limit(*id)?), demand as u64))
+                let mut fill = c.bucket.fill_at(now, self.live_limit(*id)?);
+                if let Some(p) = own_parked.as_ref().and_then(|p| p.get(id)) {
+                    fill = fill.saturating_add(*p);
+                }
+                Some((*id, fill, demand as u64))
             })
             .collect();
 
@@ -632,6 +655,7 @@ impl RootState {
             epoch = self.epoch.max(req.epoch);
         }
         self.stats.syncs += 1;
+        self.stats.quotas_sent += quotas.len() as u64;
         Ok(SyncAnswer {
             v: PROTOCOL_VERSION,
             root_instance: self.instance,

@@ -396,9 +396,7 @@ fn sync_ca(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     let path = PathBuf::from(
         args[1].to_str().map_err(|_| invalid(args, 1, "the file name must be UTF-8"))?,
     );
-    yarl_agent::load_ca(&path).map_err(|e| {
-        ConfError::Message(format!("invalid value in \"{}\" directive, {}", text(&args[0]), e))
-    })?;
+    yarl_agent::load_ca(&path).map_err(|e| invalid(args, 1, &e.to_string()))?;
     mc.ca = Some(path);
     Ok(())
 }

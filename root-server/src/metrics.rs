@@ -123,6 +123,21 @@ impl Metrics {
             s.stats.limiters_evicted,
         );
         counter(
+            "yarl_root_sessions_created_total",
+            "Limiter sessions started (a limiter id this root did not know).",
+            s.stats.sessions_created,
+        );
+        counter(
+            "yarl_root_first_contacts_total",
+            "Syncs without this root's current instance, answered with every counter.",
+            s.stats.first_contacts,
+        );
+        counter(
+            "yarl_root_quotas_sent_total",
+            "Quotas and tombstones sent to limiters.",
+            s.stats.quotas_sent,
+        );
+        counter(
             "yarl_root_db_errors_total",
             "Failed quota database operations.",
             self.db_errors.load(Relaxed),

@@ -386,8 +386,13 @@ fn a_heavy_single_request_is_not_cut_while_its_limiter_syncs() {
     let mut r = RootState::new(RootConfig::default());
     r.apply_quotas([recommended(1, 100.0)], 0);
     // 10,000 units at 100 units/s: 100 s of drain.
-    r.sync(&req("honest", vec![(1, vec![(1, 10_000_000)])]), S).unwrap();
+    let answer = r.sync(&req("honest", vec![(1, vec![(1, 10_000_000)])]), S).unwrap();
     assert_eq!(fill(&r, 1, S), 325.0);
+    // The limiter that admitted it sees all of it (or it would admit it again); another
+    // limiter sees the counter at its ceiling.
+    assert_eq!(answer.counters, vec![(1, 10_000_000, answer.counters[0].2)]);
+    let other = r.sync(&req("other", vec![]), S).unwrap();
+    assert_eq!(other.counters[0].1, 325_000);
     for k in 2..=97 {
         let at = k * S;
         assert!(fill(&r, 1, at) >= 225.0, "{k}: {}", fill(&r, 1, at));

@@ -351,13 +351,45 @@ sub wait_quota {
 
 sub decode_json { $JSON->decode($_[1]) }
 
+# The root's /metrics as { 'name{labels}' => value }.
+sub root_metrics {
+	my ($self, $root) = @_;
+	my $res = HTTP::Tiny->new(timeout => 5)->get($self->root_url($root // 'A') . '/metrics');
+	my %m;
+	for (split /\n/, $res->{content} // '') {
+		next if /^#/;
+		$m{$1} = $2 if /^(\S+)\s+(\S+)$/;
+	}
+	return \%m;
+}
+
+# Names of the threads called yarl-sync in every worker, and in the master.
+sub sync_threads {
+	my ($self) = @_;
+	my %per = map { $_ => scalar(grep { $_ eq 'yarl-sync' } $self->thread_names($_)) }
+		$self->worker_pids;
+	my $master = grep { $_ eq 'yarl-sync' } $self->thread_names($self->master_pid);
+	return (\%per, $master);
+}
+
+# error.log lines matching $re are expected, not failures of finish().
+sub allow_alerts {
+	my ($self, $re) = @_;
+	push @{$self->{allowed_alerts}}, $re;
+	return $self;
+}
+
 # Stops everything and checks the logs: call once at the end of every test file.
 sub finish {
 	my ($self) = @_;
 	my $clean = $self->stop_nginx();
 	ok($clean, 'nginx exited gracefully');
 	$self->stop_root($_) for keys %{$self->{roots}};
-	my @bad = grep { /\[(alert|crit|emerg)\]/ } split /\n/, $self->read_file('error.log');
+	my @allowed = @{$self->{allowed_alerts} // []};
+	my @bad = grep {
+		my $line = $_;
+		/\[(alert|crit|emerg)\]/ && !grep { $line =~ $_ } @allowed
+	} split /\n/, $self->read_file('error.log');
 	is(join("\n", @bad), '', 'no alerts in error.log');
 	my $stderr = $self->read_file('stderr.log');
 	unlike($stderr, qr/panick/, 'no panics');

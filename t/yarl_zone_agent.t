@@ -1,0 +1,99 @@
+#!/usr/bin/perl
+
+# Exactly one sync agent per nginx: one sync thread among all workers (none in the master),
+# one sync request per root per interval whatever worker_processes is; kill -9 of the
+# agent's worker moves the role to another worker within two intervals, and the same
+# limiter session goes on with nothing lost.
+
+use warnings;
+use strict;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Test::Yarl qw(http_get status_of);
+use Time::HiRes qw(time sleep);
+
+my $t = Test::Yarl->new();
+$t->write_file('index.html', "hello\n");
+$t->write_file_expand('nginx.conf', <<'EOF2');
+%%TEST_GLOBALS%%
+worker_processes 4;
+events { }
+http {
+    %%TEST_GLOBALS_HTTP%%
+    yarl_roots %%ROOT_A%%;
+    yarl_sync_interval 200ms;
+    server {
+        listen 127.0.0.1:%%PORT_8080%% reuseport;
+        root %%TESTDIR%%;
+        location / {
+            yarl_account q;
+        }
+        location = /stats {
+            yarl_stats;
+        }
+    }
+}
+EOF2
+$t->run_root('A');
+$t->run();
+$t->put_quota('q', 0.001, 1e6, 1e6);
+ok($t->wait_quota($t->port(8080), 'q', 5), 'quota fetched');
+
+my ($per, $master) = $t->sync_threads();
+is($master, 0, 'no sync thread in the master');
+my $threads = 0;
+$threads += $_ for values %$per;
+is($threads, 1, 'one sync thread among the 4 workers');
+
+# Sync requests the root receives from this nginx per interval.
+my $syncs = sub { $t->root_metrics()->{'yarl_root_sync_requests_total{result="ok"}'} // 0 };
+my ($s0, $t0) = ($syncs->(), time());
+sleep 3;
+my ($s1, $t1) = ($syncs->(), time());
+my $per_interval = ($s1 - $s0) / (($t1 - $t0) / 0.2);
+diag(sprintf('%d sync requests in %.2f s: %.2f per 200 ms interval', $s1 - $s0, $t1 - $t0, $per_interval));
+cmp_ok($per_interval, '<=', 1.25, 'one sync request per interval for 4 workers');
+cmp_ok($per_interval, '>=', 0.8, 'and no fewer');
+
+is(status_of(http_get($t->port(8080), '/index.html')), 200, "request $_") for 1 .. 20;
+my $st = $t->stats($t->port(8080));
+my $agent = $st->{agent}{pid};
+ok($agent && grep({ $_ == $agent } $t->worker_pids), "worker $agent is the agent");
+my $m0 = $t->root_metrics();
+
+$t->allow_alerts(qr/worker process $agent exited on signal 9/);
+kill 'KILL', $agent;
+my $killed = time();
+my $took;
+ok($t->wait_for(sub {
+	my $s = $t->stats($t->port(8080)) or return 0;
+	my $p = $s->{agent}{pid};
+	return 0 unless $p && $p != $agent && $s->{agent}{lease_age_ms} < 200;
+	$took = time() - $killed;
+	1;
+}, 5), 'another worker took the agent role');
+diag(sprintf('agent role moved from %d in %.0f ms', $agent, ($took // 9) * 1000));
+cmp_ok($took // 9, '<', 0.4 + 0.1, 'within two intervals (and one stats poll)');
+
+is(status_of(http_get($t->port(8080), '/index.html')), 200, "after the kill, request $_") for 1 .. 10;
+my $fill = sub {
+	my (undef, $b) = $t->admin('GET', '/v1/quotas/q');
+	return ref $b ? $b->{counter}{fill} : -1;
+};
+ok($t->wait_for(sub { abs($fill->() - 30) < 0.5 }, 5), 'the root counted all 30 requests once')
+	or diag('root fill ' . $fill->());
+my $m1 = $t->root_metrics();
+is($m1->{yarl_root_sessions_created_total}, $m0->{yarl_root_sessions_created_total},
+	'the same session goes on');
+is($m1->{yarl_root_limiters}, 1, 'one limiter at the root');
+ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 4 }, 5), 'the master respawned the killed worker');
+($per, $master) = $t->sync_threads();
+$threads = 0;
+$threads += $_ for values %$per;
+is($threads, 1, 'still one sync thread');
+
+$t->finish();
+unlike($t->read_file('error.log'), qr/\[alert\].*yarl/, 'no yarl alert');
+done_testing();
