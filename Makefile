@@ -21,7 +21,7 @@ ROOT_BIN := $(OUT)/yarl-root
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove test run bench clean \
+.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx clean \
 	distro-deps distro-module distro-test packaging-test install
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
@@ -103,6 +103,18 @@ run: build
 
 bench: deps
 	$(CARGO) bench -p yarl-core --bench limiter
+
+# Side-by-side nginx benchmark (release build, wrk): plain, limit_req and yarl variants as
+# locations of one nginx, 1M quotas, 1 and 2 workers, the limiter's memory. Prints figures;
+# not part of `make test`. See scripts/bench-nginx.sh.
+REL := $(TARGET_DIR)/release
+bench-nginx: deps
+	@command -v wrk >/dev/null && command -v bc >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk bc; }
+	$(MAKE) build PROFILE=release
+	NGINX_BIN=$$(ls -t $(REL)/build/nginx-sys-*/out/objs/nginx | head -n 1) \
+		MODULE_SO=$(REL)/ngx_http_yarl_module.so ROOT_BIN=$(REL)/yarl-root \
+		scripts/bench-nginx.sh
 
 # nginx and nginx-dev from the distribution, without leaving nginx running or enabled.
 distro-deps:

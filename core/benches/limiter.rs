@@ -71,7 +71,8 @@ fn load(limiter: &Limiter) {
 
 fn bench(c: &mut Criterion) {
     let before = rss_bytes();
-    let limiter = Limiter::builder().clock(Arc::new(ManualClock::at(1))).build();
+    let limiter =
+        Limiter::builder().clock(Arc::new(ManualClock::at(1))).capacity(1_050_000).build();
     load(&limiter);
     let after = rss_bytes();
     assert_eq!(limiter.quota_count(), QUOTAS);

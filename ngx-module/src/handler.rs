@@ -230,15 +230,13 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
     }
     if !accounts.is_empty() {
         // All account lines of the location count together or not at all.
-        match limiter.account_many(&accounts) {
-            Ok(d) if d.outcome == Outcome::Rejected => {
+        match limiter.account_many_matched(&accounts) {
+            Ok((d, _)) if d.outcome == Outcome::Rejected => {
                 let name = d.quota.clone().unwrap_or_default();
                 return rejected(d, &name);
             }
-            Ok(d) if d.outcome == Outcome::Passed => {
-                if let Some((n, _)) = accounts.iter().rev().find(|(n, _)| limiter.contains(n)) {
-                    matched = Some((*n).into());
-                }
+            Ok((d, Some(k))) if d.outcome == Outcome::Passed => {
+                matched = Some(accounts[k].0.into());
             }
             // Unlimited; or weights above the maximum, which runtime_weight and the directive
             // parser already clamp: never worth failing a request over.

@@ -18,7 +18,7 @@ use crate::report::RequestCounters;
 use core::ptr::addr_of_mut;
 use ngx::ffi::{
     ngx_add_timer, ngx_cycle_t, ngx_del_timer, ngx_event_t, ngx_exiting, ngx_log_t, ngx_msec_t,
-    ngx_quit, ngx_terminate, NGX_LOG_ALERT, NGX_LOG_NOTICE,
+    ngx_quit, ngx_terminate, ngx_worker, NGX_LOG_ALERT, NGX_LOG_NOTICE,
 };
 use ngx::ngx_log_error;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -57,6 +57,8 @@ pub struct Worker {
     pid: u32,
     /// The zone generation of this worker's configuration.
     generation: u64,
+    /// This worker's lane of the zone's request counters.
+    lane: usize,
 }
 
 static WORKER: OnceLock<Worker> = OnceLock::new();
@@ -89,11 +91,11 @@ pub enum Counted {
     RejectedDryRun,
 }
 
-/// Counts one decided request.
+/// Counts one decided request, in this worker's lane of the zone's counters.
 pub fn count(what: Counted) {
-    let Some(l) = limiter() else { return };
+    let Some(w) = WORKER.get() else { return };
     let add = |i| {
-        if let Some(c) = l.aux_counter(i) {
+        if let Some(c) = w.limiter.aux_counter(w.lane, i) {
             c.fetch_add(1, Relaxed);
         }
     };
@@ -109,7 +111,7 @@ pub fn count(what: Counted) {
 /// The host's request counters.
 pub fn counters() -> RequestCounters {
     let Some(l) = limiter() else { return RequestCounters::default() };
-    let get = |i| l.aux_counter(i).map_or(0, |c| c.load(Relaxed));
+    let get = |i| l.aux_sum(i);
     RequestCounters {
         checked: get(aux::CHECKED),
         passed: get(aux::PASSED),
@@ -161,6 +163,8 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         ca: mc.ca.clone(),
         pid: std::process::id(),
         generation,
+        // SAFETY: ngx_worker is set by the master before forking and read-only here.
+        lane: unsafe { ngx_worker } % yarl_core::zone::AUX_LANES,
     };
     let _ = WORKER.set(w);
     // SAFETY: the cycle and its log live as long as this worker.

@@ -78,32 +78,51 @@ impl Limiter {
     /// demand). The first rejection is returned; otherwise the pass of the last name that
     /// matched a quota (`Unlimited` if none did).
     pub fn account_many(&self, items: &[(&str, u64)]) -> Result<Decision, WeightError> {
+        self.account_many_matched(items).map(|(d, _)| d)
+    }
+
+    /// [`account_many`](Self::account_many), also saying which item decided: the rejecting
+    /// one, or on a pass the last one that matched a quota (`None` when none did).
+    pub fn account_many_matched(
+        &self,
+        items: &[(&str, u64)],
+    ) -> Result<(Decision, Option<usize>), WeightError> {
         if let Some(&(_, w)) = items.iter().find(|(_, w)| *w > MAX_WEIGHT_UNITS) {
             return Err(WeightError(w));
         }
         let now = self.clock.now_nanos();
-        let mut chains: Vec<(Chain, u64)> = Vec::with_capacity(items.len());
-        let mut result = Decision::unlimited();
-        for &(name, weight) in items {
+        // Chains that passed, to count once every item passed; a request rarely has more
+        // than a few account lines, so they stay on the stack.
+        let mut passed: [(Chain, u64); 4] = Default::default();
+        let mut more: Vec<(Chain, u64)> = Vec::new();
+        let mut n = 0;
+        let mut result = (Decision::unlimited(), None);
+        for (k, &(name, weight)) in items.iter().enumerate() {
             let weight = weight * MILLI;
             let mut chain = Chain::default();
             match self.walk(name, now, weight, &mut chain) {
                 Walk::Unlimited => {}
                 Walk::Rejected(d) => {
                     self.count_rejected(&chain, weight);
-                    for (c, w) in &chains {
+                    for (c, w) in passed.iter().take(n).chain(&more) {
                         self.count_rejected(c, *w);
                     }
-                    return Ok(d);
+                    return Ok((d, Some(k)));
                 }
                 Walk::Passed(fill) => {
-                    result =
+                    let d =
                         Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None };
-                    chains.push((chain, weight));
+                    result = (d, Some(k));
+                    if n < passed.len() {
+                        passed[n] = (chain, weight);
+                        n += 1;
+                    } else {
+                        more.push((chain, weight));
+                    }
                 }
             }
         }
-        for (c, w) in &chains {
+        for (c, w) in passed.iter().take(n).chain(&more) {
             self.add_local(c, *w);
         }
         Ok(result)

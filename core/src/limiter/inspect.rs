@@ -7,7 +7,7 @@ use crate::sync::RootStatus;
 use crate::units::{milli_to_units, MILLI};
 use crate::zone::roots::{self, LATENCY_BUCKETS_US};
 use crate::zone::slot::{HIGH, ID, LIMIT, LOW, REJECTS};
-use crate::zone::{self, hdr, ZoneUsage, AUX_COUNTERS};
+use crate::zone::{self, hdr, ZoneUsage, AUX_COUNTERS, AUX_LANES};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// The limiter's state as a whole, readable by any handle.
@@ -128,10 +128,19 @@ impl Limiter {
         }
     }
 
-    /// One of [`zone::AUX_COUNTERS`] counters the embedder may use for its own statistics
-    /// (shared by every handle of the block, kept across reloads).
-    pub fn aux_counter(&self, i: usize) -> Option<&AtomicU64> {
-        (i < AUX_COUNTERS).then(|| self.hdr(hdr::AUX + i))
+    /// Counter `i` (< [`zone::AUX_COUNTERS`]) of lane `lane` (< [`zone::AUX_LANES`]), for
+    /// the embedder's own statistics: kept in the block, so shared by every handle and kept
+    /// across reloads. Each writer (an nginx worker) adds to its own lane; readers sum the
+    /// lanes ([`Limiter::aux_sum`]).
+    pub fn aux_counter(&self, lane: usize, i: usize) -> Option<&AtomicU64> {
+        (i < AUX_COUNTERS && lane < AUX_LANES).then(|| self.hdr(hdr::AUX + lane * AUX_COUNTERS + i))
+    }
+
+    /// Counter `i` summed over every lane.
+    pub fn aux_sum(&self, i: usize) -> u64 {
+        (0..AUX_LANES)
+            .filter_map(|lane| self.aux_counter(lane, i))
+            .fold(0u64, |a, c| a.wrapping_add(c.load(Relaxed)))
     }
 
     /// The state of the root at `url` as the sync agent last recorded it.

@@ -13,7 +13,7 @@
 //!
 //! | region | words | what |
 //! |---|---|---|
-//! | header | 256 | magic, layout version, sizes, limiter identity, epoch, sync sequence numbers, allocator heads, agent lease, embedder counters |
+//! | header | 640 | magic, layout version, sizes, limiter identity, epoch, sync sequence numbers, allocator heads, agent lease; 64 lanes of 8 embedder counters |
 //! | roots | 64 × 64 | per root: instance, `since`, acknowledged `seq`, health (see [`roots`]) |
 //! | shard directory | 1024 | per index shard: its current area, live and deleted entry counts |
 //! | dirty bitmap | 1 bit per slot | slots with counts not yet taken by a sync round |
@@ -64,9 +64,12 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// Index areas beyond one per shard, for rebuilding a shard beside the live one.
 pub(crate) const SPARE_AREAS: usize = 4;
 /// Header words.
-pub(crate) const HEADER_WORDS: usize = 256;
-/// Embedder counters in the header ([`crate::Limiter::aux_counter`]).
-pub const AUX_COUNTERS: usize = 64;
+pub(crate) const HEADER_WORDS: usize = 128 + AUX_LANES * AUX_COUNTERS;
+/// Embedder counters per lane ([`crate::Limiter::aux_counter`]): one cache line.
+pub const AUX_COUNTERS: usize = 8;
+/// Lanes of embedder counters: writers in different processes use different lanes, so
+/// counting a request never bounces a cache line between CPUs.
+pub const AUX_LANES: usize = 64;
 /// Fewest quotas a block must hold to be usable.
 pub const MIN_QUOTAS: u32 = 64;
 /// Most quotas a block can hold (slot indices are 32-bit and `u32::MAX` is reserved).
@@ -116,6 +119,7 @@ pub(crate) mod hdr {
     pub const SPARES: usize = 40;
     /// Free-list heads of the arena, by record size in words (index = size).
     pub const ARENA_FREE: usize = 64;
+    /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
     pub const AUX: usize = 128;
 }
 
@@ -375,8 +379,11 @@ pub fn prepare(block: &Block) -> Result<Prepared, ZoneError> {
             Ok(Prepared::Reused)
         }
         Err(why) => {
+            // Fresh shared memory (an anonymous mapping) is zero; only a block that held
+            // something else (another layout, or an allocator's debug fill) is zeroed, so a
+            // large zone does not get every index page touched at start.
             let was_empty = words[hdr::MAGIC].load(Relaxed) == 0;
-            format(words, &layout, false);
+            format(words, &layout, was_empty);
             Ok(if was_empty { Prepared::Formatted } else { Prepared::Reformatted(why) })
         }
     }

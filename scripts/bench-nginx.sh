@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# Usage: scripts/bench-nginx.sh   (run through `make bench-nginx`, which builds the release
+# binaries and installs wrk)
+#
+# One nginx with every variant as a location, side by side in one run, against a release
+# yarl-root holding 1,000,001 quotas in 3-level chains (1,000 tenants, 10,000 buckets,
+# 989,001 leaves "s3_bucket-NNNNNNN_read"):
+#
+#   plain          a static file
+#   limit_req 1    limit_req, one key
+#   limit_req 1M   limit_req, a random key per request across 1M keys
+#   check 1        yarl_check, one quota (a leaf with its 2 ancestors)
+#   check 1M       yarl_check, a random leaf across the million
+#   account 1M     yarl_account, a random leaf across the million
+#
+# Quotas and limit_req never reject (huge limits): this measures the cost of deciding. Every
+# variant gets the same wrk Lua script (a random leaf name in the query), so wrk's own cost
+# is the same everywhere. Rounds are interleaved (every variant once per round, the order
+# rotated), each BENCH_SECONDS long, and the table shows medians over BENCH_ROUNDS rounds,
+# for 1 worker (pinned to CPU 0, wrk on CPU 1) and 2 workers.
+#
+# Memory: a second nginx with only yarl (same zone, 1M quotas, account traffic through
+# every worker) against the same nginx with the module loaded and unused: the difference of
+# the summed PSS of all its processes (master and workers: shared zone pages count once).
+#
+# Env: NGINX_BIN, MODULE_SO, ROOT_BIN (release builds), BENCH_SECONDS (8), BENCH_ROUNDS (3),
+# BENCH_WORKERS ("1 2"), BENCH_QUOTAS_LEAVES (989001).
+set -euo pipefail
+
+: "${NGINX_BIN:?}" "${MODULE_SO:?}" "${ROOT_BIN:?}"
+MODULE_SO=$(readlink -f "$MODULE_SO")
+SECONDS_PER=${BENCH_SECONDS:-8}
+ROUNDS=${BENCH_ROUNDS:-3}
+WORKER_SET=${BENCH_WORKERS:-1 2}
+TENANTS=1000
+BUCKETS=10000
+LEAVES=${BENCH_QUOTAS_LEAVES:-989001}
+QUOTAS=$((TENANTS + BUCKETS + LEAVES))
+command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
+
+DIR=$(mktemp -d /tmp/yarl-bench-nginx.XXXXXX)
+ROOT_PID=""
+cleanup() {
+    for pidfile in "$DIR"/*/nginx.pid; do
+        [ -f "$pidfile" ] && kill -QUIT "$(cat "$pidfile")" 2>/dev/null || true
+    done
+    if [ -n "$ROOT_PID" ]; then kill -TERM "$ROOT_PID" 2>/dev/null || true; wait "$ROOT_PID" 2>/dev/null || true; fi
+    sleep 0.5
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() {
+    for _ in $(seq 1 100); do
+        local p=$((20000 + RANDOM % 40000))
+        if port_free "$p"; then echo "$p"; return; fi
+    done
+    echo "no free port" >&2; exit 1
+}
+
+ROOT_PORT=$(free_port)
+ROOT_URL="http://127.0.0.1:$ROOT_PORT"
+"$ROOT_BIN" --listen "127.0.0.1:$ROOT_PORT" --db "sqlite://$DIR/yarl.db" >"$DIR/root.log" 2>&1 &
+ROOT_PID=$!
+for _ in $(seq 1 100); do
+    curl -sf "$ROOT_URL/healthz" >/dev/null 2>&1 && break
+    kill -0 "$ROOT_PID" 2>/dev/null || { cat "$DIR/root.log" >&2; exit 1; }
+    sleep 0.1
+done
+
+echo "loading $QUOTAS quotas into the root..."
+awk -v t="$TENANTS" -v b="$BUCKETS" -v l="$LEAVES" 'BEGIN {
+    q = "\"limit\":1000000,\"low_burst\":1000000000,\"high_burst\":1000000000";
+    printf "[";
+    for (i = 0; i < t; i++) printf "%s{\"name\":\"tenant-%d\",%s}\n", (i ? "," : ""), i, q;
+    for (i = 0; i < b; i++) printf ",{\"name\":\"tenant-%d.b%d\",%s,\"parent\":\"tenant-%d\"}\n", i % t, i, q, i % t;
+    for (i = 0; i < l; i++) { k = i % b; printf ",{\"name\":\"s3_bucket-%07d_read\",%s,\"parent\":\"tenant-%d.b%d\"}\n", i, q, k % t, k; }
+    printf "]";
+}' >"$DIR/batch.json"
+start=$(date +%s.%N)
+curl -sf -X POST --data-binary "@$DIR/batch.json" "$ROOT_URL/v1/quotas:batch" >/dev/null
+echo "loaded in $(echo "$(date +%s.%N) - $start" | bc) s"
+rm -f "$DIR/batch.json"
+
+cat >"$DIR/bench.lua" <<EOF
+local leaves = $LEAVES
+local base = os.getenv("BENCH_PATH")
+local fixed = os.getenv("BENCH_FIXED")
+math.randomseed(os.time())
+request = function()
+    local q = string.format("s3_bucket-%07d_read", math.random(0, leaves - 1))
+    if fixed then q = fixed end
+    return wrk.format("GET", base .. q)
+end
+EOF
+echo hello >"$DIR/index.html"
+
+# nginx_conf DIR WORKERS AFFINITY BODY
+nginx_conf() {
+    local d=$1 workers=$2 affinity=$3 body=$4
+    mkdir -p "$d/logs"
+    cat >"$d/nginx.conf" <<EOF
+load_module $MODULE_SO;
+pid $d/nginx.pid;
+error_log $d/error.log notice;
+worker_processes $workers;
+$affinity
+$( [ "$(id -u)" = 0 ] && echo "user root;" )
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $d/tmp;
+    proxy_temp_path $d/tmp;
+    fastcgi_temp_path $d/tmp;
+    uwsgi_temp_path $d/tmp;
+    scgi_temp_path $d/tmp;
+    keepalive_requests 1000000;
+    default_type text/plain;
+$body
+}
+EOF
+}
+
+start_nginx() {
+    local d=$1
+    "$NGINX_BIN" -p "$d/" -c "$d/nginx.conf" || { cat "$d/error.log" >&2; exit 1; }
+    sleep 0.3
+}
+
+stop_nginx() {
+    local d=$1
+    [ -f "$d/nginx.pid" ] || return 0
+    local pid
+    pid=$(cat "$d/nginx.pid")
+    kill -QUIT "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$d/nginx.pid"
+}
+
+# wait_quotas PORT: until the zone holds every quota (yarl_stats)
+wait_quotas() {
+    local port=$1
+    for _ in $(seq 1 1200); do
+        local n
+        n=$(curl -sf "http://127.0.0.1:$port/stats" | sed -n 's/.*"quotas":\([0-9]*\).*/\1/p' | head -n 1)
+        [ "${n:-0}" -ge "$QUOTAS" ] && return 0
+        sleep 0.25
+    done
+    echo "the zone did not load $QUOTAS quotas" >&2
+    curl -s "http://127.0.0.1:$port/stats" >&2
+    exit 1
+}
+
+# Sum of Pss (kB) of nginx's master and workers.
+pss_kb() {
+    local d=$1 master total=0
+    master=$(cat "$d/nginx.pid")
+    for p in "$master" $(pgrep -P "$master"); do
+        local k
+        k=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
+        total=$((total + ${k:-0}))
+    done
+    echo "$total"
+}
+
+VARIANTS="plain lr1 lr1m check1 check1m account1m"
+declare -A LABEL=([plain]="plain nginx (static file)" [lr1]="limit_req, one key"
+    [lr1m]="limit_req, a key per request across 1M keys" [check1]="yarl_check, one quota"
+    [check1m]="yarl_check, random quota across 1M" [account1m]="yarl_account, random quota across 1M")
+
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+to_ms() {
+    # wrk prints 123.45us, 1.23ms, 1.02s
+    awk '{v = $1; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /s$/) {sub(/s$/, "", v); v *= 1000} print v}'
+}
+
+for workers in $WORKER_SET; do
+    d="$DIR/w$workers"
+    port=$(free_port)
+    if [ "$workers" = 1 ]; then
+        affinity="worker_cpu_affinity 01;"
+        wrk_cmd=(taskset -c 1 wrk)
+    else
+        affinity="worker_cpu_affinity 01 10;"
+        wrk_cmd=(wrk)
+    fi
+    nginx_conf "$d" "$workers" "$affinity" "
+    yarl_roots $ROOT_URL;
+    yarl_zone 200m;
+    limit_req_zone \"bench\" zone=one:1m rate=1000000r/s;
+    limit_req_zone \$arg_q zone=many:256m rate=1000000r/s;
+    server {
+        listen 127.0.0.1:$port reuseport;
+        root $DIR;
+        location = /stats { yarl_stats; }
+        location = /plain { alias $DIR/index.html; }
+        location = /lr1 { limit_req zone=one burst=1000000 nodelay; alias $DIR/index.html; }
+        location = /lr1m { limit_req zone=many burst=1000000 nodelay; alias $DIR/index.html; }
+        location = /check1 { yarl_check s3_bucket-0123456_read; alias $DIR/index.html; }
+        location = /check1m { yarl_check \$arg_q; alias $DIR/index.html; }
+        location = /account1m { yarl_account \$arg_q; alias $DIR/index.html; }
+    }"
+    start_nginx "$d"
+    echo "workers $workers: waiting for the zone to hold $QUOTAS quotas..."
+    wait_quotas "$port"
+    # Warm up every variant (limit_req's 1M-key zone fills as keys arrive).
+    for v in $VARIANTS; do
+        BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d2s -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
+    done
+    for round in $(seq 1 "$ROUNDS"); do
+        order=$(echo $VARIANTS | tr ' ' '\n' | awk -v r="$round" '{a[NR] = $0} END {for (i = 0; i < NR; i++) print a[(i + r - 1) % NR + 1]}')
+        for v in $order; do
+            out=$(BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:$port")
+            rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
+            p99=$(echo "$out" | awk '$1 == "99%" {print $2}' | to_ms)
+            non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
+            [ -z "$non2xx" ] || echo "  warning: $v had $non2xx non-2xx answers" >&2
+            echo "$rps" >>"$d/$v.rps"
+            echo "$p99" >>"$d/$v.p99"
+            printf '  round %d %-10s %10.0f req/s  p99 %.3f ms\n' "$round" "$v" "$rps" "$p99"
+        done
+    done
+    stop_nginx "$d"
+done
+
+# Memory of the limiter: yarl only, 1M quotas, account traffic through every worker.
+declare -A MEM
+for workers in $WORKER_SET; do
+    for kind in base yarl; do
+        d="$DIR/m$kind$workers"
+        port=$(free_port)
+        if [ "$kind" = yarl ]; then
+            body="yarl_roots $ROOT_URL; yarl_zone 200m;
+    server { listen 127.0.0.1:$port reuseport; root $DIR;
+        location = /stats { yarl_stats; }
+        location = /account1m { yarl_account \$arg_q; alias $DIR/index.html; } }"
+        else
+            body="server { listen 127.0.0.1:$port reuseport; root $DIR;
+        location = /account1m { alias $DIR/index.html; } }"
+        fi
+        nginx_conf "$d" "$workers" "" "$body"
+        start_nginx "$d"
+        [ "$kind" = yarl ] && wait_quotas "$port"
+        BENCH_PATH="/account1m?q=" wrk -t2 -c32 -d5s -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
+        sleep 2
+        MEM[$kind$workers]=$(pss_kb "$d")
+        stop_nginx "$d"
+    done
+done
+
+echo
+echo "## make bench-nginx: $QUOTAS quotas, medians of $ROUNDS interleaved rounds of ${SECONDS_PER} s, wrk -c16"
+for workers in $WORKER_SET; do
+    d="$DIR/w$workers"
+    echo
+    echo "### $workers worker(s)"
+    echo
+    echo "| variant | req/s | vs plain | p99 ms | p99 vs plain |"
+    echo "|---|---|---|---|---|"
+    plain_rps=$(median <"$d/plain.rps")
+    plain_p99=$(median <"$d/plain.p99")
+    for v in $VARIANTS; do
+        rps=$(median <"$d/$v.rps")
+        p99=$(median <"$d/$v.p99")
+        printf '| %s | %.0f | %.3f | %.3f | %.2f |\n' "${LABEL[$v]}" "$rps" \
+            "$(echo "$rps / $plain_rps" | bc -l)" "$p99" "$(echo "$p99 / $plain_p99" | bc -l)"
+        eval "R_${workers}_$v=$(echo "$rps / $plain_rps" | bc -l)"
+        eval "P_${workers}_$v=$(echo "$p99 / $plain_p99" | bc -l)"
+    done
+done
+echo
+echo "### Limiter memory (sum of PSS of master and workers, yarl minus the same nginx without it)"
+echo
+echo "| workers | yarl (MiB) | without (MiB) | limiter (MiB) | bytes per quota |"
+echo "|---|---|---|---|---|"
+for workers in $WORKER_SET; do
+    y=${MEM[yarl$workers]}
+    b=${MEM[base$workers]}
+    l=$((y - b))
+    eval "L_$workers=$l"
+    printf '| %d | %.1f | %.1f | %.1f | %.0f |\n' "$workers" "$(echo "$y / 1024" | bc -l)" \
+        "$(echo "$b / 1024" | bc -l)" "$(echo "$l / 1024" | bc -l)" "$(echo "$l * 1024 / $QUOTAS" | bc -l)"
+done
+echo
+echo "### Targets (1 worker)"
+check() { # name value op target
+    local ok
+    ok=$(echo "$2 $3 $4" | bc -l)
+    printf -- '- %s: %.3f (target %s %s) %s\n' "$1" "$2" "$3" "$4" "$([ "$ok" = 1 ] && echo met || echo MISSED)"
+}
+if [[ " $WORKER_SET " == *" 1 "* ]]; then
+    check "yarl_check one quota vs plain" "$R_1_check1" ">=" 0.97
+    check "yarl_check random 1M vs limit_req per key" "$(echo "$R_1_check1m / $R_1_lr1m" | bc -l)" ">=" 1.1
+    check "yarl_account random 1M vs plain" "$R_1_account1m" ">=" 0.90
+    check "yarl_account random 1M p99 vs plain" "$P_1_account1m" "<=" 1.5
+fi
+if [[ " $WORKER_SET " == *" 1 "* && " $WORKER_SET " == *" 2 "* ]]; then
+    check "limiter memory, 2 workers vs 1" "$(echo "$L_2 / $L_1" | bc -l)" "<=" 1.1
+    check "limiter bytes per quota (2 workers)" "$(echo "$L_2 * 1024 / $QUOTAS" | bc -l)" "<=" 200
+fi
