@@ -14,6 +14,10 @@ use yarl_core::{SyncEngine, SyncStatus};
 /// The nginx module renews the agent lease of the shared zone here, and stops when another
 /// worker took the role over or a reload made a newer configuration's worker the agent.
 pub trait Supervisor: Send + 'static {
+    /// Called once in the agent's thread before the first round (e.g. to lower its
+    /// scheduling priority).
+    fn started(&mut self) {}
+
     /// Called before each round; `false` stops the agent.
     fn before_round(&mut self) -> bool {
         true
@@ -70,6 +74,7 @@ impl SyncThread {
         let sh = shared.clone();
         let handle = std::thread::Builder::new().name("yarl-sync".into()).spawn(move || {
             let stop = || sh.stop.load(Ordering::Acquire);
+            supervisor.started();
             rt.block_on(drive(&mut engine, &*transport, &mut supervisor, &stop, &sh.wake, |s| {
                 *sh.status.lock() = s;
             }));

@@ -87,6 +87,7 @@ unsafe extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> 
             return Status::NGX_ERROR;
         };
         if data.is_null() {
+            advise_huge_pages(&block);
             // A new zone: take every page from the slab allocator, so nothing else that might
             // allocate from this pool writes into the block.
             let pool = z.shm.addr.cast::<ngx_slab_pool_t>();
@@ -133,6 +134,22 @@ unsafe extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> 
     match r {
         Ok(s) => s.0,
         Err(_) => Status::NGX_ERROR.0,
+    }
+}
+
+/// Asks for transparent huge pages on the block: a decision touches a few of a million
+/// slots at random, and 2 MiB pages turn most of the TLB misses that costs into hits. Linux
+/// honours it for shared memory when `/sys/kernel/mm/transparent_hugepage/shmem_enabled`
+/// is `advise` (or `always`); elsewhere it is a no-op.
+fn advise_huge_pages(block: &Block) {
+    const HUGE: usize = 2 << 20;
+    let start = block.words().as_ptr() as usize;
+    let end = start + block.bytes();
+    let from = start.next_multiple_of(HUGE);
+    let to = end / HUGE * HUGE;
+    if to > from {
+        // SAFETY: the range lies inside the zone's mapping; MADV_HUGEPAGE changes no content.
+        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE) };
     }
 }
 
