@@ -14,7 +14,7 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 # Debian packages the build and the tests need: bindgen's libclang and the headers the
 # vendored nginx compiles against; PostgreSQL for the database tests; curl for `make run`.
 APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev zlib1g-dev \
-	postgresql curl perl openssl
+	postgresql curl perl openssl python3-prometheus-client
 
 MODULE_SO := $(OUT)/ngx_http_yarl_module.so
 ROOT_BIN := $(OUT)/yarl-root

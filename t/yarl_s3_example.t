@@ -17,6 +17,8 @@ my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->put_quota('s3_photos', 1000, 1000, 1000);
 $t->put_quota('s3_photos_read', 0.01, 3, 3, 's3_photos');
+# Bandwidth of GETs from "videos": 300 bytes, draining 1 byte/s.
+$t->put_quota('s3_videos_bytes_out', 1, 300, 300);
 
 open my $fh, '<', "$FindBin::Bin/../nginx-conf/s3.conf" or die "s3.conf: $!\n";
 my $conf = do { local $/; <$fh> };
@@ -28,8 +30,6 @@ for my $p (8080, 8081, 8082) {
 	my $free = $t->port($p);
 	$conf =~ s/127\.0\.0\.1:$p\b/127.0.0.1:$free/g;
 }
-# One worker: with two, a check in one worker sees the other's accounting only after a sync.
-$conf =~ s{^worker_processes \d+;}{worker_processes 1;}m;
 $conf =~ s{^pid .*$}{pid %%TESTDIR%%/nginx.pid;}m;
 $conf =~ s{^error_log .*$}{error_log %%TESTDIR%%/error.log notice;\nuser root;}m if $> == 0;
 $conf =~ s{^error_log .*$}{error_log %%TESTDIR%%/error.log notice;}m if $> != 0;
@@ -53,6 +53,20 @@ is(header_of($r, 'X-Yarl-Status'), 'REJECTED', 'X-Yarl-Status REJECTED');
 $r = http_request('PUT', $p, '/photos/new.jpg', { Host => 's3.example.net' }, 'abcdef');
 is(status_of($r), 200, 'writes have their own quota (none: pass)');
 is(header_of($r, 'X-Yarl-Status'), 'UNLIMITED', 'write UNLIMITED');
+$r = http_get($p, '/cat.jpg', Host => 'photos.s3.example.net');
+is(header_of($r, 'RateLimit-Policy'), '"s3_photos_read";q=4;w=400',
+	'RateLimit-Policy: the chain up to the rejecting quota');
+is(header_of($r, 'RateLimit'), '"s3_photos_read";r=0;t=' . header_of($r, 'Retry-After'),
+	'RateLimit: nothing left, t = Retry-After');
+
+# GETs of "videos" are charged their response bytes after the response: two fit in 300
+# bytes, the third is refused by the bandwidth quota; a PUT is not charged.
+ok($t->wait_for(sub { $t->stats($p, '/yarl/stats?quota=s3_videos_bytes_out')->{quota} }, 5),
+	'bandwidth quota arrived');
+my @v = map { status_of(http_get($p, '/videos/clip.mp4', Host => 's3.example.net')) } 1 .. 3;
+is_deeply(\@v, [200, 200, 429], 'the bandwidth quota refuses the third GET');
+my $q = $t->stats($p, '/yarl/stats?quota=s3_videos_bytes_out')->{quota};
+cmp_ok($q->{fill}, '>', 300, "the two answers' bytes were charged ($q->{fill})");
 
 $t->finish();
 
@@ -62,4 +76,6 @@ ok($rej, 'JSON access log has the rejection');
 is($rej && $rej->{yarl_quota}, 's3_photos_read', 'JSON log names the quota');
 is($rej && $rej->{bucket}, 'photos', 'bucket from the path');
 is((grep { $_->{method} eq 'PUT' } @log)[0]{type}, 'write', 'PUT is a write');
+my ($bw) = grep { $_->{yarl_status} eq 'REJECTED' && $_->{bucket} eq 'videos' } @log;
+is($bw && $bw->{yarl_quota}, 's3_videos_bytes_out', 'the bandwidth rejection names its quota');
 done_testing();

@@ -15,6 +15,7 @@ use Test::Yarl qw(http_get status_of);
 my $t = Test::Yarl->new();
 # A daemon is not our child: stop whatever master the pid files name, whatever happens.
 END {
+	return unless $t;
 	for my $f ('nginx.pid', 'nginx.pid.oldbin') {
 		chomp(my $p = $t->read_file($f) // '');
 		kill 'TERM', $p if $p =~ /^\d+$/;
@@ -46,6 +47,8 @@ $t->run_root('A');
 # USR2 while the process that started it lives. So this test runs nginx as a daemon.
 system($t->nginx_cmd()) == 0 or die "nginx did not start\n";
 ok($t->wait_port($t->port(8080)), 'nginx listens');
+# The daemon writes its pid file after it forked away from us: wait for it.
+$t->wait_for(sub { $t->read_file('nginx.pid') =~ /^\d+$/m }, 10) or die "no pid file\n";
 chomp(my $old = $t->read_file('nginx.pid'));
 $t->put_quota('q', 1, 100, 100);
 ok($t->wait_quota($t->port(8080), 'q', 5), 'quota fetched');
@@ -53,8 +56,10 @@ is(status_of(http_get($t->port(8080), '/index.html')), 200, 'served before the u
 my $old_id = $t->stats($t->port(8080))->{limiter_id};
 
 kill 'USR2', $old;
-ok($t->wait_for(sub { -e $t->testdir . '/nginx.pid.oldbin' && $t->read_file('nginx.pid') != $old }, 10),
-	'a new master started');
+ok($t->wait_for(sub {
+	my ($p) = $t->read_file('nginx.pid') =~ /^(\d+)$/m;
+	-e $t->testdir . '/nginx.pid.oldbin' && defined $p && $p != $old
+}, 10), 'a new master started');
 chomp(my $new = $t->read_file('nginx.pid'));
 ok($t->wait_for(sub { $t->root_metrics()->{yarl_root_limiters} == 2 }, 5),
 	'the root sees the new master as a second limiter');

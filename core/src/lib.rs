@@ -19,6 +19,7 @@
 //! * [`sync`]: the limiter's sync state machine.
 //! * [`root`]: the root server's aggregation: sums limiters' deltas exactly once.
 //! * [`proto`]: the versioned wire messages between them.
+//! * [`ratelimit`]: the IETF `RateLimit-Policy` / `RateLimit` header fields for a chain.
 //!
 //! ```
 //! use yarl_core::{Limiter, Limits, QuotaUpdate, Outcome};
@@ -39,6 +40,7 @@ pub mod decision;
 mod limiter;
 pub mod proto;
 pub mod quota;
+pub mod ratelimit;
 pub mod root;
 pub mod sync;
 pub mod units;

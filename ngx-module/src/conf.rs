@@ -112,6 +112,21 @@ pub struct LocConf {
     pub log_level: Option<LogLevel>,
     /// `yarl_retry_after`.
     pub retry_after: Option<bool>,
+    /// `yarl_headers`.
+    pub headers: Option<bool>,
+    /// `yarl_charge` lines of this level, or inherited whole like `rules`.
+    pub charges: Vec<Charge>,
+}
+
+/// One `yarl_charge NAME WEIGHT` line.
+#[derive(Debug, Clone, Copy)]
+pub struct Charge {
+    /// The quota name, compiled.
+    pub name: *mut ngx_http_complex_value_t,
+    /// The weight: a constant or a variable evaluated after the response.
+    pub weight: Weight,
+    /// Which `yarl_charge` line this is (counted from 0), for logging once per line.
+    pub line: usize,
 }
 
 impl LocConf {
@@ -139,6 +154,11 @@ impl LocConf {
     pub fn retry_after(&self) -> bool {
         self.retry_after.unwrap_or(true)
     }
+
+    /// Whether responses carry the `RateLimit-Policy` / `RateLimit` fields.
+    pub fn headers(&self) -> bool {
+        self.headers.unwrap_or(false)
+    }
 }
 
 impl Merge for LocConf {
@@ -146,6 +166,10 @@ impl Merge for LocConf {
         if self.rules.is_empty() {
             self.rules = prev.rules.clone();
         }
+        if self.charges.is_empty() {
+            self.charges = prev.charges.clone();
+        }
+        self.headers = self.headers.or(prev.headers);
         self.status = self.status.or(prev.status);
         self.dry_run = self.dry_run.or(prev.dry_run);
         self.log_level = self.log_level.or(prev.log_level);
@@ -290,6 +314,9 @@ setter!(set_log_level, log_level);
 setter!(set_retry_after, retry_after);
 setter!(set_stats, stats);
 setter!(set_zone, zone);
+setter!(set_headers, headers);
+setter!(set_charge, charge);
+setter!(set_metrics, metrics);
 setter!(set_sync_ca, sync_ca);
 
 fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
@@ -444,23 +471,49 @@ fn account(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     // SAFETY: called from a setter with nginx's `cf`.
     let args = unsafe { args(cf) };
     let name = quota_name(cf, args)?;
-    let weight = if args.len() < 3 {
-        Weight::Fixed(1)
-    } else {
-        let value: *mut ngx_str_t = &mut args[2];
-        // SAFETY: `cf` is nginx's, `value` an element of its args.
-        let cv = unsafe { compile(cf, value)? };
-        if is_constant(cv) {
-            let w = args[2].to_str().ok().and_then(parse::parse_weight).ok_or_else(|| {
-                invalid(args, 2, "the weight must be an integer from 0 to 1000000000000")
-            })?;
-            Weight::Fixed(w)
-        } else {
-            Weight::Variable(cv)
-        }
-    };
+    let weight = if args.len() < 3 { Weight::Fixed(1) } else { weight_arg(cf, args, 2)? };
     lc.rules.push(Rule { kind: RuleKind::Account, name, weight });
     mark_used(cf)
+}
+
+/// A weight argument: a constant checked now, or a variable evaluated per request.
+fn weight_arg(cf: *mut ngx_conf_t, args: &mut [ngx_str_t], i: usize) -> Result<Weight, ConfError> {
+    let value: *mut ngx_str_t = &mut args[i];
+    // SAFETY: `cf` is nginx's, `value` an element of its args.
+    let cv = unsafe { compile(cf, value)? };
+    if is_constant(cv) {
+        let w = args[i].to_str().ok().and_then(parse::parse_weight).ok_or_else(|| {
+            invalid(args, i, "the weight must be an integer from 0 to 1000000000000")
+        })?;
+        Ok(Weight::Fixed(w))
+    } else {
+        Ok(Weight::Variable(cv))
+    }
+}
+
+/// Lines of `yarl_charge` seen so far in this configuration (numbers them for logging).
+static CHARGE_LINES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn charge(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    let name = quota_name(cf, args)?;
+    let weight = weight_arg(cf, args, 2)?;
+    let line = CHARGE_LINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    lc.charges.push(Charge { name, weight, line });
+    mark_used(cf)
+}
+
+fn headers(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    flag(cf, &mut lc.headers)
+}
+
+fn metrics(cf: *mut ngx_conf_t, _conf: *mut c_void) -> ConfResult {
+    content_handler(cf, Some(crate::metrics::metrics_handler))
 }
 
 fn status(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
@@ -515,8 +568,13 @@ fn log_level(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
 }
 
 fn stats(cf: *mut ngx_conf_t, _conf: *mut c_void) -> ConfResult {
+    content_handler(cf, Some(crate::stats::stats_handler))
+}
+
+/// Installs a content handler for the location (as stub_status does).
+fn content_handler(cf: *mut ngx_conf_t, handler: ngx::ffi::ngx_http_handler_pt) -> ConfResult {
     // SAFETY: `cf` is a location-level setter's: its ctx holds the core module's location
-    // configuration, which is where content handlers are installed (as stub_status does).
+    // configuration, which is where content handlers are installed.
     let clcf = unsafe { NgxHttpCoreModule::location_conf_mut(&*cf) }
         .ok_or_else(|| ConfError::Message("yarl: no location configuration".into()))?;
     if clcf.handler.is_some() {
@@ -527,7 +585,7 @@ fn stats(cf: *mut ngx_conf_t, _conf: *mut c_void) -> ConfResult {
             text(&args[0])
         )));
     }
-    clcf.handler = Some(crate::stats::stats_handler);
+    clcf.handler = handler;
     mark_used(cf)
 }
 

@@ -26,7 +26,7 @@ use core::ffi::c_void;
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_http_request_t, ngx_int_t, ngx_pool_cleanup_add, ngx_variable_value_t, NGX_LOG_ERR,
-    NGX_LOG_WARN,
+    NGX_LOG_INFO, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
 use ngx::ngx_log_error;
@@ -140,6 +140,8 @@ struct Verdict {
     quota: Option<Box<str>>,
     fill: f64,
     retry_after: Option<u32>,
+    /// The name whose chain decided (the rule's name): what the RateLimit fields describe.
+    chain: Option<Box<str>>,
 }
 
 fn access(r: &mut Request) -> Status {
@@ -175,6 +177,11 @@ fn access(r: &mut Request) -> Status {
     });
     let status = v.status;
     let retry_after = v.retry_after;
+    if lc.headers() {
+        if let Some(chain) = &v.chain {
+            add_ratelimit_fields(r, limiter, chain, status, v.quota.as_deref(), retry_after);
+        }
+    }
     if !store_ctx(r, Ctx { status, quota: v.quota }) {
         ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot store the request state, request passed");
         return Status::NGX_DECLINED;
@@ -197,6 +204,7 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
         quota: d.quota.or_else(|| Some(name.into())),
         fill: d.fill,
         retry_after: d.retry_after,
+        chain: Some(name.into()),
     };
     let mut matched: Option<Box<str>> = None;
     let mut accounts: Vec<(&str, u64)> = Vec::new();
@@ -231,9 +239,8 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
     if !accounts.is_empty() {
         // All account lines of the location count together or not at all.
         match limiter.account_many_matched(&accounts) {
-            Ok((d, _)) if d.outcome == Outcome::Rejected => {
-                let name = d.quota.clone().unwrap_or_default();
-                return rejected(d, &name);
+            Ok((d, Some(k))) if d.outcome == Outcome::Rejected => {
+                return rejected(d, accounts[k].0);
             }
             Ok((d, Some(k))) if d.outcome == Outcome::Passed => {
                 matched = Some(accounts[k].0.into());
@@ -244,7 +251,95 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
         }
     }
     let status = if matched.is_some() { YarlStatus::Passed } else { YarlStatus::Unlimited };
-    Verdict { status, quota: matched, fill: 0.0, retry_after: None }
+    Verdict { status, chain: matched.clone(), quota: matched, fill: 0.0, retry_after: None }
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for `chain` (yarl_headers on): every level on a
+/// pass, the levels up to the rejecting quota on a rejection, whose `t` is `Retry-After`.
+fn add_ratelimit_fields(
+    r: &mut Request,
+    limiter: &Limiter,
+    chain: &str,
+    status: YarlStatus,
+    rejecting: Option<&str>,
+    retry_after: Option<u32>,
+) {
+    let mut levels = limiter.levels(chain);
+    let mut rejected = None;
+    if status == YarlStatus::Rejected || status == YarlStatus::RejectedDryRun {
+        if let Some(k) = rejecting.and_then(|q| levels.iter().position(|l| l.name == q)) {
+            levels.truncate(k + 1);
+            rejected = Some((k, retry_after.unwrap_or(1)));
+        }
+    }
+    let Some((policy, state)) = yarl_core::ratelimit::fields(&levels, rejected) else { return };
+    if r.add_header_out("RateLimit-Policy", &policy).is_none()
+        || r.add_header_out("RateLimit", &state).is_none()
+    {
+        ngx_log_error!(NGX_LOG_ERR, r.log(), "yarl: cannot add the RateLimit header fields");
+    }
+}
+
+/// The LOG-phase handler: `yarl_charge` adds each line's weight to its quota's chain once
+/// the response is done, whatever it was (passed, rejected by yarl or anything else, or an
+/// error), without deciding anything.
+pub(crate) unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with a valid request.
+    let r = unsafe { Request::from_ngx_http_request(r) };
+    if catch_unwind(AssertUnwindSafe(|| charge(r))).is_err() {
+        ngx_log_error!(NGX_LOG_ERR, r.log(), "yarl: internal error in the log phase handler");
+    }
+    Status::NGX_OK.0
+}
+
+/// `yarl_charge` lines whose weight was empty or not a number, logged once per worker each.
+static BAD_WEIGHT_LOGGED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+fn charge(r: &mut Request) {
+    if !r.is_main() {
+        return;
+    }
+    let Some(lc) = Module::location_conf(r) else { return };
+    if lc.charges.is_empty() {
+        return;
+    }
+    let Some(limiter) = worker::limiter() else { return };
+    for c in &lc.charges {
+        // SAFETY: compiled complex values in the cycle pool (see `decide`).
+        let Some(name) = r.get_complex_value(unsafe { &*c.name }) else { continue };
+        let Ok(name) = name.to_str() else { continue };
+        if name.is_empty() {
+            continue;
+        }
+        let units = match c.weight {
+            Weight::Fixed(n) => n,
+            Weight::Variable(cv) => {
+                // SAFETY: as above.
+                let raw =
+                    r.get_complex_value(unsafe { &*cv }).map(|s| s.as_bytes()).unwrap_or_default();
+                let w = parse::runtime_weight(raw);
+                if matches!(w, RuntimeWeight::Empty | RuntimeWeight::Invalid) {
+                    let mut logged = BAD_WEIGHT_LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+                    if !logged.contains(&c.line) {
+                        logged.push(c.line);
+                        ngx_log_error!(
+                            NGX_LOG_INFO,
+                            r.log(),
+                            "yarl: charge weight \"{}\" for quota \"{}\" is {}, counted as 0 \
+                             (logged once per worker for this yarl_charge line)",
+                            String::from_utf8_lossy(raw),
+                            name,
+                            if raw.trim_ascii().is_empty() { "empty" } else { "not a number" }
+                        );
+                    }
+                }
+                w.units()
+            }
+        };
+        if units > 0 {
+            let _ = limiter.charge(name, units);
+        }
+    }
 }
 
 fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &str) -> u64 {

@@ -21,7 +21,9 @@
 
 mod conf;
 mod handler;
+mod metrics;
 mod parse;
+mod prom;
 mod report;
 mod stats;
 mod worker;
@@ -32,12 +34,12 @@ use core::ptr::{addr_of, addr_of_mut};
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
-    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t,
-    ngx_module_t, ngx_process, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
-    NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
-    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_EMERG, NGX_LOG_NOTICE, NGX_PROCESS_SINGLE,
-    NGX_PROCESS_WORKER,
+    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_process, ngx_str_t,
+    ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_CONF_TAKE2,
+    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
+    NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_EMERG,
+    NGX_LOG_NOTICE, NGX_PROCESS_SINGLE, NGX_PROCESS_WORKER,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_log_error, ngx_string};
@@ -100,6 +102,15 @@ impl HttpModule for Module {
         }
         // SAFETY: `h` is a fresh element of that array.
         unsafe { *h = Some(handler::access_handler) };
+        // yarl_charge adds costs known only once the response is done.
+        let log = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_LOG_PHASE as usize];
+        // SAFETY: as above, the log phase's handler array.
+        let h = unsafe { ngx_array_push(&mut log.handlers) }.cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return Status::NGX_ERROR.0;
+        }
+        // SAFETY: `h` is a fresh element of that array.
+        unsafe { *h = Some(handler::log_handler) };
         Status::NGX_OK.0
     }
 }
@@ -116,7 +127,7 @@ unsafe impl HttpModuleLocationConf for Module {
 
 const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 14] = [
+static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 17] = [
     command(
         ngx_string!("yarl_roots"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -187,6 +198,24 @@ static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 14] = [
         ngx_string!("yarl_retry_after"),
         HTTP_ANY | NGX_CONF_TAKE1,
         conf::set_retry_after,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_headers"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        conf::set_headers,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_charge"),
+        HTTP_ANY | NGX_CONF_TAKE2,
+        conf::set_charge,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_metrics"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        conf::set_metrics,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     command(

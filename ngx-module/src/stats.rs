@@ -12,7 +12,6 @@ use ngx::ffi::{
 use ngx::http::{HTTPStatus, Request};
 use ngx::ngx_log_error;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use yarl_core::sync::RootStatus;
 
 /// The content handler installed by `yarl_stats`.
 pub(crate) unsafe extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -39,6 +38,15 @@ fn quota_arg(r: &mut Request) -> Option<String> {
 }
 
 fn stats(r: &mut Request) -> Status {
+    respond(r, c"application/json", render)
+}
+
+/// Answers a GET or HEAD with `body(r)` as `content_type`; other methods get 405.
+pub(crate) fn respond(
+    r: &mut Request,
+    content_type: &'static core::ffi::CStr,
+    body: impl FnOnce(&mut Request) -> String,
+) -> Status {
     let method = r.as_ref().method as u32;
     if method != NGX_HTTP_GET && method != NGX_HTTP_HEAD {
         return Status(NGX_HTTP_NOT_ALLOWED as ngx_int_t);
@@ -47,14 +55,14 @@ fn stats(r: &mut Request) -> Status {
     if rc != Status::NGX_OK {
         return rc;
     }
-    let body = render(r);
+    let body = body(r);
 
     r.set_status(HTTPStatus::OK);
     r.set_content_length_n(body.len());
     let raw: &mut ngx_http_request_t = r.as_mut();
-    raw.headers_out.content_type =
-        ngx_str_t { len: 16, data: c"application/json".as_ptr().cast_mut().cast() };
-    raw.headers_out.content_type_len = 16;
+    let len = content_type.to_bytes().len();
+    raw.headers_out.content_type = ngx_str_t { len, data: content_type.as_ptr().cast_mut().cast() };
+    raw.headers_out.content_type_len = len;
     raw.headers_out.content_type_lowcase = core::ptr::null_mut();
     let rc = r.send_header();
     if rc == Status::NGX_ERROR || rc.0 > NGX_OK as ngx_int_t || r.header_only() {
@@ -74,23 +82,8 @@ fn render(r: &mut Request) -> String {
     let w = worker::worker();
     let status = w.map(|w| w.limiter.zone_status());
     let now_ns = w.map_or(0, |w| w.limiter.clock().now_nanos());
-    let agent_alive = match (w, &status) {
-        (Some(w), Some(z)) => z.agent.is_some_and(|pid| {
-            worker::alive(pid)
-                && (z.agent_age_ms as u128) < (w.interval * 2 + w.timeout).as_millis()
-        }),
-        _ => false,
-    };
-    let roots: Vec<RootStatus> = w.map_or_else(Vec::new, |w| {
-        w.roots
-            .iter()
-            .map(|url| {
-                w.limiter
-                    .root_status(url)
-                    .unwrap_or_else(|| RootStatus { url: url.clone(), ..RootStatus::default() })
-            })
-            .collect()
-    });
+    let agent_alive = worker::agent_alive();
+    let roots = worker::root_statuses();
     let sync = w.map_or(SyncSettings::default(), |w| SyncSettings {
         interval_ms: w.interval.as_millis() as u64,
         timeout_ms: w.timeout.as_millis() as u64,

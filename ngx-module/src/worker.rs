@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use yarl_agent::{HttpOptions, HttpTransport, Supervisor, SyncThread, Transport};
+use yarl_core::sync::RootStatus;
 use yarl_core::{Clock, Limiter, SyncConfig, SyncEngine};
 
 /// The system's monotonic clock, the same in every process (the zone stores times).
@@ -129,6 +130,30 @@ pub fn worker() -> Option<&'static Worker> {
 /// The limiter handle of this worker.
 pub fn limiter() -> Option<&'static Arc<Limiter>> {
     WORKER.get().map(|w| &w.limiter)
+}
+
+/// Whether a worker runs the sync agent: the lease holder exists and renewed it within two
+/// intervals and a timeout.
+pub fn agent_alive() -> bool {
+    let Some(w) = WORKER.get() else { return false };
+    let lease = w.limiter.agent_lease();
+    let now = w.limiter.clock().now_nanos();
+    lease.holder().is_some_and(|pid| {
+        alive(pid) && u128::from(lease.age_ms(now)) < (w.interval * 2 + w.timeout).as_millis()
+    })
+}
+
+/// The configured roots, each with what the sync agent last recorded for it.
+pub fn root_statuses() -> Vec<RootStatus> {
+    let Some(w) = WORKER.get() else { return Vec::new() };
+    w.roots
+        .iter()
+        .map(|url| {
+            w.limiter
+                .root_status(url)
+                .unwrap_or_else(|| RootStatus { url: url.clone(), ..RootStatus::default() })
+        })
+        .collect()
 }
 
 /// Whether the process `pid` exists (a worker the master has not respawned yet).

@@ -7,10 +7,10 @@
 use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
 use crate::units::{MAX_WEIGHT_UNITS, MILLI};
-use crate::zone::hdr;
 use crate::zone::slot::{
     unpack_rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, RATES, REJECTED, REJECTS,
 };
+use crate::zone::{hdr, RECENT_REJECTIONS};
 use std::sync::atomic::Ordering::*;
 
 /// The slots of one decision's parent chain.
@@ -55,6 +55,36 @@ impl Limiter {
             return Err(WeightError(weight));
         }
         Ok(self.decide(name, weight * MILLI))
+    }
+
+    /// Adds `weight` units to every counter of `name`'s chain without deciding: a cost known
+    /// only once the request is done (response bytes, tokens) limits the next requests.
+    /// `false` when no quota has that name.
+    pub fn charge(&self, name: &str, weight: u64) -> Result<bool, WeightError> {
+        if weight > MAX_WEIGHT_UNITS {
+            return Err(WeightError(weight));
+        }
+        let Some((mut idx, mut slot)) = self.find(name) else { return Ok(false) };
+        if weight == 0 {
+            return Ok(true);
+        }
+        let mut chain = Chain::default();
+        loop {
+            chain.push(idx);
+            let p = slot.parent();
+            if p == 0 || chain.len == MAX_CHAIN {
+                break;
+            }
+            match self.live_slot(p - 1) {
+                Some(next) => {
+                    idx = p - 1;
+                    slot = next;
+                }
+                None => break,
+            }
+        }
+        self.add_local(&chain, weight * MILLI);
+        Ok(true)
     }
 
     fn decide(&self, name: &str, weight: u64) -> Decision {
@@ -178,6 +208,7 @@ impl Limiter {
             if rejected {
                 self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
                 slot.w(REJECTS).fetch_add(1, Relaxed);
+                self.note_rejection(idx, now);
                 // The ancestors above the rejecting quota also saw this attempt as demand.
                 let mut cur = slot.parent();
                 while cur != 0 && chain.len < MAX_CHAIN {
@@ -204,6 +235,15 @@ impl Limiter {
             }
         }
         Walk::Passed(leaf_fill / MILLI as f64)
+    }
+
+    /// Records a rejection by slot `idx` in the ring of recent rejections (for ranking the
+    /// quotas that reject most now, [`Limiter::top_rejections`]).
+    fn note_rejection(&self, idx: u32, now: u64) {
+        let i = self.hdr(hdr::RECENT_HEAD).fetch_add(1, Relaxed) as usize % RECENT_REJECTIONS;
+        let at = (now / 1_000_000_000) as u32;
+        self.words()[self.layout.recent + i]
+            .store(u64::from(idx + 1) | u64::from(at) << 32, Relaxed);
     }
 
     fn add_local(&self, chain: &Chain, weight: u64) {

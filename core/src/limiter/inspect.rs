@@ -1,13 +1,14 @@
 //! Read-only views of the limiter for stats pages and metrics, and the lease that elects one
 //! sync agent among the processes sharing a block.
 
-use super::{Limiter, QuotaInfo};
+use super::{Limiter, QuotaInfo, MAX_CHAIN};
 use crate::quota::Epoch;
+use crate::ratelimit::Level;
 use crate::sync::RootStatus;
 use crate::units::{milli_to_units, MILLI};
 use crate::zone::roots::{self, LATENCY_BUCKETS_US};
 use crate::zone::slot::{HIGH, ID, LIMIT, LOW, REJECTS};
-use crate::zone::{self, hdr, ZoneUsage, AUX_COUNTERS, AUX_LANES};
+use crate::zone::{self, hdr, ZoneUsage, AUX_COUNTERS, AUX_LANES, RECENT_REJECTIONS};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// The limiter's state as a whole, readable by any handle.
@@ -63,6 +64,64 @@ impl Limiter {
             fill: slot.estimate(now, fresh, self.horizon_ns()) / MILLI as f64,
             rejections: slot.get(REJECTS),
         })
+    }
+
+    /// The chain of `name` (the quota, then its ancestors) with each level's estimated fill
+    /// now: what the `RateLimit` header fields are made of ([`crate::ratelimit`]). Empty
+    /// for an unknown name.
+    pub fn levels(&self, name: &str) -> Vec<Level> {
+        let Some((_, mut slot)) = self.find(name) else { return Vec::new() };
+        let now = self.clock.now_nanos();
+        let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
+        let horizon = self.horizon_ns();
+        let mut out = Vec::with_capacity(3);
+        let mut name = name.to_owned();
+        loop {
+            out.push(Level {
+                name,
+                limit: milli_to_units(slot.get(LIMIT)),
+                low_burst: milli_to_units(slot.get(LOW)),
+                high_burst: milli_to_units(slot.get(HIGH)),
+                fill: slot.estimate(now, fresh, horizon) / MILLI as f64,
+            });
+            let p = slot.parent();
+            if p == 0 || out.len() == MAX_CHAIN {
+                return out;
+            }
+            match self.live_slot(p - 1) {
+                Some(next) => {
+                    name = self.slot_name(p - 1);
+                    slot = next;
+                }
+                None => return out,
+            }
+        }
+    }
+
+    /// The `n` quotas with the most rejections within the last `window` seconds (from the
+    /// ring of the latest 2,048 rejections), most first: (name, rejections in the window,
+    /// rejections since the quota was loaded).
+    pub fn top_rejections(&self, n: usize, window_secs: u64) -> Vec<(String, u64, u64)> {
+        let now = self.clock.now_nanos() / 1_000_000_000;
+        let ring = &self.words()[self.layout.recent..self.layout.recent + RECENT_REJECTIONS];
+        let mut counts: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        for cell in ring {
+            let v = cell.load(Relaxed);
+            let (slot, at) = ((v as u32).wrapping_sub(1), v >> 32);
+            if v != 0 && now.saturating_sub(at) <= window_secs {
+                *counts.entry(slot).or_default() += 1;
+            }
+        }
+        let mut ranked: Vec<(u32, u64)> = counts.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked
+            .into_iter()
+            .filter_map(|(s, recent)| {
+                let slot = self.live_slot(s)?;
+                Some((self.slot_name(s), recent, slot.get(REJECTS)))
+            })
+            .take(n)
+            .collect()
     }
 
     /// Highest quota epoch applied.

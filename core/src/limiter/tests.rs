@@ -604,3 +604,62 @@ fn readers_on_other_handles_during_updates() {
     let n = reader.join().unwrap();
     assert_eq!(a.quota("hot").unwrap().fill, n as f64, "no increment lost");
 }
+
+#[test]
+fn charge_adds_to_the_chain_without_deciding() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        q(1, "bucket", 1, 1.0, 5.0, 5.0, None),
+        q(2, "bytes", 2, 1.0, 5.0, 5.0, Some("bucket")),
+    ]);
+    assert_eq!(l.charge("bytes", 100), Ok(true));
+    assert_eq!((l.quota("bytes").unwrap().fill, l.quota("bucket").unwrap().fill), (100.0, 100.0));
+    assert_eq!(l.charge("bytes", 7), Ok(true), "charging never refuses, even far over");
+    assert_eq!(l.check("bytes").outcome, Outcome::Rejected, "but the next request is limited");
+    assert_eq!(l.charge("nope", 1), Ok(false));
+    assert_eq!(l.charge("bytes", MAX_WEIGHT_UNITS + 1), Err(WeightError(MAX_WEIGHT_UNITS + 1)));
+    let (s, _) = l.find("bytes").unwrap();
+    assert!(l.take_dirty().contains(&s), "the charge goes out with the next sync");
+}
+
+#[test]
+fn levels_give_the_chain_with_its_fills() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        q(1, "top", 1, 10.0, 20.0, 40.0, None),
+        q(2, "leaf", 2, 5.0, 5.0, 10.0, Some("top")),
+    ]);
+    l.account("leaf", 3).unwrap();
+    let lv = l.levels("leaf");
+    assert_eq!(
+        lv.iter().map(|x| (x.name.as_str(), x.fill)).collect::<Vec<_>>(),
+        vec![("leaf", 3.0), ("top", 3.0)]
+    );
+    assert_eq!((lv[0].limit, lv[0].low_burst, lv[0].high_burst), (5.0, 5.0, 10.0));
+    assert!(l.levels("nope").is_empty());
+    let (p, s) = crate::ratelimit::fields(&lv, None).unwrap();
+    assert_eq!(p, "\"leaf\";q=6;w=2, \"top\";q=21;w=3");
+    assert_eq!(s, "\"leaf\";r=3;t=0, \"top\";r=18;t=0");
+}
+
+#[test]
+fn the_quotas_that_reject_most_now_are_ranked() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[
+        q(1, "a", 1, 0.001, 0.0, 0.0, None),
+        q(2, "b", 2, 0.001, 0.0, 0.0, None),
+        q(3, "c", 3, 0.001, 0.0, 0.0, None),
+    ]);
+    for (name, n) in [("a", 3), ("b", 7), ("c", 1)] {
+        l.account(name, 1).unwrap();
+        for _ in 0..n {
+            assert!(!l.check(name).allowed());
+        }
+    }
+    let top = l.top_rejections(2, 60);
+    assert_eq!(top, vec![("b".to_string(), 7, 7), ("a".to_string(), 3, 3)]);
+    // A minute later the window is empty, the lifetime counts stay.
+    clock.advance(Duration::from_secs(61));
+    assert!(l.top_rejections(20, 60).is_empty());
+    assert_eq!(l.quota("b").unwrap().rejections, 7);
+}

@@ -15,6 +15,7 @@
 //! |---|---|---|
 //! | header | 640 | magic, layout version, sizes, limiter identity, epoch, sync sequence numbers, allocator heads, agent lease; 64 lanes of 8 embedder counters |
 //! | roots | 64 × 64 | per root: instance, `since`, acknowledged `seq`, health (see [`roots`]) |
+//! | recent rejections | 2048 | a ring of (slot, second) of the latest rejections |
 //! | shard directory | 1024 | per index shard: its current area, live and deleted entry counts |
 //! | dirty bitmap | 1 bit per slot | slots with counts not yet taken by a sync round |
 //! | cold | 2 per slot | epoch; parent name while the parent is unknown (or, when free, the next free slot) |
@@ -74,6 +75,9 @@ pub const AUX_LANES: usize = 64;
 pub const MIN_QUOTAS: u32 = 64;
 /// Most quotas a block can hold (slot indices are 32-bit and `u32::MAX` is reserved).
 pub const MAX_QUOTAS: u32 = 1 << 31;
+/// Entries of the ring of recent rejections (which quota, when): enough to rank the quotas
+/// that reject most right now without a per-quota time series.
+pub(crate) const RECENT_REJECTIONS: usize = 2048;
 /// Arena words reserved per slot (name tails and unresolved parents).
 const ARENA_WORDS_PER_SLOT: u64 = 2;
 
@@ -115,6 +119,8 @@ pub(crate) mod hdr {
     /// Random token of the handle whose writer caches match the block (see
     /// `limiter/writer.rs`).
     pub const WRITER: usize = 37;
+    /// Next entry of the ring of recent rejections.
+    pub const RECENT_HEAD: usize = 38;
     /// `SPARE_AREAS` pairs: (area + 1, time it was retired).
     pub const SPARES: usize = 40;
     /// Free-list heads of the arena, by record size in words (index = size).
@@ -223,6 +229,7 @@ pub(crate) struct Layout {
     pub shard_cap: u32,
     pub arena_words: u32,
     pub roots: usize,
+    pub recent: usize,
     pub dir: usize,
     pub dirty: usize,
     pub cold: usize,
@@ -252,6 +259,8 @@ impl Layout {
         let mut at = HEADER_WORDS;
         let roots = at;
         at += MAX_ROOTS * ROOT_WORDS;
+        let recent = at;
+        at += RECENT_REJECTIONS;
         let dir = at;
         at += MAX_SHARDS;
         let dirty = at;
@@ -277,6 +286,7 @@ impl Layout {
             shard_cap,
             arena_words,
             roots,
+            recent,
             dir,
             dirty,
             cold,

@@ -1,0 +1,165 @@
+//! The IETF `RateLimit-Policy` and `RateLimit` header fields
+//! (draft-ietf-httpapi-ratelimit-headers-11) for a chain of leaky buckets.
+//!
+//! # How a leaky bucket maps to `q`, `w`, `r`, `t`
+//!
+//! A request passes for sure while the fill `F` is at or below `low_burst` (SPEC §2); above
+//! it, it may be dropped. So the fields promise only what passes for sure:
+//!
+//! * `q = floor(low_burst) + 1`: units that pass at once from an empty bucket, sent one unit
+//!   at a time (the last one may take the fill just past `low_burst`);
+//! * `w = ceil(q / limit)` seconds, at least 1: the bucket drains `q` units in that time, so
+//!   `q` per `w` is the quota's rate;
+//! * `r = floor(low_burst - F) + 1` while `F <= low_burst`, else 0: what still passes for
+//!   sure now (0 for the level that rejected the request, whatever its fill);
+//! * `t = 0` while `r > 0`; otherwise the whole seconds (at least 1) until `F` drains to
+//!   `low_burst`, the same figure as `Retry-After` (on a rejection, `Retry-After` itself).
+//!
+//! Every figure derives from one estimate of the fill at one instant, so `r` and `t` can
+//! never contradict each other or the decision, and under steady load they only move when
+//! the fill crosses a whole unit or a whole second of drain. One item per level of the
+//! chain the request was decided on, the quota first and its ancestors after, each named by
+//! its quota (a structured-field String; quota names need no escaping). Units are the
+//! quota's own (requests, bytes, …): `qu` is not sent.
+
+/// One level of a chain at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Level {
+    /// The quota's name.
+    pub name: String,
+    /// Units per second.
+    pub limit: f64,
+    /// Units.
+    pub low_burst: f64,
+    /// Units.
+    pub high_burst: f64,
+    /// Estimated fill, units.
+    pub fill: f64,
+}
+
+impl Level {
+    /// `q`.
+    pub fn quota(&self) -> u64 {
+        floor_units(self.low_burst).saturating_add(1)
+    }
+
+    /// `w`, seconds.
+    pub fn window(&self) -> u64 {
+        let w = (self.quota() as f64 / self.limit.max(1e-9)).ceil();
+        if w.is_finite() && w >= 1.0 {
+            w.min(u32::MAX as f64) as u64
+        } else {
+            1
+        }
+    }
+
+    /// `r`.
+    pub fn remaining(&self) -> u64 {
+        if self.fill <= self.low_burst {
+            floor_units(self.low_burst - self.fill).saturating_add(1)
+        } else {
+            0
+        }
+    }
+
+    /// `t`: 0 while something remains, else seconds until the fill is back at `low_burst`.
+    pub fn reset(&self) -> u64 {
+        if self.remaining() > 0 {
+            return 0;
+        }
+        let s = ((self.fill - self.low_burst) / self.limit.max(1e-9)).ceil();
+        if s.is_finite() && s >= 1.0 {
+            s.min(u32::MAX as f64) as u64
+        } else {
+            1
+        }
+    }
+}
+
+fn floor_units(x: f64) -> u64 {
+    if x.is_finite() && x > 0.0 {
+        x.floor().min(u64::MAX as f64) as u64
+    } else {
+        0
+    }
+}
+
+/// The two field values for `levels` (the decided quota first). `rejected`: the index of
+/// the level that rejected the request and the `Retry-After` sent with it.
+pub fn fields(levels: &[Level], rejected: Option<(usize, u32)>) -> Option<(String, String)> {
+    if levels.is_empty() {
+        return None;
+    }
+    let mut policy = String::with_capacity(levels.len() * 40);
+    let mut state = String::with_capacity(levels.len() * 32);
+    for (i, l) in levels.iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        let (r, t) = match rejected {
+            Some((k, retry)) if k == i => (0, u64::from(retry.max(1))),
+            _ => (l.remaining(), l.reset()),
+        };
+        policy.push_str(&format!("\"{}\";q={};w={}", l.name, l.quota(), l.window()));
+        state.push_str(&format!("\"{}\";r={r};t={t}", l.name));
+    }
+    Some((policy, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn level(name: &str, limit: f64, low: f64, high: f64, fill: f64) -> Level {
+        Level { name: name.into(), limit, low_burst: low, high_burst: high, fill }
+    }
+
+    #[test]
+    fn a_bucket_maps_to_q_w_r_t() {
+        // 100/s with the recommended bursts at a 1 s interval.
+        let empty = level("api", 100.0, 150.0, 300.0, 0.0);
+        assert_eq!(
+            (empty.quota(), empty.window(), empty.remaining(), empty.reset()),
+            (151, 2, 151, 0)
+        );
+        let half = level("api", 100.0, 150.0, 300.0, 75.5);
+        assert_eq!((half.remaining(), half.reset()), (75, 0));
+        let at_low = level("api", 100.0, 150.0, 300.0, 150.0);
+        assert_eq!((at_low.remaining(), at_low.reset()), (1, 0), "F = low still passes one");
+        let over = level("api", 100.0, 150.0, 300.0, 150.001);
+        assert_eq!((over.remaining(), over.reset()), (0, 1));
+        let far = level("api", 100.0, 150.0, 300.0, 420.0);
+        assert_eq!(far.reset(), 3, "(420 - 150) / 100 rounded up");
+        // A hard cutoff at 0: one request at a time.
+        let cut = level("one", 1.0, 0.0, 0.0, 0.0);
+        assert_eq!((cut.quota(), cut.window(), cut.remaining()), (1, 1, 1));
+        assert_eq!(
+            (
+                level("one", 1.0, 0.0, 0.0, 0.5).remaining(),
+                level("one", 1.0, 0.0, 0.0, 0.5).reset()
+            ),
+            (0, 1)
+        );
+        // Slow quotas have long windows; tiny or broken numbers stay sane.
+        assert_eq!(level("slow", 0.001, 10.0, 10.0, 0.0).window(), 11_000);
+        assert_eq!(level("x", 1e12, 0.0, 0.0, f64::NAN).reset(), 1);
+    }
+
+    #[test]
+    fn fields_list_every_level_and_the_rejecting_one_has_nothing_left() {
+        let chain = [
+            level("s3_photos_read", 5.0, 5.0, 10.0, 2.2),
+            level("s3_photos", 20.0, 10.0, 20.0, 14.0),
+        ];
+        let (p, s) = fields(&chain, None).unwrap();
+        assert_eq!(p, "\"s3_photos_read\";q=6;w=2, \"s3_photos\";q=11;w=1");
+        assert_eq!(s, "\"s3_photos_read\";r=3;t=0, \"s3_photos\";r=0;t=1");
+        let (_, s) = fields(&chain, Some((1, 4))).unwrap();
+        assert_eq!(s, "\"s3_photos_read\";r=3;t=0, \"s3_photos\";r=0;t=4", "t is Retry-After");
+        // The local guard can reject below low_burst: r must not promise anything there.
+        let (_, s) = fields(&chain[..1], Some((0, 1))).unwrap();
+        assert_eq!(s, "\"s3_photos_read\";r=0;t=1");
+        assert_eq!(fields(&[], None), None);
+    }
+}

@@ -1,0 +1,215 @@
+//! The `yarl_metrics` page: the host's limiter in the Prometheus text exposition format
+//! (version 0.0.4), built without nginx so tests/prom.rs can check it.
+//!
+//! Cardinality is bounded whatever the number of quotas: per-quota series exist only for the
+//! 20 quotas that rejected most in the last minute (the rest are summed under
+//! `quota="_other"`), and per-root series for the configured roots (at most 64).
+
+use crate::report::RequestCounters;
+use std::fmt::Write;
+use yarl_core::sync::RootStatus;
+use yarl_core::ZoneStatus;
+
+/// Quotas named in `yarl_quota_rejections_total`.
+pub const TOP_QUOTAS: usize = 20;
+/// The window that ranks them, seconds.
+pub const TOP_WINDOW_SECS: u64 = 60;
+
+/// Everything the page shows.
+#[derive(Debug)]
+pub struct Input<'a> {
+    /// Handler outcomes of every worker.
+    pub requests: RequestCounters,
+    /// The host's limiter; `None` when this worker has none.
+    pub zone: Option<&'a ZoneStatus>,
+    /// `(quota, rejections in the window, rejections since it was loaded)`, most first.
+    pub top: &'a [(String, u64, u64)],
+    /// The configured roots as the agent last recorded them.
+    pub roots: &'a [RootStatus],
+    /// Whether a worker runs the sync agent and renews its lease.
+    pub agent_alive: bool,
+    /// Clock time now, ns (the zone's clock).
+    pub now_ns: u64,
+}
+
+/// A label value, escaped as the text format requires.
+fn label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Renders the page.
+pub fn render(i: &Input<'_>) -> String {
+    let mut o = String::with_capacity(4096);
+    let empty = ZoneStatus::default();
+    let z = i.zone.unwrap_or(&empty);
+
+    head(
+        &mut o,
+        "yarl_requests_total",
+        "counter",
+        "Requests that went through a yarl_check or yarl_account rule, by $yarl_status.",
+    );
+    let r = &i.requests;
+    for (status, v) in [
+        ("passed", r.passed),
+        ("rejected", r.rejected),
+        ("rejected_dry_run", r.rejected_dry_run),
+        ("unlimited", r.unlimited),
+    ] {
+        let _ = writeln!(o, "yarl_requests_total{{status=\"{status}\"}} {v}");
+    }
+
+    head(&mut o, "yarl_rejections_total", "counter", "Decisions that rejected, dry runs included.");
+    let _ = writeln!(o, "yarl_rejections_total {}", z.rejections);
+
+    head(
+        &mut o,
+        "yarl_quota_rejections_total",
+        "counter",
+        "Rejections since the quota was loaded, for the 20 quotas that rejected most in the last minute; quota=\"_other\" is every other rejection.",
+    );
+    let mut named = 0u64;
+    for (name, _, lifetime) in i.top.iter().take(TOP_QUOTAS) {
+        named = named.saturating_add(*lifetime);
+        let _ = writeln!(o, "yarl_quota_rejections_total{{quota=\"{}\"}} {lifetime}", label(name));
+    }
+    let _ = writeln!(
+        o,
+        "yarl_quota_rejections_total{{quota=\"_other\"}} {}",
+        z.rejections.saturating_sub(named)
+    );
+
+    head(
+        &mut o,
+        "yarl_sync_requests_total",
+        "counter",
+        "Sync requests of the sync agent to each root, by result.",
+    );
+    for root in i.roots {
+        let u = label(&root.url);
+        let _ = writeln!(
+            o,
+            "yarl_sync_requests_total{{root=\"{u}\",result=\"ok\"}} {}",
+            root.successes
+        );
+        let _ = writeln!(
+            o,
+            "yarl_sync_requests_total{{root=\"{u}\",result=\"failed\"}} {}",
+            root.failures
+        );
+    }
+
+    head(
+        &mut o,
+        "yarl_sync_duration_seconds",
+        "histogram",
+        "Latency of successful sync requests, per root.",
+    );
+    for root in i.roots {
+        let u = label(&root.url);
+        let mut cumulative = 0u64;
+        for (k, &ub) in root.latency_buckets_us.iter().enumerate() {
+            cumulative =
+                cumulative.saturating_add(root.latency_counts.get(k).copied().unwrap_or(0));
+            let _ = writeln!(
+                o,
+                "yarl_sync_duration_seconds_bucket{{root=\"{u}\",le=\"{}\"}} {cumulative}",
+                ub as f64 / 1e6
+            );
+        }
+        let count: u64 = root.latency_counts.iter().fold(0, |a, &c| a.saturating_add(c));
+        let _ =
+            writeln!(o, "yarl_sync_duration_seconds_bucket{{root=\"{u}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            o,
+            "yarl_sync_duration_seconds_sum{{root=\"{u}\"}} {}",
+            root.latency_sum_us as f64 / 1e6
+        );
+        let _ = writeln!(o, "yarl_sync_duration_seconds_count{{root=\"{u}\"}} {count}");
+    }
+
+    head(&mut o, "yarl_sync_root_up", "gauge", "1 if the last sync request to the root succeeded.");
+    for root in i.roots {
+        let _ = writeln!(
+            o,
+            "yarl_sync_root_up{{root=\"{}\"}} {}",
+            label(&root.url),
+            u8::from(root.ok == Some(true))
+        );
+    }
+
+    let u = &z.usage;
+    let gauges: [(&str, &str, String); 9] = [
+        ("yarl_quotas", "Quotas held in the zone.", u.quotas.to_string()),
+        (
+            "yarl_quotas_missing",
+            "Quotas that did not fit in yarl_zone: not limited.",
+            u.missing.to_string(),
+        ),
+        (
+            "yarl_zone_capacity_quotas",
+            "Quotas the zone holds at most (names up to 23 bytes).",
+            u.capacity.to_string(),
+        ),
+        ("yarl_zone_used_bytes", "Bytes of the zone in use.", u.bytes_used.to_string()),
+        ("yarl_zone_size_bytes", "Size of the zone (yarl_zone).", u.bytes.to_string()),
+        ("yarl_epoch", "Highest quota epoch held.", z.epoch.to_string()),
+        (
+            "yarl_cluster_fresh",
+            "1 if the last sync round reached a root (cluster-wide counts are current).",
+            u8::from(z.cluster_fresh).to_string(),
+        ),
+        (
+            "yarl_sync_agent_up",
+            "1 if a worker runs the sync agent and renews its lease.",
+            u8::from(i.agent_alive).to_string(),
+        ),
+        (
+            "yarl_sync_last_round_age_seconds",
+            "Seconds since the last sync round ended (-1 before the first).",
+            if z.last_round_end_ns == 0 {
+                "-1".to_string()
+            } else {
+                format!("{:.3}", i.now_ns.saturating_sub(z.last_round_end_ns) as f64 / 1e9)
+            },
+        ),
+    ];
+    for (name, help, v) in gauges {
+        head(&mut o, name, "gauge", help);
+        let _ = writeln!(o, "{name} {v}");
+    }
+    head(
+        &mut o,
+        "yarl_sync_rounds_total",
+        "counter",
+        "Sync rounds completed by any sync agent of this nginx.",
+    );
+    let _ = writeln!(o, "yarl_sync_rounds_total {}", z.rounds);
+    head(
+        &mut o,
+        "yarl_limiter_info",
+        "gauge",
+        "The limiter's identity at the roots and the zone's generation (reloads that kept it).",
+    );
+    let _ = writeln!(
+        o,
+        "yarl_limiter_info{{limiter_id=\"{}\",generation=\"{}\"}} 1",
+        label(&z.limiter_id),
+        z.generation
+    );
+    o
+}

@@ -1,0 +1,134 @@
+//! The `yarl_metrics` page (see tests/parse.rs for why the sources are included directly).
+
+#[allow(dead_code)]
+#[path = "../src/report.rs"]
+mod report;
+
+#[allow(dead_code)]
+#[path = "../src/prom.rs"]
+mod prom;
+
+use prom::*;
+use report::RequestCounters;
+use yarl_core::sync::RootStatus;
+use yarl_core::zone::roots::LATENCY_BUCKETS_US;
+use yarl_core::{ZoneStatus, ZoneUsage};
+
+fn zone() -> ZoneStatus {
+    ZoneStatus {
+        limiter_id: "00000000000000ab".into(),
+        generation: 3,
+        epoch: 9,
+        rejections: 100,
+        rounds: 40,
+        cluster_fresh: true,
+        last_round_end_ns: 9_500_000_000,
+        agent: Some(7),
+        agent_age_ms: 10,
+        agent_starts: 1,
+        usage: ZoneUsage {
+            quotas: 30,
+            capacity: 1000,
+            missing: 2,
+            bytes: 1 << 20,
+            bytes_used: 4096,
+            ..ZoneUsage::default()
+        },
+    }
+}
+
+fn root(url: &str) -> RootStatus {
+    let mut counts = vec![0; LATENCY_BUCKETS_US.len() + 1];
+    counts[2] = 5;
+    counts[LATENCY_BUCKETS_US.len()] = 1;
+    RootStatus {
+        url: url.into(),
+        ok: Some(true),
+        successes: 6,
+        failures: 2,
+        latency_buckets_us: LATENCY_BUCKETS_US.to_vec(),
+        latency_counts: counts,
+        latency_sum_us: 2_004_000,
+        ..RootStatus::default()
+    }
+}
+
+fn lines_of<'a>(page: &'a str, metric: &str) -> Vec<&'a str> {
+    page.lines().filter(|l| l.starts_with(metric)).collect()
+}
+
+#[test]
+fn every_family_is_typed_and_values_add_up() {
+    let z = zone();
+    let top: Vec<(String, u64, u64)> =
+        (0..25).map(|i| (format!("q{i}"), 25 - i as u64, 2)).collect();
+    let roots = [root("http://r1:7700"), root("https://r\"2")];
+    let page = render(&Input {
+        requests: RequestCounters {
+            checked: 10,
+            passed: 6,
+            unlimited: 1,
+            rejected: 2,
+            rejected_dry_run: 1,
+        },
+        zone: Some(&z),
+        top: &top,
+        roots: &roots,
+        agent_alive: true,
+        now_ns: 10_000_000_000,
+    });
+    // Every sample belongs to a family declared just before with HELP and TYPE.
+    let mut declared = Vec::new();
+    for l in page.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            declared.push(rest.split(' ').next().unwrap().to_string());
+        } else if !l.starts_with('#') {
+            let name = l.split(['{', ' ']).next().unwrap();
+            let family = name
+                .strip_suffix("_bucket")
+                .or_else(|| name.strip_suffix("_sum"))
+                .or_else(|| name.strip_suffix("_count"))
+                .filter(|f| declared.iter().any(|d| d == f))
+                .unwrap_or(name);
+            assert!(declared.iter().any(|d| d == family), "{l}: undeclared");
+        }
+    }
+    assert!(page.contains("yarl_requests_total{status=\"rejected_dry_run\"} 1\n"));
+    // 20 quotas by name, and the rest: 100 - 20 × 2.
+    let q = lines_of(&page, "yarl_quota_rejections_total{");
+    assert_eq!(q.len(), TOP_QUOTAS + 1, "{q:?}");
+    assert_eq!(q.last().unwrap(), &"yarl_quota_rejections_total{quota=\"_other\"} 60");
+    // The histogram is cumulative, ends with +Inf = count, in seconds.
+    let b = lines_of(&page, "yarl_sync_duration_seconds_bucket{root=\"http://r1:7700\"");
+    assert_eq!(b.len(), LATENCY_BUCKETS_US.len() + 1);
+    assert_eq!(b[2], "yarl_sync_duration_seconds_bucket{root=\"http://r1:7700\",le=\"0.001\"} 5");
+    assert_eq!(
+        b.last().unwrap(),
+        &"yarl_sync_duration_seconds_bucket{root=\"http://r1:7700\",le=\"+Inf\"} 6"
+    );
+    assert!(page.contains("yarl_sync_duration_seconds_sum{root=\"http://r1:7700\"} 2.004\n"));
+    assert!(
+        page.contains("yarl_sync_requests_total{root=\"https://r\\\"2\",result=\"failed\"} 2\n"),
+        "label escaped"
+    );
+    assert!(page.contains("yarl_quotas_missing 2\n"));
+    assert!(page.contains("yarl_sync_last_round_age_seconds 0.500\n"));
+    assert!(page.contains("yarl_sync_agent_up 1\n"));
+}
+
+#[test]
+fn the_page_is_bounded_whatever_the_quotas() {
+    let z = zone();
+    let top: Vec<(String, u64, u64)> = (0..5000).map(|i| (format!("quota-{i}"), 1, 1)).collect();
+    let roots: Vec<RootStatus> = (0..3).map(|i| root(&format!("http://r{i}"))).collect();
+    let page = render(&Input {
+        requests: RequestCounters::default(),
+        zone: Some(&z),
+        top: &top,
+        roots: &roots,
+        agent_alive: false,
+        now_ns: 0,
+    });
+    let lines = page.lines().count();
+    assert!(lines < 150, "{lines} lines");
+}
