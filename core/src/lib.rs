@@ -26,7 +26,7 @@
 //!
 //! let limiter = Limiter::default();
 //! limiter.apply_quotas(&[QuotaUpdate {
-//!     id: 1, name: "api".into(), epoch: 1, deleted: false,
+//!     id: 1, name: "api".into(), epoch: 1, deleted: false, reset_epoch: 0,
 //!     limits: Limits::from_units(10.0, 2.0, 2.0).unwrap(), parent: None,
 //! }]);
 //! assert_eq!(limiter.account("api", 1).unwrap().outcome, Outcome::Passed);

@@ -37,6 +37,11 @@ pub struct SyncRequest {
     /// state (restart, first contact, dropped batches); the root takes the max.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hints: Vec<(QuotaId, u64)>,
+    /// The highest quota epoch the limiter ever applied (`epoch` can go back to 0 for a
+    /// refetch; this never does): the hints are as of it, so a root drops hints for quotas
+    /// reset after it. Absent from limiters that predate resets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_epoch: Option<Epoch>,
 }
 
 /// What one limiter counted during one interval.
@@ -47,6 +52,10 @@ pub struct DeltaBatch {
     /// `[quota id, admitted milli-units, rejected milli-units]`: what passed (and was added
     /// to the counter) and what was refused (only feeds the demand meter, seed `004_…`).
     pub deltas: Vec<(QuotaId, u64, u64)>,
+    /// The limiter's `seen_epoch` when it took the batch: counted before a reset of a quota
+    /// at a later epoch, so a root drops its deltas for that quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<Epoch>,
 }
 
 /// The root's answer.
@@ -72,6 +81,11 @@ pub struct SyncResponse {
     /// More quotas are waiting: sync again at once.
     #[serde(default)]
     pub more: bool,
+    /// The highest quota epoch this root has applied from the database: a limiter ignores
+    /// its fills for quotas it holds a newer version of (a reset the root has not seen yet
+    /// would bring old counts back). Absent from roots that predate resets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_epoch: Option<Epoch>,
 }
 
 /// Why a root refused a sync request.

@@ -203,6 +203,11 @@ pub struct RootStats {
     pub first_contacts: u64,
     /// Quotas and tombstones sent in answers.
     pub quotas_sent: u64,
+    /// Counters emptied by a cluster-wide reset.
+    pub resets: u64,
+    /// Delta entries and hints dropped because they were counted before their quota's
+    /// reset.
+    pub dropped_before_reset: u64,
 }
 
 /// A counter's live view for the admin API.
@@ -286,6 +291,8 @@ pub struct SyncAnswer {
     pub epoch: Epoch,
     /// More quotas are waiting.
     pub more: bool,
+    /// The highest epoch this root applied.
+    pub root_epoch: Epoch,
 }
 
 impl SyncAnswer {
@@ -300,6 +307,7 @@ impl SyncAnswer {
             quotas: self.quotas.into_iter().map(|q| (*q).clone()).collect(),
             epoch: self.epoch,
             more: self.more,
+            root_epoch: Some(self.root_epoch),
         }
     }
 }
@@ -319,7 +327,7 @@ impl Serialize for QuotaList<'_> {
 impl Serialize for SyncAnswer {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
-        let mut st = s.serialize_struct("SyncResponse", 8)?;
+        let mut st = s.serialize_struct("SyncResponse", 9)?;
         st.serialize_field("v", &self.v)?;
         st.serialize_field("root_instance", &self.root_instance)?;
         st.serialize_field("acked_seq", &self.acked_seq)?;
@@ -328,6 +336,7 @@ impl Serialize for SyncAnswer {
         st.serialize_field("quotas", &QuotaList(&self.quotas))?;
         st.serialize_field("epoch", &self.epoch)?;
         st.serialize_field("more", &self.more)?;
+        st.serialize_field("root_epoch", &self.root_epoch)?;
         st.end()
     }
 }
@@ -433,6 +442,9 @@ impl RootState {
                 if let Some(c) = self.counters.get_mut(&u.id) {
                     c.bucket.advance(now, old.limits.limit);
                 }
+                if u.reset_epoch > old.reset_epoch {
+                    self.reset(u.id);
+                }
             }
             self.epoch = self.epoch.max(u.epoch);
             self.by_epoch.insert(u.epoch, u.id);
@@ -449,6 +461,29 @@ impl RootState {
             }
             self.quotas.insert(u.id, Arc::new(u));
         }
+    }
+
+    /// Empties a counter (a cluster-wide reset): its fill, demand, rate and every claim
+    /// parked for it. Deltas and hints counted before the reset are dropped as they come
+    /// (`sync_from`).
+    fn reset(&mut self, id: QuotaId) {
+        if let Some(c) = self.counters.remove(&id) {
+            self.changes.remove(&c.version);
+        }
+        let mut dropped = 0;
+        for s in self.limiters.values_mut() {
+            if s.parked.remove(&id).is_some() {
+                dropped += 1;
+            }
+        }
+        self.parked -= dropped;
+        // Limiters empty their own copy when they apply the same quota version.
+        self.stats.resets += 1;
+    }
+
+    /// The epoch of quota `id`'s last reset (0 if none).
+    fn reset_epoch(&self, id: QuotaId) -> Epoch {
+        self.quotas.get(&id).map_or(0, |q| q.reset_epoch)
     }
 
     fn live_limit(&self, id: QuotaId) -> Option<u64> {
@@ -596,6 +631,10 @@ impl RootState {
                 continue;
             }
             for &(id, amount, rejected) in &b.deltas {
+                if b.epoch.is_some_and(|e| e < self.reset_epoch(id)) {
+                    self.stats.dropped_before_reset += 1;
+                    continue;
+                }
                 let excess = self.add(id, amount, rejected, now);
                 if excess > 0 {
                     self.park(s, id, excess);
@@ -603,7 +642,12 @@ impl RootState {
             }
             acked = b.seq;
         }
+        let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
         for &(id, fill) in &req.hints {
+            if hints_epoch < self.reset_epoch(id) {
+                self.stats.dropped_before_reset += 1;
+                continue;
+            }
             self.hint(id, fill, now);
         }
         s.acked = acked;
@@ -665,6 +709,7 @@ impl RootState {
             quotas,
             epoch,
             more,
+            root_epoch: self.epoch,
         })
     }
 

@@ -320,6 +320,7 @@ impl SyncEngine {
             Arc::new(DeltaBatch {
                 seq,
                 deltas: round.entries.iter().map(|&(_, id, v, r)| (id, v, r)).collect(),
+                epoch: Some(self.limiter.seen_epoch()),
             })
         });
         self.round = round;
@@ -362,6 +363,7 @@ impl SyncEngine {
                     epoch,
                     batches: link.pending.iter().map(|b| (**b).clone()).collect(),
                     hints,
+                    seen_epoch: Some(self.limiter.seen_epoch()),
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));
@@ -406,16 +408,33 @@ impl SyncEngine {
         e.observe_latency(us);
 
         if !resp.quotas.is_empty() {
-            self.limiter.apply_quotas(&resp.quotas);
+            let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);
+            // Counts of this round's batch in a reset counter are gone with it: neither
+            // take them out of `inflight` again nor fold them back in at the end.
+            for s in resets {
+                for (k, e) in self.round.entries.iter_mut().enumerate() {
+                    if e.0 == s {
+                        e.2 = 0;
+                        self.round.reported[k] = true;
+                    }
+                }
+            }
         }
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
         let round = &mut self.round;
         let active = &mut self.active;
+        let root_epoch = resp.root_epoch;
+        let limiter = &self.limiter;
         self.limiter.with_counters(|c| {
             for &(id, fill, demand) in &resp.counters {
                 let Some(s) = c.slot_of(id) else { continue };
+                if root_epoch.is_some_and(|re| re < limiter.version_of(s)) {
+                    // The root has not seen the version held here (maybe a reset): its
+                    // fill may hold counts the reset dropped. Other roots have it.
+                    continue;
+                }
                 if let (std::collections::hash_map::Entry::Vacant(v), Some(b)) =
                     (round.seen.entry(s), c.base(s))
                 {

@@ -314,6 +314,7 @@ fn build_yarl(
         name: QUOTA.into(),
         epoch: 1,
         deleted: false,
+        reset_epoch: 0,
         limits: Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
             .expect("valid limits"),
         parent: None,

@@ -56,6 +56,17 @@ impl Limiter {
 
     pub(crate) fn raise_epoch(&self, e: Epoch) {
         self.hdr(hdr::EPOCH).fetch_max(e, Relaxed);
+        self.hdr(hdr::EPOCH_SEEN).fetch_max(e, Relaxed);
+    }
+
+    /// The highest quota epoch ever applied (not lowered by a refetch).
+    pub(crate) fn seen_epoch(&self) -> Epoch {
+        self.hdr(hdr::EPOCH_SEEN).load(Relaxed)
+    }
+
+    /// The version epoch of the quota in slot `s` (0 if free).
+    pub(crate) fn version_of(&self, s: u32) -> Epoch {
+        self.live_slot(s).map_or(0, |_| self.cold(s).0.load(Relaxed))
     }
 
     /// Forgets every quota epoch so the next sync fetches every quota again (quotas already

@@ -86,6 +86,8 @@ pub struct ApplyReport {
     pub invalid: usize,
     /// New quotas that did not fit in the memory block (they stay unlimited).
     pub missing: usize,
+    /// Counters emptied by a cluster-wide reset (`reset_epoch` newer than the version held).
+    pub reset: usize,
 }
 
 /// A quota as the limiter holds it, with its live estimate.

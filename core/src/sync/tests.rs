@@ -12,6 +12,7 @@ fn quota(id: u64, name: &str, limit: f64, low: f64, high: f64) -> QuotaUpdate {
         name: name.into(),
         epoch: id,
         deleted: false,
+        reset_epoch: 0,
         limits: Limits::from_units(limit, low, high).unwrap(),
         parent: None,
     }
@@ -370,4 +371,57 @@ fn a_batch_left_in_flight_by_a_dead_engine_is_counted_once() {
         assert_eq!(r.counter(1, now).unwrap().fill, 6.0, "root saw it: {root_saw_it}");
         assert_eq!(second.quota("a").unwrap().fill, 6.0, "root saw it: {root_saw_it}");
     }
+}
+
+/// Issue 11: `POST /v1/quotas/{name}:reset` writes a new version of the quota with
+/// `reset_epoch` = its epoch. Roots and limiters empty the counter when they apply it, and
+/// nothing counted before it comes back: not through a batch taken before (resent to a root
+/// that was down), not through hints, not through a root that has not applied it yet.
+#[test]
+fn a_reset_empties_the_quota_everywhere_and_old_counts_stay_out() {
+    let clock = ManualClock::at(S);
+    let q = quota(1, "a", 0.001, 1e6, 1e6);
+    let (mut r0, mut r1) = (root_with(&[q.clone()]), root_with(&[q.clone()]));
+    let (mut a, mut b) = (node(&clock, 2), node(&clock, 2));
+    let now = clock.now_nanos();
+    for n in [&mut a, &mut b] {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], now);
+    }
+    a.limiter.account("a", 100).unwrap();
+    b.limiter.account("a", 50).unwrap();
+    for n in [&mut a, &mut b] {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], now);
+    }
+    assert_eq!(r1.counter(1, now).unwrap().fill, 150.0);
+    // b counts 20 more; root 1 is down for that round: the batch stays pending for it.
+    b.limiter.account("a", 20).unwrap();
+    round(&mut b, &mut [Some(&mut r0), None], now);
+    assert_eq!(r0.counter(1, now).unwrap().fill, 170.0);
+
+    // The reset (epoch 2) reaches root 0 now; root 1 polls it later.
+    let reset = QuotaUpdate { epoch: 2, reset_epoch: 2, ..q.clone() };
+    r0.apply_quotas([reset.clone()], now);
+    assert_eq!(r0.counter(1, now).unwrap().fill, 0.0, "root 0 emptied the counter");
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now_nanos();
+    round(&mut a, &mut [Some(&mut r0), Some(&mut r1)], now);
+    assert_eq!(a.limiter.quota("a").unwrap().fill, 0.0, "root 1's old 150 is ignored");
+
+    r1.apply_quotas([reset], now);
+    assert_eq!(r1.counter(1, now).unwrap().fill, 0.0, "root 1 emptied it too");
+    // b had not synced since the reset: its old batch (20, taken at epoch 1) goes to root 1
+    // now, and its view still holds 170 when the round starts (hints would carry it).
+    round(&mut b, &mut [Some(&mut r0), Some(&mut r1)], now);
+    round(&mut b, &mut [Some(&mut r0), Some(&mut r1)], now);
+    assert_eq!(b.limiter.quota("a").unwrap().fill, 0.0, "b applied the reset");
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        assert_eq!(r.counter(1, now).unwrap().fill, 0.0, "root {i}: nothing came back");
+    }
+    assert!(r1.stats().dropped_before_reset >= 1, "the late batch was dropped");
+
+    // Counting goes on from zero.
+    a.limiter.account("a", 3).unwrap();
+    round(&mut a, &mut [Some(&mut r0), Some(&mut r1)], now);
+    assert_eq!(r0.counter(1, now).unwrap().fill, 3.0);
+    assert_eq!(r1.counter(1, now).unwrap().fill, 3.0);
 }

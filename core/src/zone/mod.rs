@@ -121,6 +121,8 @@ pub(crate) mod hdr {
     pub const WRITER: usize = 37;
     /// Next entry of the ring of recent rejections.
     pub const RECENT_HEAD: usize = 38;
+    /// Highest quota epoch ever applied (EPOCH goes back to 0 for a refetch, this never).
+    pub const EPOCH_SEEN: usize = 39;
     /// `SPARE_AREAS` pairs: (area + 1, time it was retired).
     pub const SPARES: usize = 40;
     /// Free-list heads of the arena, by record size in words (index = size).

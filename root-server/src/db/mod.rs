@@ -60,6 +60,7 @@ impl StoredQuota {
             name: self.name,
             epoch: self.epoch,
             deleted: self.deleted,
+            reset_epoch: 0,
             limits: self.limits,
             parent: self.parent,
         }
