@@ -381,7 +381,8 @@ fn a_batch_left_in_flight_by_a_dead_engine_is_counted_once() {
 fn a_reset_empties_the_quota_everywhere_and_old_counts_stay_out() {
     let clock = ManualClock::at(S);
     let q = quota(1, "a", 0.001, 1e6, 1e6);
-    let (mut r0, mut r1) = (root_with(&[q.clone()]), root_with(&[q.clone()]));
+    let qs = std::slice::from_ref(&q);
+    let (mut r0, mut r1) = (root_with(qs), root_with(qs));
     let (mut a, mut b) = (node(&clock, 2), node(&clock, 2));
     let now = clock.now_nanos();
     for n in [&mut a, &mut b] {
