@@ -340,6 +340,8 @@ fn build_yarl(
                     .horizon(s.interval)
                     .demand(cfg.demand)
                     .local_guard(cfg.guard)
+                    // One quota: the smallest block, so 300 hosts stay cheap.
+                    .capacity(yarl_core::zone::MIN_QUOTAS)
                     .build(),
             );
             // Every limiter knows the quota before traffic starts (it would after its first
