@@ -23,7 +23,7 @@ NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | 
 
 .PHONY: all deps build lint unit-test prove test run bench clean \
 	distro-deps distro-module distro-test packaging-test install \
-	docker-deps docker-image docker-cluster docker-cluster-down
+	docker-deps docker-image docker-test docker-cluster docker-cluster-down
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
 # of the same version is at DISTRO_NGINX_SRC): built with NGINX_BUILD_DIR in its own target
@@ -190,6 +190,11 @@ docker-deps:
 # The image yarl-rs:local, from a local base and vendored crates.
 docker-image: docker-deps
 	packaging/docker/images.sh
+
+# Builds the images, runs a root and an nginx container and the cluster for real, and
+# removes every container, network and volume it made (README: what it costs).
+docker-test: docker-deps
+	packaging/docker/test.sh
 
 # Two roots on one PostgreSQL and two nginx with the S3 example, in containers; prints how
 # to send traffic. `make docker-cluster-down` removes it.
