@@ -41,6 +41,9 @@ ARG RUNTIME_IMAGE=debian:12-slim
 
 ############################################################################ build
 FROM ${BASE_IMAGE} AS build
+# Marks this stage's images, so that packaging/docker/images.sh can drop the build stages of
+# earlier sources (untagged) and keep the disk use bounded.
+LABEL org.yarl-rs.stage=build
 ARG RUST_FROM=rustup
 ARG RUST_TOOLCHAIN=stable
 ARG DEBIAN_RUST_RELEASE=
@@ -87,6 +90,7 @@ RUN make install PROFILE=${PROFILE} DESTDIR=/out PREFIX=/usr MODULE=distro
 
 ############################################################################ runtime
 FROM ${RUNTIME_IMAGE}
+LABEL org.yarl-rs.stage=runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nginx ca-certificates curl \

@@ -13,7 +13,8 @@
 #      and cargo-web (DOCKER_RUST=debian, the default: the newest in Debian 12, from
 #      bookworm-security; DOCKER_RUST_RELEASE=bookworm takes bookworm's 1.85, too old for
 #      some crates of Cargo.lock today) or from rustup (DOCKER_RUST=rustup), tagged
-#      $YARL_IMAGE (default yarl-rs:local);
+#      $YARL_IMAGE (default yarl-rs:local); its build stage, the next build's cache, tagged
+#      $YARL_BUILD_IMAGE (yarl-rs-build:local); untagged stages of earlier builds removed;
 #   4. with `all`, packaging/docker/postgres.Dockerfile on the same base, tagged
 #      $YARL_PG_IMAGE (default yarl-postgres:local).
 #
@@ -28,6 +29,7 @@ DOCKER_RUST=${DOCKER_RUST:-debian}
 DOCKER_RUST_RELEASE=${DOCKER_RUST_RELEASE:-}
 LOCAL_BASE=${LOCAL_BASE:-yarl-local/debian:12}
 YARL_IMAGE=${YARL_IMAGE:-yarl-rs:local}
+YARL_BUILD_IMAGE=${YARL_BUILD_IMAGE:-yarl-rs-build:local}
 YARL_PG_IMAGE=${YARL_PG_IMAGE:-yarl-postgres:local}
 CARGO=${CARGO:-cargo}
 what=${1:-yarl}
@@ -165,6 +167,12 @@ build "$ENGINE_DIR/build.log" -t "$YARL_IMAGE" \
     --build-arg RUST_FROM="$DOCKER_RUST" --build-arg DEBIAN_RUST_RELEASE="$DOCKER_RUST_RELEASE" .
 step_done
 echo "images: $YARL_IMAGE $("$DOCKER" image inspect -f '{{.Size}}' "$YARL_IMAGE" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
+# The build stage (about 4 GB: the compiled workspace) is the next build's cache: tagged, it
+# stays; the build and runtime stages of earlier sources are untagged now, and dropped.
+build "$ENGINE_DIR/build-stage.log" --target build -t "$YARL_BUILD_IMAGE" \
+    --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" \
+    --build-arg RUST_FROM="$DOCKER_RUST" --build-arg DEBIAN_RUST_RELEASE="$DOCKER_RUST_RELEASE" . >/dev/null
+echo "images: earlier builds dropped: $("$DOCKER" image prune -f --filter label=org.yarl-rs.stage | tail -n 1)"
 
 if [ "$what" = all ]; then
     step "docker build -t $YARL_PG_IMAGE (Debian's postgresql on $RUNTIME_IMAGE)"

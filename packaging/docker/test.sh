@@ -223,3 +223,5 @@ echo "docker-test: cluster passed in $t_cluster s"
 
 say "times: images $t_images s, root + nginx $t_single s, cluster $t_cluster s; $YARL_IMAGE $size"
 "$DOCKER" system df
+root_dir=$("$DOCKER" info -f '{{.DockerRootDir}}' 2>/dev/null || true)
+echo "disk: $(du -sh "$root_dir" 2>/dev/null | cut -f1) in $root_dir, $(du -sh vendor | cut -f1) in vendor/"
