@@ -121,14 +121,18 @@ logs() {
 }
 
 traffic() {
-    local rate=${1:-60} seconds=${2:-20} dir
+    local rate=${1:-60} seconds=${2:-20} dir limit
     dir=$(mktemp -d /tmp/yarl-cluster-traffic.XXXXXX)
-    echo "cluster: $rate req/s to each nginx (GET /photos/cat.jpg: quota s3_photos_read, $READ_LIMIT/s) for $seconds s"
+    # The quota as it is now (it may have been changed since `up`).
+    limit=$(curl -fs --max-time 5 -H "Authorization: Bearer $("$DOCKER" exec "$(container root-a)" cat /var/lib/yarl/admin.token)" \
+        "http://127.0.0.1:$ROOT_A_PORT/v1/quotas/s3_photos_read" | sed -n 's/.*"limit":\([0-9.]*\).*/\1/p')
+    limit=${limit:-?}
+    echo "cluster: $rate req/s to each nginx (GET /photos/cat.jpg: quota s3_photos_read, $limit/s) for $seconds s"
     python3 scripts/loadgen.py "http://127.0.0.1:$NGINX_A/photos/cat.jpg" "$rate" "$seconds" 4 >"$dir/a" &
     python3 scripts/loadgen.py "http://127.0.0.1:$NGINX_B/photos/cat.jpg" "$rate" "$seconds" 4 >"$dir/b" &
     wait
     # loadgen.py's table: second admitted rejected other.
-    awk -v limit="$READ_LIMIT" '
+    awk -v limit="$limit" '
         FNR == 1 { f++ }
         $1 ~ /^[0-9]+$/ && NF == 4 { adm[f, $1] = $2; rej[f, $1] = $3; oth[f, $1] = $4; if ($1 > n) n = $1 }
         END {
@@ -138,7 +142,7 @@ traffic() {
                 printf "%6d  %7d  %7d  %13d  %13d  %5d\n", s, adm[1, s], adm[2, s], both, rej[1, s] + rej[2, s], oth[1, s] + oth[2, s]
                 if (s >= 5) { sum += both; sa += adm[1, s]; sb += adm[2, s]; k++ }
             }
-            if (k) printf "admitted per second from 5 s: both %.1f (nginx A %.1f, nginx B %.1f); quota %d/s\n", sum / k, sa / k, sb / k, limit
+            if (k) printf "admitted per second from 5 s: both %.1f (nginx A %.1f, nginx B %.1f); quota %s/s\n", sum / k, sa / k, sb / k, limit
         }' "$dir/a" "$dir/b"
     rm -rf "$dir"
 }
