@@ -20,7 +20,8 @@
 #   RUST_TOOLCHAIN       rustup's toolchain (default stable)
 #   DEBIAN_RUST_RELEASE  with RUST_FROM=debian, the suite to take them from (`apt-get -t`;
 #                        default the newest available, bookworm-security's; `bookworm` for
-#                        1.85, the oldest Debian 12 toolchain)
+#                        1.85, the oldest Debian 12 toolchain, which some crates in
+#                        Cargo.lock need newer than today: home, icu_*, idna_adapter)
 #   PROFILE              release (default) or debug
 # A `vendor/` directory in the context (`cargo vendor --locked vendor`, matching Cargo.lock)
 # replaces crates.io: the build then fetches no crates. Use the legacy builder
