@@ -99,6 +99,7 @@ struct Page<'a> {
     quotas: u64,
     rejections: u64,
     rounds: u64,
+    early_rounds: u64,
     cluster_fresh: bool,
     last_round_age_ms: Option<u64>,
     zone: Zone,
@@ -172,6 +173,7 @@ pub fn render(input: &Input<'_>) -> String {
         quotas: u.quotas,
         rejections: z.rejections,
         rounds: z.rounds,
+        early_rounds: z.early_rounds,
         cluster_fresh: z.cluster_fresh,
         last_round_age_ms: age_ms(now, Some(z.last_round_end_ns).filter(|&t| t != 0)),
         zone: Zone {
