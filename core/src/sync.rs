@@ -45,6 +45,9 @@ pub struct SyncConfig {
     pub max_pending_batches: usize,
     /// Longest backoff for a failing root, in intervals (default 8).
     pub max_backoff_intervals: u32,
+    /// Start a round early when a quota's traffic surges on this host
+    /// ([`SyncEngine::wants_early_round`]; default on).
+    pub early: bool,
 }
 
 impl Default for SyncConfig {
@@ -54,6 +57,7 @@ impl Default for SyncConfig {
             timeout: Duration::from_millis(500),
             max_pending_batches: 30,
             max_backoff_intervals: 8,
+            early: true,
         }
     }
 }
@@ -610,6 +614,9 @@ impl SyncEngine {
     /// Poll it every few milliseconds.
     pub fn wants_early_round(&mut self, now: u64) -> bool {
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        if !self.config.early {
+            return false;
+        }
         if self.last_began.is_some_and(|b| now.saturating_sub(b) < interval / EARLY_GAP) {
             return false;
         }

@@ -41,6 +41,8 @@ pub struct MainConf {
     pub timeout: Option<Duration>,
     /// `yarl_sync_token`.
     pub token: Option<String>,
+    /// `yarl_sync_early`.
+    pub early: Option<bool>,
     /// `yarl_sync_ca`, the full path.
     pub ca: Option<PathBuf>,
     /// `yarl_zone`, bytes.
@@ -60,6 +62,11 @@ impl MainConf {
     /// The sync call timeout in force.
     pub fn timeout(&self) -> Duration {
         self.timeout.unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    /// Whether early rounds are on (default on).
+    pub fn early(&self) -> bool {
+        self.early.unwrap_or(true)
     }
 
     /// The zone size in force.
@@ -318,6 +325,7 @@ setter!(set_headers, headers);
 setter!(set_charge, charge);
 setter!(set_metrics, metrics);
 setter!(set_sync_ca, sync_ca);
+setter!(set_sync_early, sync_early);
 
 fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so `conf` is our MainConf.
@@ -350,6 +358,22 @@ fn sync_interval(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
         return Err(duplicate(args));
     }
     mc.interval = Some(time_arg(args, 1)?);
+    Ok(())
+}
+
+fn sync_early(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.early.is_some() {
+        return Err(duplicate(args));
+    }
+    mc.early = Some(match args[1].as_bytes() {
+        b"on" => true,
+        b"off" => false,
+        _ => return Err(invalid(args, 1, "it must be \"on\" or \"off\"")),
+    });
     Ok(())
 }
 

@@ -31,6 +31,8 @@ pub struct SyncSettings {
     pub interval_ms: u64,
     /// `yarl_sync_timeout`, ms.
     pub timeout_ms: u64,
+    /// `yarl_sync_early`.
+    pub early: bool,
 }
 
 #[derive(Serialize)]

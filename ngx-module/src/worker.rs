@@ -51,6 +51,8 @@ pub struct Worker {
     pub interval: Duration,
     /// `yarl_sync_timeout`.
     pub timeout: Duration,
+    /// `yarl_sync_early`.
+    pub early: bool,
     /// `yarl_roots`.
     pub roots: Vec<String>,
     token: Option<String>,
@@ -183,6 +185,7 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         limiter: Arc::new(limiter),
         interval,
         timeout: mc.timeout(),
+        early: mc.early(),
         roots: mc.roots.clone().unwrap_or_default(),
         token: mc.token.clone(),
         ca: mc.ca.clone(),
@@ -328,7 +331,12 @@ fn alert_if_full(w: &Worker, log: *mut ngx_log_t, now: u64) {
 }
 
 fn start_agent(w: &Worker) -> Result<SyncThread, String> {
-    let config = SyncConfig { interval: w.interval, timeout: w.timeout, ..SyncConfig::default() };
+    let config = SyncConfig {
+        interval: w.interval,
+        timeout: w.timeout,
+        early: w.early,
+        ..SyncConfig::default()
+    };
     let engine =
         SyncEngine::new(w.limiter.clone(), w.roots.clone(), config).map_err(|e| e.to_string())?;
     let opts = HttpOptions { token: w.token.clone(), ca_file: w.ca.clone() };

@@ -385,8 +385,9 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
          constant), or what the fill's change between the last two answers measured when that \
          is more and the bucket cannot have emptied in between. At steady state the drops hold \
          the cluster at the limit and it is the static estimate; during a surge the measured \
-         inflow is many times the limit. Alone it moves the step from {:.2} to {:.2} and the \
-         spike from {:.2} to {:.2}; with early sync, to {:.2} and {:.2}. The fully measured \
+         inflow is many times the limit. It needs fresh answers: without early sync the step \
+         reads {:.2} against {:.2} for the constant alone, and the spike {:.2} against {:.2}; \
+         with early sync, {:.2} against {:.2} and {:.2} against {:.2}. The fully measured \
          estimator, smoothed over rounds, shows its between-sync noise at 3x (CV {:.3}) and on \
          a lone busy host ({:.0} false rejections at 0.9x).\n\
          * **Local guard available, off by default** (`LimiterBuilder::local_guard`). It caps \
@@ -411,12 +412,14 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
         d.root_rate,
         old.root_rate,
         d.early_rate,
-        old.step_even,
         som.step_even,
-        old.spike_excess,
+        old.step_even,
         som.spike_excess,
+        old.spike_excess,
         d.step_even,
+        early_only.step_even,
         d.spike_excess,
+        early_only.spike_excess,
         measured.steady_cv,
         measured.fp_one_host,
         guard.step_hot,
