@@ -466,7 +466,10 @@ fn a_surge_asks_for_early_rounds_and_steady_traffic_does_not() {
         }
     }
     // The first waits out the gap after the regular round that just ended.
-    assert!(early.first().is_some_and(|&ms| ms <= 1000 / EARLY_GAP + 5), "early rounds at {early:?} ms");
+    assert!(
+        early.first().is_some_and(|&ms| ms <= 1000 / EARLY_GAP + 5),
+        "early rounds at {early:?} ms"
+    );
     assert!(early.windows(2).all(|w| w[1] - w[0] >= 1000 / EARLY_GAP), "{early:?}");
     assert!(early.len() >= 8, "the surge keeps asking while it lasts: {early:?}");
     assert_eq!(n.limiter.zone_status().early_rounds, early.len() as u64);
