@@ -2,9 +2,16 @@
 //! `docs/sync-protocol.md`).
 //!
 //! Amounts are integer milli-units (1 unit = 1000), so a message round-trips exactly.
+//!
+//! Two encodings carry the same messages, chosen by content type: JSON (protocol v1,
+//! `application/json`, for debugging and old limiters) and the compact binary [`v2`]
+//! (`application/x-yarl-sync+v2`). The `v` field of the types below is the version of the
+//! messages' meaning, 1 in both; the binary encoding carries its own version byte.
 
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
 use serde::{Deserialize, Serialize};
+
+pub mod v2;
 
 /// The protocol version this crate speaks; a root refuses any other.
 pub const PROTOCOL_VERSION: u32 = 1;

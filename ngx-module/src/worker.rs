@@ -306,7 +306,8 @@ fn start_agent(w: &Worker) -> Result<SyncThread, String> {
     let config = SyncConfig { interval: w.interval, timeout: w.timeout, ..SyncConfig::default() };
     let engine =
         SyncEngine::new(w.limiter.clone(), w.roots.clone(), config).map_err(|e| e.to_string())?;
-    let opts = HttpOptions { token: w.token.clone(), ca_file: w.ca.clone() };
+    let opts =
+        HttpOptions { token: w.token.clone(), ca_file: w.ca.clone(), ..HttpOptions::default() };
     let transport: Arc<dyn Transport> =
         Arc::new(HttpTransport::new(&opts).map_err(|e| e.to_string())?);
     let keeper = LeaseKeeper { limiter: w.limiter.clone(), pid: w.pid, generation: w.generation };
