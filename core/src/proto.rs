@@ -9,6 +9,7 @@
 //! messages' meaning, 1 in both; the binary encoding carries its own version byte.
 
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
 
 pub mod v2;
@@ -79,6 +80,30 @@ pub struct SyncResponse {
     /// More quotas are waiting: sync again at once.
     #[serde(default)]
     pub more: bool,
+    /// The shard of the counter space this root aggregates (`"1/2"`), absent on a root
+    /// that aggregates every counter. A limiter refuses an answer from a root that serves
+    /// another shard than it was configured with.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "shard_text")]
+    pub shard: Option<Shard>,
+}
+
+/// `Option<Shard>` as the text `"index/count"` in JSON.
+mod shard_text {
+    use crate::shard::Shard;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Option<Shard>, ser: S) -> Result<S::Ok, S::Error> {
+        match s {
+            Some(s) => ser.collect_str(s),
+            None => ser.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shard>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 /// Why a root refused a sync request.

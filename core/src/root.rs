@@ -63,6 +63,7 @@
 
 use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
@@ -99,6 +100,10 @@ pub struct RootConfig {
     pub seq_ahead_slack: u64,
     /// The shortest sync interval a limiter is assumed to use (ns); see `seq_ahead_slack`.
     pub seq_min_interval_ns: u64,
+    /// The shard of the counter space this root aggregates (`None`: every counter). Deltas
+    /// and hints for counters of other shards are skipped (and counted); answers name the
+    /// shard so a limiter configured otherwise notices. See [`crate::shard`].
+    pub shard: Option<Shard>,
 }
 
 /// Width of one bucket of the demand window, ns.
@@ -167,6 +172,7 @@ impl Default for RootConfig {
             seq_ahead_slack: 64,
             // Half the shortest interval anyone runs (50 ms): twice the honest rate.
             seq_min_interval_ns: 25_000_000,
+            shard: None,
         }
     }
 }
@@ -180,6 +186,9 @@ pub struct RootStats {
     pub deltas_applied: u64,
     /// Delta entries for quotas this root does not know (dropped).
     pub deltas_unknown: u64,
+    /// Delta entries and hints for counters of another shard (skipped): a limiter
+    /// configured with another shard map.
+    pub deltas_foreign: u64,
     /// Batches skipped because they were applied before (retries).
     pub duplicate_batches: u64,
     /// Hints that raised a counter.
@@ -286,6 +295,8 @@ pub struct SyncAnswer {
     pub epoch: Epoch,
     /// More quotas are waiting.
     pub more: bool,
+    /// The shard this root aggregates.
+    pub shard: Option<Shard>,
 }
 
 impl SyncAnswer {
@@ -300,6 +311,7 @@ impl SyncAnswer {
             quotas: self.quotas.into_iter().map(|q| (*q).clone()).collect(),
             epoch: self.epoch,
             more: self.more,
+            shard: self.shard,
         }
     }
 }
@@ -319,7 +331,7 @@ impl Serialize for QuotaList<'_> {
 impl Serialize for SyncAnswer {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
-        let mut st = s.serialize_struct("SyncResponse", 8)?;
+        let mut st = s.serialize_struct("SyncResponse", 8 + usize::from(self.shard.is_some()))?;
         st.serialize_field("v", &self.v)?;
         st.serialize_field("root_instance", &self.root_instance)?;
         st.serialize_field("acked_seq", &self.acked_seq)?;
@@ -328,6 +340,9 @@ impl Serialize for SyncAnswer {
         st.serialize_field("quotas", &QuotaList(&self.quotas))?;
         st.serialize_field("epoch", &self.epoch)?;
         st.serialize_field("more", &self.more)?;
+        if let Some(shard) = &self.shard {
+            st.serialize_field("shard", &shard.to_string())?;
+        }
         st.end()
     }
 }
@@ -451,6 +466,11 @@ impl RootState {
         }
     }
 
+    /// Whether this root aggregates the counter of `id` (see [`RootConfig::shard`]).
+    fn holds(&self, id: QuotaId) -> bool {
+        self.config.shard.map_or(true, |s| s.holds(id))
+    }
+
     fn live_limit(&self, id: QuotaId) -> Option<u64> {
         self.quotas.get(&id).filter(|q| !q.deleted).map(|q| q.limits.limit)
     }
@@ -502,6 +522,10 @@ impl RootState {
 
     /// Applies one delta entry; returns the admitted amount the counter had no room for.
     fn add(&mut self, id: QuotaId, amount: u64, rejected: u64, now: u64) -> u64 {
+        if !self.holds(id) {
+            self.stats.deltas_foreign += 1;
+            return 0;
+        }
         let Some(excess) = self.fill_up(id, amount, now) else {
             self.stats.deltas_unknown += 1;
             return 0;
@@ -604,6 +628,10 @@ impl RootState {
             acked = b.seq;
         }
         for &(id, fill) in &req.hints {
+            if !self.holds(id) {
+                self.stats.deltas_foreign += 1;
+                continue;
+            }
             self.hint(id, fill, now);
         }
         s.acked = acked;
@@ -665,6 +693,7 @@ impl RootState {
             quotas,
             epoch,
             more,
+            shard: self.config.shard,
         })
     }
 

@@ -62,19 +62,23 @@ fn response() -> impl Strategy<Value = SyncResponse> {
         any::<bool>(),
         prop::collection::vec((num(), num(), num()), 0..50),
         prop::collection::vec(quota(), 0..10),
+        prop::option::of((1u32..=64).prop_flat_map(|n| (0..n, Just(n)))),
     )
-        .prop_map(|(root_instance, acked_seq, version, epoch, more, counters, quotas)| {
-            SyncResponse {
-                v: PROTOCOL_VERSION,
-                root_instance,
-                acked_seq,
-                version,
-                counters,
-                quotas,
-                epoch,
-                more,
-            }
-        })
+        .prop_map(
+            |(root_instance, acked_seq, version, epoch, more, counters, quotas, shard)| {
+                SyncResponse {
+                    v: PROTOCOL_VERSION,
+                    root_instance,
+                    acked_seq,
+                    version,
+                    counters,
+                    quotas,
+                    epoch,
+                    more,
+                    shard: shard.map(|(index, count)| yarl_core::Shard { index, count }),
+                }
+            },
+        )
 }
 
 proptest! {

@@ -88,6 +88,12 @@ impl Metrics {
             s.stats.deltas_unknown,
         );
         counter(
+            "yarl_root_deltas_foreign_total",
+            "Delta entries and hints for counters of another shard (skipped): a limiter with \
+             another shard map.",
+            s.stats.deltas_foreign,
+        );
+        counter(
             "yarl_root_duplicate_batches_total",
             "Delta batches skipped because they were applied before (retries).",
             s.stats.duplicate_batches,

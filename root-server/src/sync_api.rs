@@ -115,6 +115,7 @@ impl SyncEncoding {
                     more: answer.more,
                     counters: &answer.counters,
                     quotas: &answer.quotas,
+                    shard: answer.shard,
                 }))
             }
         }

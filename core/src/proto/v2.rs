@@ -32,6 +32,7 @@
 
 use super::{DeltaBatch, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
 use crate::quota::{Limits, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, SerializeTuple};
 use serde::{Deserializer, Serialize, Serializer};
@@ -180,6 +181,8 @@ pub struct ResponseParts<'a, Q> {
     pub counters: &'a [(QuotaId, u64, u64)],
     /// See [`SyncResponse::quotas`].
     pub quotas: &'a [Q],
+    /// See [`SyncResponse::shard`].
+    pub shard: Option<Shard>,
 }
 
 struct ResponseWire<'a, Q>(ResponseParts<'a, Q>);
@@ -187,7 +190,7 @@ struct ResponseWire<'a, Q>(ResponseParts<'a, Q>);
 impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
     fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
         let r = &self.0;
-        let mut t = s.serialize_tuple(8)?;
+        let mut t = s.serialize_tuple(9)?;
         t.serialize_element(&WIRE_VERSION)?;
         t.serialize_element(&r.root_instance)?;
         t.serialize_element(&r.acked_seq)?;
@@ -196,6 +199,7 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
         t.serialize_element(&r.more)?;
         t.serialize_element(&Delta(r.counters, |c: &(u64, u64, u64), k| (k, c.1, c.2)))?;
         t.serialize_element(&Quotas(r.quotas))?;
+        t.serialize_element(&r.shard.map(|s| (s.index, s.count)))?;
         t.end()
     }
 }
@@ -232,6 +236,7 @@ pub fn encode_response(r: &SyncResponse) -> Vec<u8> {
         more: r.more,
         counters: &r.counters,
         quotas: &quotas,
+        shard: r.shard,
     })
 }
 
@@ -558,6 +563,8 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
             quotas,
             epoch,
             more,
+            // Field 9, read by `decode_response` when present.
+            shard: None,
         })
     }
 }
@@ -579,5 +586,28 @@ pub fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequest, De
 
 /// Decodes an answer with at most `max_entries` counters + quotas.
 pub fn decode_response(body: &[u8], max_entries: usize) -> Result<SyncResponse, DecodeError> {
-    decode(body, max_entries)
+    let ctx = Ctx::new(max_entries);
+    let mut d = postcard::Deserializer::from_bytes(body);
+    let mut r = Message(&ctx, std::marker::PhantomData::<SyncResponse>)
+        .deserialize(&mut d)
+        .map_err(|e| ctx.finish(e))?;
+    // Fields appended after the first revision: absent means their default.
+    let rest = d.finalize().unwrap_or(&[]);
+    if !rest.is_empty() {
+        let bad = |why| DecodeError::Malformed { field: "shard", why };
+        let (shard, _) = postcard::take_from_bytes::<Option<(u32, u32)>>(rest).map_err(|e| {
+            bad(if matches!(e, postcard::Error::DeserializeUnexpectedEnd) {
+                "truncated"
+            } else {
+                "not an option of two varints"
+            })
+        })?;
+        r.shard = match shard {
+            None => None,
+            Some((index, count)) => Some(
+                format!("{index}/{count}").parse().map_err(|_| bad("not a valid INDEX/COUNT"))?,
+            ),
+        };
+    }
+    Ok(r)
 }
