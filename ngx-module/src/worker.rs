@@ -52,6 +52,8 @@ pub struct Worker {
     pub timeout: Duration,
     /// `yarl_roots`.
     pub roots: Vec<String>,
+    /// `yarl_roots ... shard=INDEX/COUNT` lines: the roots of each shard.
+    pub shards: Option<Vec<Vec<String>>>,
     token: Option<String>,
     ca: Option<std::path::PathBuf>,
     pid: u32,
@@ -159,6 +161,7 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         interval,
         timeout: mc.timeout(),
         roots: mc.roots.clone().unwrap_or_default(),
+        shards: mc.root_map.shards(),
         token: mc.token.clone(),
         ca: mc.ca.clone(),
         pid: std::process::id(),
@@ -304,8 +307,11 @@ fn alert_if_full(w: &Worker, log: *mut ngx_log_t, now: u64) {
 
 fn start_agent(w: &Worker) -> Result<SyncThread, String> {
     let config = SyncConfig { interval: w.interval, timeout: w.timeout, ..SyncConfig::default() };
-    let engine =
-        SyncEngine::new(w.limiter.clone(), w.roots.clone(), config).map_err(|e| e.to_string())?;
+    let engine = match &w.shards {
+        Some(shards) => SyncEngine::sharded(w.limiter.clone(), shards.clone(), config),
+        None => SyncEngine::new(w.limiter.clone(), w.roots.clone(), config),
+    }
+    .map_err(|e| e.to_string())?;
     let opts =
         HttpOptions { token: w.token.clone(), ca_file: w.ca.clone(), ..HttpOptions::default() };
     let transport: Arc<dyn Transport> =
