@@ -235,6 +235,19 @@ struct RootCounter {
     demand: DemandWindow,
 }
 
+/// A counter as its latest change left it, kept in the change log so that an answer is
+/// built by walking the log alone: each entry's fill (drained to the answer's time at
+/// `limit`) and demand (its window read at that time) come out exactly as from the counter
+/// itself, without a lookup per counter. Answers carry every counter that changed in the
+/// cluster since the limiter's last sync, so this walk is most of a root's work per sync.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    id: QuotaId,
+    bucket: LeakyBucket,
+    limit: u64,
+    demand: DemandWindow,
+}
+
 /// An exponentially weighted rate: `amount` arriving at `now` on a meter reading `rate` at
 /// `at` with time constant `tau` (all ns).
 fn meter(rate: &mut f64, at: &mut u64, amount: u64, now: u64, tau: u64) {
@@ -359,8 +372,8 @@ pub struct RootState {
     live: usize,
     epoch: Epoch,
     counters: HashMap<QuotaId, RootCounter>,
-    /// Latest version of each counter that changed → its id.
-    changes: BTreeMap<u64, QuotaId>,
+    /// Latest version of each counter that changed → the counter as of that change.
+    changes: BTreeMap<u64, Change>,
     version: u64,
     limiters: HashMap<Box<str>, Session>,
     /// Every session by recency, oldest first: who goes when room is needed.
@@ -462,7 +475,12 @@ impl RootState {
                 (true, true) => self.live -= 1,
                 _ => {}
             }
+            let (id, deleted) = (u.id, u.deleted);
             self.quotas.insert(u.id, Arc::new(u));
+            if !deleted && self.counters.contains_key(&id) {
+                // The change log holds the limit it drains at: record the new one.
+                self.bump(id);
+            }
         }
     }
 
@@ -496,12 +514,13 @@ impl RootState {
     fn bump(&mut self, id: QuotaId) {
         self.version += 1;
         let v = self.version;
+        let limit = self.live_limit(id).unwrap_or(0);
         if let Some(c) = self.counters.get_mut(&id) {
             if c.version != 0 {
                 self.changes.remove(&c.version);
             }
             c.version = v;
-            self.changes.insert(v, id);
+            self.changes.insert(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
         }
     }
 
@@ -657,14 +676,12 @@ impl RootState {
         let counters = self
             .changes
             .range(since.saturating_add(1)..)
-            .filter_map(|(_, id)| {
-                let c = self.counters.get(id)?;
-                let demand = c.demand.rate(now);
-                let mut fill = c.bucket.fill_at(now, self.live_limit(*id)?);
-                if let Some(p) = own_parked.as_ref().and_then(|p| p.get(id)) {
+            .map(|(_, c)| {
+                let mut fill = c.bucket.fill_at(now, c.limit);
+                if let Some(p) = own_parked.as_ref().and_then(|p| p.get(&c.id)) {
                     fill = fill.saturating_add(*p);
                 }
-                Some((*id, fill, demand as u64))
+                (c.id, fill, c.demand.rate(now) as u64)
             })
             .collect();
 
