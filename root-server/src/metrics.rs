@@ -134,6 +134,12 @@ impl Metrics {
             s.stats.sessions_created,
         );
         counter(
+            "yarl_root_syncs_applied_total",
+            "Syncs applied to the root's state, including those whose caller gave up before \
+             the answer was written.",
+            s.stats.syncs,
+        );
+        counter(
             "yarl_root_first_contacts_total",
             "Syncs without this root's current instance, answered with every counter.",
             s.stats.first_contacts,
