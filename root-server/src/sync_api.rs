@@ -136,12 +136,17 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
     let max_entries = st.0.settings.root.max_entries;
     let declared = declared_length(&parts.headers).unwrap_or(limit as u64).min(limit as u64);
     let guards = &st.0.guards;
-    let _memory = guards.sync_memory.enter_n(memory_cost(declared, max_entries, encoding)).await?;
-    let _slot = guards.sync.enter().await?;
+    let memory = guards.sync_memory.enter_n(memory_cost(declared, max_entries, encoding)).await?;
+    let slot = guards.sync.enter().await?;
     let body = read_body(&parts.headers, body, limit, SYNC_BODY_TIMEOUT).await?;
 
     let work = st.clone();
     let (bytes, took) = tokio::task::spawn_blocking(move || {
+        // The permits live as long as the work, not the request: a limiter that gives up
+        // (its timeout) drops the request, but the decode, apply and encode it started go
+        // on, and must keep counting against the memory and concurrency bounds, or an
+        // overloaded root would pile up abandoned work without limit.
+        let _held = (memory, slot);
         let started = Instant::now();
         let req = encoding.decode(&body, max_entries)?;
         drop(body);
