@@ -21,7 +21,7 @@ ROOT_BIN := $(OUT)/yarl-root
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx clean \
+.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-root clean \
 	distro-deps distro-module distro-test packaging-test install \
 	docker-deps docker-image docker-test docker-cluster docker-cluster-down
 
@@ -116,6 +116,15 @@ bench-nginx: deps
 	NGINX_BIN=$$(ls -t $(REL)/build/nginx-sys-*/out/objs/nginx | head -n 1) \
 		MODULE_SO=$(REL)/ngx_http_yarl_module.so ROOT_BIN=$(REL)/yarl-root \
 		scripts/bench-nginx.sh
+
+# The root tier's capacity (release build): N simulated limiters with real sync messages
+# against real yarl-root processes on loopback, 1M quotas loaded through the batch API,
+# protocol v1 vs v2, 1 vs 2 shards. Prints a table; not part of `make test`. A few minutes;
+# BENCH_ROOT_ARGS=--full for the big grid (1,000 limiters too). See bench/src/bench_root.rs.
+BENCH_ROOT_ARGS ?=
+bench-root: deps
+	$(CARGO) build --release -p yarl-root -p yarl-bench
+	$(REL)/bench-root --root-bin $(REL)/yarl-root --dir $(TARGET_DIR)/bench-root $(BENCH_ROOT_ARGS)
 
 # nginx and nginx-dev from the distribution, without leaving nginx running or enabled.
 distro-deps:

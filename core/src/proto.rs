@@ -2,9 +2,17 @@
 //! `docs/sync-protocol.md`).
 //!
 //! Amounts are integer milli-units (1 unit = 1000), so a message round-trips exactly.
+//!
+//! Two encodings carry the same messages, chosen by content type: JSON (protocol v1,
+//! `application/json`, for debugging and old limiters) and the compact binary [`v2`]
+//! (`application/x-yarl-sync+v2`). The `v` field of the types below is the version of the
+//! messages' meaning, 1 in both; the binary encoding carries its own version byte.
 
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
+
+pub mod v2;
 
 /// The protocol version this crate speaks; a root refuses any other.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -86,6 +94,30 @@ pub struct SyncResponse {
     /// would bring old counts back). Absent from roots that predate resets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_epoch: Option<Epoch>,
+    /// The shard of the counter space this root aggregates (`"1/2"`), absent on a root
+    /// that aggregates every counter. A limiter refuses an answer from a root that serves
+    /// another shard than it was configured with.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "shard_text")]
+    pub shard: Option<Shard>,
+}
+
+/// `Option<Shard>` as the text `"index/count"` in JSON.
+mod shard_text {
+    use crate::shard::Shard;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Option<Shard>, ser: S) -> Result<S::Ok, S::Error> {
+        match s {
+            Some(s) => ser.collect_str(s),
+            None => ser.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shard>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 /// Why a root refused a sync request.

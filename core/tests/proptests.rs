@@ -178,6 +178,7 @@ proptest! {
             e.begin_round(now);
             for &(root, fill) in order {
                 let resp = SyncResponse {
+                    shard: None,
                     v: PROTOCOL_VERSION, root_instance: 7 + root as u64, acked_seq: 0,
                     version: 1, counters: vec![(1, fill, 0)], quotas: vec![], epoch: 1, more: false,
                     root_epoch: None,

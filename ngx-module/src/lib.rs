@@ -82,6 +82,10 @@ impl HttpModule for Module {
         // SAFETY: nginx passes the http block's configuration context, which holds our
         // MainConf (create_main_conf ran).
         if let Some(mc) = unsafe { Module::main_conf_mut(&*cf) } {
+            if let Err(e) = mc.root_map.check() {
+                ngx::ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"yarl_roots\" directive: {}", e);
+                return Status::NGX_ERROR.0;
+            }
             if mc.used {
                 // SAFETY: `cf` is postconfiguration's.
                 if let Err(e) = unsafe { zone::add(cf, mc) } {

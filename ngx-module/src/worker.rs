@@ -55,6 +55,8 @@ pub struct Worker {
     pub early: bool,
     /// `yarl_roots`.
     pub roots: Vec<String>,
+    /// `yarl_roots ... shard=INDEX/COUNT` lines: the roots of each shard.
+    pub shards: Option<Vec<Vec<String>>>,
     token: Option<String>,
     ca: Option<std::path::PathBuf>,
     pid: u32,
@@ -187,6 +189,7 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         timeout: mc.timeout(),
         early: mc.early(),
         roots: mc.roots.clone().unwrap_or_default(),
+        shards: mc.root_map.shards(),
         token: mc.token.clone(),
         ca: mc.ca.clone(),
         pid: std::process::id(),
@@ -337,9 +340,13 @@ fn start_agent(w: &Worker) -> Result<SyncThread, String> {
         early: w.early,
         ..SyncConfig::default()
     };
-    let engine =
-        SyncEngine::new(w.limiter.clone(), w.roots.clone(), config).map_err(|e| e.to_string())?;
-    let opts = HttpOptions { token: w.token.clone(), ca_file: w.ca.clone() };
+    let engine = match &w.shards {
+        Some(shards) => SyncEngine::sharded(w.limiter.clone(), shards.clone(), config),
+        None => SyncEngine::new(w.limiter.clone(), w.roots.clone(), config),
+    }
+    .map_err(|e| e.to_string())?;
+    let opts =
+        HttpOptions { token: w.token.clone(), ca_file: w.ca.clone(), ..HttpOptions::default() };
     let transport: Arc<dyn Transport> =
         Arc::new(HttpTransport::new(&opts).map_err(|e| e.to_string())?);
     let keeper = LeaseKeeper { limiter: w.limiter.clone(), pid: w.pid, generation: w.generation };
