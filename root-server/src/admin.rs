@@ -62,6 +62,13 @@ pub(crate) struct QuotaJson {
     parent: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     deleted: bool,
+    /// The epoch of the last `:reset`, absent if never.
+    #[serde(skip_serializing_if = "is_zero")]
+    reset_epoch: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl From<StoredQuota> for QuotaJson {
@@ -74,6 +81,7 @@ impl From<StoredQuota> for QuotaJson {
             high_burst: milli_to_units(q.limits.high_burst),
             parent: q.parent,
             deleted: q.deleted,
+            reset_epoch: q.reset_epoch,
             name: q.name,
         }
     }
@@ -214,6 +222,36 @@ pub(crate) async fn delete(
     st.catch_up(written).await;
     let q = tomb.ok_or_else(|| ApiError::Internal("delete returned no row".into()))?;
     tracing::info!(name = %q.name, id = q.id, epoch = q.epoch, "quota deleted");
+    Ok(Json(q.into()))
+}
+
+/// `POST /v1/quotas/{name}:reset`: empties the quota's counter on every root and limiter.
+/// The action is a suffix of the path segment (as in Google's API style), so a quota
+/// literally called `a:reset` is reset with `/v1/quotas/a:reset:reset`.
+pub(crate) async fn action(
+    State(st): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    let _slot = st.0.guards.admin.enter().await?;
+    let result = async {
+        let segment = path_name(name)?;
+        let Some(name) = segment.strip_suffix(":reset") else {
+            return Err(ApiError::BadRequest(format!(
+                "POST /v1/quotas/{segment}: the only action is :reset \
+                 (POST /v1/quotas/NAME:reset); PUT creates or replaces a quota"
+            )));
+        };
+        validate_name(name).map_err(|e| invalid(None, e))?;
+        Ok(st.0.store.reset(name.to_owned()).await?)
+    }
+    .await;
+    let written = result.map_err(|e| refused(&st, e))?;
+    st.db_ok();
+    st.0.metrics.quota_writes.fetch_add(1, Relaxed);
+    let q = written.quotas.first().cloned();
+    st.catch_up(written).await;
+    let q = q.ok_or_else(|| ApiError::Internal("reset returned no row".into()))?;
+    tracing::info!(name = %q.name, id = q.id, epoch = q.epoch, "quota reset");
     Ok(Json(q.into()))
 }
 

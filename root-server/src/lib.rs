@@ -19,7 +19,7 @@
 //! |---|---|---|---|---|
 //! | `POST /v1/sync` | [`SYNC_BODY_LIMIT`] | 10 s | 2 × cores, and 256 MiB of bodies | sync |
 //! | `POST /v1/quotas:batch` | [`BATCH_BODY_LIMIT`] | 60 s | 1 | admin |
-//! | `PUT/GET/DELETE /v1/quotas/{name}`, `GET /v1/quotas` | [`BODY_LIMIT`] | 10 s | 32 | admin |
+//! | `PUT/GET/DELETE /v1/quotas/{name}`, `POST /v1/quotas/{name}:reset`, `GET /v1/quotas` | [`BODY_LIMIT`] | 10 s | 32 | admin |
 //! | `GET /healthz`, `GET /metrics` | none read | — | — | none |
 //!
 //! A declared `Content-Length` over the limit is refused before reading; a request that
@@ -72,7 +72,10 @@ pub fn app(state: AppState) -> Router {
     let admin = Router::new()
         .route("/v1/quotas", get(admin::list))
         .route("/v1/quotas:batch", post(admin::batch))
-        .route("/v1/quotas/{name}", put(admin::put).get(admin::get).delete(admin::delete))
+        .route(
+            "/v1/quotas/{name}",
+            put(admin::put).get(admin::get).delete(admin::delete).post(admin::action),
+        )
         // route_layer: only matched routes ask for a token, so unknown paths stay 404s.
         .route_layer(from_fn_with_state(admin_token, auth::require));
     let sync = Router::new()

@@ -99,6 +99,17 @@ impl Metrics {
             s.stats.duplicate_batches,
         );
         counter(
+            "yarl_root_resets_total",
+            "Quota resets (POST /v1/quotas/NAME:reset) this root applied to its counters.",
+            s.stats.resets,
+        );
+        counter(
+            "yarl_root_dropped_before_reset_total",
+            "Delta entries and hints dropped because they were counted before their quota's \
+             last reset.",
+            s.stats.dropped_before_reset,
+        );
+        counter(
             "yarl_root_hints_applied_total",
             "Limiter hints that raised a counter.",
             s.stats.hints_applied,

@@ -443,3 +443,60 @@ async fn sync_route() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v, json!({"status": "ok", "database": "up", "epoch": 1}));
 }
+
+#[tokio::test]
+async fn reset_empties_the_counter_and_keeps_the_quota() {
+    let (st, _d) = root().await;
+    call(&st, PUT, "/v1/quotas/a", Some(&quota(1.0, 100.0, 200.0, None)), None).await;
+    call(&st, PUT, "/v1/quotas/a:reset", Some(&quota(1.0, 100.0, 200.0, None)), None).await;
+    let sync = |seq: u64, epoch: u64| {
+        json!({"v":1,"limiter":"l1","seen_epoch":epoch,
+               "batches":[{"seq":seq,"epoch":epoch,"deltas":[[1,50000,0]]}]})
+        .to_string()
+    };
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&sync(1, 2)), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/a", None, None).await;
+    assert!(v["counter"]["fill"].as_f64().unwrap() > 49.0, "{v}");
+
+    let (s, v) = call(&st, POST, "/v1/quotas/a:reset", None, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["name"].as_str(), v["epoch"].as_u64(), v["reset_epoch"].as_u64(), v["limit"].as_f64()),
+        (Some("a"), Some(3), Some(3), Some(1.0)),
+        "a new epoch for the row, the numbers unchanged"
+    );
+    let (_, v) = call(&st, GET, "/v1/quotas/a", None, None).await;
+    assert_eq!(v["counter"]["fill"], 0.0, "{v}");
+    assert_eq!(v["reset_epoch"], 3);
+
+    // A batch counted before the limiter saw the reset does not bring the count back;
+    // one counted after it does count.
+    let (_, v) = call(&st, POST, "/v1/sync", Some(&sync(2, 2)), None).await;
+    assert_eq!(v["acked_seq"], 2, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/a", None, None).await;
+    assert_eq!(v["counter"]["fill"], 0.0, "the late batch was dropped: {v}");
+    call(&st, POST, "/v1/sync", Some(&sync(3, 3)), None).await;
+    let (_, v) = call(&st, GET, "/v1/quotas/a", None, None).await;
+    assert!(v["counter"]["fill"].as_f64().unwrap() > 49.0, "{v}");
+
+    // A replace keeps the last reset (so roots that read it back agree).
+    let (_, v) = call(&st, PUT, "/v1/quotas/a", Some(&quota(2.0, 100.0, 200.0, None)), None).await;
+    assert_eq!((v["epoch"].as_u64(), v["reset_epoch"].as_u64()), (Some(4), Some(3)), "{v}");
+
+    // The quota literally named "a:reset" is reset with one more suffix.
+    let (s, v) = call(&st, POST, "/v1/quotas/a:reset:reset", None, None).await;
+    assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("a:reset")), "{v}");
+
+    for (path, status, msg) in [
+        ("/v1/quotas/nope:reset", StatusCode::NOT_FOUND, "\"nope\" does not exist"),
+        ("/v1/quotas/a", StatusCode::BAD_REQUEST, "the only action is :reset"),
+        ("/v1/quotas/a:drain", StatusCode::BAD_REQUEST, "the only action is :reset"),
+        ("/v1/quotas/:reset", StatusCode::UNPROCESSABLE_ENTITY, "empty"),
+        ("/v1/quotas/a%20b:reset", StatusCode::UNPROCESSABLE_ENTITY, "' '"),
+    ] {
+        let (s, v) = call(&st, POST, path, None, None).await;
+        assert_eq!(s, status, "{path}: {v}");
+        assert!(err(&v).contains(msg), "{path}: {v}");
+    }
+}

@@ -108,7 +108,14 @@ async fn an_old_sqlite_database_is_adopted() {
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    assert_eq!(rows, vec![(1, "adopted from yarl_schema_migrations".into(), true)]);
+    assert_eq!(
+        rows,
+        vec![
+            (1, "adopted from yarl_schema_migrations".into(), true),
+            (2, "reset epoch".into(), true)
+        ],
+        "version 1 adopted, the later ones applied"
+    );
 }
 
 #[tokio::test]
@@ -126,7 +133,7 @@ async fn an_old_postgres_database_is_adopted() {
         .fetch_all(&mut conn)
         .await
         .unwrap();
-    assert_eq!(rows, vec![(1, true)]);
+    assert_eq!(rows, vec![(1, true), (2, true)], "version 1 adopted, the later ones applied");
 }
 
 #[tokio::test]

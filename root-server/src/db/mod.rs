@@ -54,6 +54,8 @@ pub struct StoredQuota {
     pub limits: Limits,
     /// Parent's name.
     pub parent: Option<String>,
+    /// The epoch of the quota's last cluster-wide reset, 0 if never.
+    pub reset_epoch: Epoch,
 }
 
 impl StoredQuota {
@@ -64,7 +66,7 @@ impl StoredQuota {
             name: self.name,
             epoch: self.epoch,
             deleted: self.deleted,
-            reset_epoch: 0,
+            reset_epoch: self.reset_epoch,
             limits: self.limits,
             parent: self.parent,
         }
@@ -218,6 +220,10 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// Turns a live quota into a tombstone with a new epoch.
     fn delete(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>>;
 
+    /// Resets a live quota cluster-wide: a new epoch for its row, and `reset_epoch` set to
+    /// that epoch (its numbers and parent stay as they are).
+    fn reset(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>>;
+
     /// The live quota called `name`.
     fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>>;
 
@@ -284,19 +290,21 @@ fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The rows of a successful `put_many`, built from the input instead of read back.
-fn written(base: Epoch, quotas: Vec<NewQuota>, ids: Vec<u64>) -> Written {
+/// The rows of a successful `put_many`, built from the input and the `(id, reset_epoch)`
+/// the database returned, instead of read back. A replaced quota keeps its last reset.
+fn written(base: Epoch, quotas: Vec<NewQuota>, kept: Vec<(u64, Epoch)>) -> Written {
     let quotas = quotas
         .into_iter()
-        .zip(ids)
+        .zip(kept)
         .enumerate()
-        .map(|(k, (q, id))| StoredQuota {
+        .map(|(k, (q, (id, reset_epoch)))| StoredQuota {
             id,
             name: q.name,
             epoch: base + k as u64 + 1,
             deleted: false,
             limits: q.limits,
             parent: q.parent,
+            reset_epoch,
         })
         .collect();
     Written { base_epoch: base, quotas }

@@ -72,8 +72,8 @@ pub(super) const POSTGRES: Dialect = Dialect {
     live_by_parent: "SELECT name, parent FROM yarl_quotas WHERE NOT deleted AND parent = ANY($1)",
 };
 
-const COLUMNS: &str =
-    "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, parent";
+const COLUMNS: &str = "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, \
+                       parent, reset_epoch";
 
 const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     limit_milli = excluded.limit_milli,
@@ -82,12 +82,12 @@ const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     parent = excluded.parent,
     epoch = excluded.epoch,
     deleted = FALSE
- RETURNING id, epoch";
+ RETURNING id, epoch, reset_epoch";
 
-type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>);
+type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64);
 
 fn from_row(r: Row) -> Result<StoredQuota, StoreError> {
-    let (id, name, epoch, deleted, l, lo, hi, parent) = r;
+    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch) = r;
     Ok(StoredQuota {
         id: u64::try_from(id).unwrap_or(0),
         limits: limits_from_row(&name, l, lo, hi)?,
@@ -95,6 +95,7 @@ fn from_row(r: Row) -> Result<StoredQuota, StoreError> {
         epoch: epoch_from_row(epoch),
         deleted,
         parent,
+        reset_epoch: epoch_from_row(reset_epoch),
     })
 }
 
@@ -248,19 +249,19 @@ impl SqlStore {
             write(tx, d) => {
                 check_graph(&mut tx, d, &quotas).await?;
                 let base = bump_epoch(&mut tx, quotas.len()).await?;
-                let mut ids = vec![0u64; quotas.len()];
+                let mut kept = vec![(0u64, 0); quotas.len()];
                 for (c, chunk) in quotas.chunks(d.insert_chunk).enumerate() {
                     let first = base + (c * d.insert_chunk) as u64;
                     let rows = insert_chunk(&mut tx, chunk, first).await?;
-                    for (id, epoch) in rows {
+                    for (id, epoch, reset_epoch) in rows {
                         let k = epoch_from_row(epoch).wrapping_sub(base + 1) as usize;
-                        if let Some(slot) = ids.get_mut(k) {
-                            *slot = u64::try_from(id).unwrap_or(0);
+                        if let Some(slot) = kept.get_mut(k) {
+                            *slot = (u64::try_from(id).unwrap_or(0), epoch_from_row(reset_epoch));
                         }
                     }
                 }
                 tx.commit().await?;
-                Ok(written(base, quotas, ids))
+                Ok(written(base, quotas, kept))
             }
         )
     }
@@ -299,6 +300,32 @@ impl SqlStore {
                 q.epoch = base + 1;
                 q.deleted = true;
                 q.parent = None;
+                Ok(Written { base_epoch: base, quotas: vec![q] })
+            }
+        )
+    }
+
+    async fn reset_inner(&self, name: String) -> Result<Written, StoreError> {
+        each_backend!(
+            self,
+            write(tx, _d) => {
+                let row: Option<Row> = sqlx::query_as(&format!(
+                    "SELECT {COLUMNS} FROM yarl_quotas WHERE name = $1 AND NOT deleted"
+                ))
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else { return Err(StoreError::NotFound(name)) };
+                let base = bump_epoch(&mut tx, 1).await?;
+                sqlx::query("UPDATE yarl_quotas SET epoch = $1, reset_epoch = $1 WHERE id = $2")
+                    .bind(to_i64(base + 1))
+                    .bind(row.0)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                let mut q = from_row(row)?;
+                q.epoch = base + 1;
+                q.reset_epoch = base + 1;
                 Ok(Written { base_epoch: base, quotas: vec![q] })
             }
         )
@@ -406,14 +433,17 @@ where
     Ok(())
 }
 
+/// `(id, epoch, reset_epoch)` of an inserted or replaced row.
+type Upserted = (i64, i64, i64);
+
 /// Inserts or replaces one chunk of a batch whose first row gets epoch `first + 1`;
-/// returns `(id, epoch)` of every row.
+/// returns `(id, epoch, reset_epoch)` of every row.
 trait InsertChunk: sqlx::Database {
     fn insert_chunk<'t>(
         tx: &'t mut Transaction<'static, Self>,
         chunk: &'t [NewQuota],
         first: Epoch,
-    ) -> BoxFuture<'t, Result<Vec<(i64, i64)>, StoreError>>;
+    ) -> BoxFuture<'t, Result<Vec<Upserted>, StoreError>>;
 }
 
 impl InsertChunk for Sqlite {
@@ -421,7 +451,7 @@ impl InsertChunk for Sqlite {
         tx: &'t mut Transaction<'static, Self>,
         chunk: &'t [NewQuota],
         first: Epoch,
-    ) -> BoxFuture<'t, Result<Vec<(i64, i64)>, StoreError>> {
+    ) -> BoxFuture<'t, Result<Vec<Upserted>, StoreError>> {
         Box::pin(async move {
             // One multi-row VALUES list (SQLite has no arrays to bind).
             let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
@@ -447,7 +477,7 @@ impl InsertChunk for Postgres {
         tx: &'t mut Transaction<'static, Self>,
         chunk: &'t [NewQuota],
         first: Epoch,
-    ) -> BoxFuture<'t, Result<Vec<(i64, i64)>, StoreError>> {
+    ) -> BoxFuture<'t, Result<Vec<Upserted>, StoreError>> {
         Box::pin(async move {
             // Six arrays, one row per element: one statement whatever the chunk size.
             let names: Vec<&str> = chunk.iter().map(|q| q.name.as_str()).collect();
@@ -479,7 +509,7 @@ async fn insert_chunk<DB: InsertChunk>(
     tx: &mut Transaction<'static, DB>,
     chunk: &[NewQuota],
     first: Epoch,
-) -> Result<Vec<(i64, i64)>, StoreError> {
+) -> Result<Vec<Upserted>, StoreError> {
     DB::insert_chunk(tx, chunk, first).await
 }
 
@@ -494,6 +524,10 @@ impl QuotaStore for SqlStore {
 
     fn delete(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>> {
         Box::pin(self.delete_inner(name))
+    }
+
+    fn reset(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>> {
+        Box::pin(self.reset_inner(name))
     }
 
     fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>> {

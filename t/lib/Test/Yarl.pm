@@ -298,6 +298,14 @@ sub stop_root {
 	}
 }
 
+# Makes %%ROOT_n%% in this instance's configurations name the roots that $other runs, so
+# two nginx (two Test::Yarl objects) can sync with the same roots.
+sub use_roots_of {
+	my ($self, $other) = @_;
+	$self->{ports}{$_} = $other->{ports}{$_} for grep { /^ROOT_/ } keys %{$other->{ports}};
+	return $self;
+}
+
 sub root_url {
 	my ($self, $name) = @_;
 	return 'http://127.0.0.1:' . $self->port("ROOT_$name");

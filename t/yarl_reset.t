@@ -1,0 +1,165 @@
+#!/usr/bin/perl
+
+# Cluster-wide reset: POST /v1/quotas/{name}:reset on one root empties the quota's counter
+# on both roots (one database) and in both nginx (two workers each) within two sync
+# intervals, requests pass again, and what the nginx counted just before the reset (deltas
+# not yet synced, and those on their way) does not come back afterwards.
+
+use warnings;
+use strict;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Test::Yarl qw(http_get status_of);
+use Time::HiRes qw(time sleep);
+
+my $INTERVAL = 0.5;
+
+my $conf = <<'EOF2';
+%%TEST_GLOBALS%%
+worker_processes 2;
+events { }
+http {
+    %%TEST_GLOBALS_HTTP%%
+    yarl_roots %%ROOT_A%% %%ROOT_B%%;
+    yarl_sync_interval 500ms;
+    # Early rounds would send the counts made just before a reset ahead of it.
+    yarl_sync_early off;
+    server {
+        listen 127.0.0.1:%%PORT_8080%% reuseport;
+        root %%TESTDIR%%;
+        location / {
+            yarl_account q;
+        }
+        location = /stats {
+            access_log off;
+            yarl_stats;
+        }
+    }
+}
+EOF2
+
+my $t = Test::Yarl->new();
+$t->run_root('A');
+$t->run_root('B', '--db', 'sqlite://' . $t->testdir . '/yarl_A.db');
+my $u = Test::Yarl->new()->use_roots_of($t);
+my @nginx = ($t, $u);
+for my $n (@nginx) {
+	$n->write_file('index.html', "hello\n");
+	$n->write_file_expand('nginx.conf', $conf);
+	$n->run();
+}
+
+# 1/s: the counter barely drains during the test, so what is left is what was counted.
+$t->put_quota('q', 1, 40, 60);
+for my $n (@nginx) {
+	ok($n->wait_quota($n->port(8080), 'q', 5), 'nginx ' . ($n == $t ? 1 : 2) . ' fetched the quota');
+}
+
+sub burst {
+	my ($n, $count) = @_;
+	my %st;
+	$st{status_of(http_get($n->port(8080), '/index.html'))}++ for 1 .. $count;
+	return \%st;
+}
+
+sub nginx_fill {
+	my ($n) = @_;
+	my $s = $n->stats($n->port(8080), '/stats?quota=q') or return undef;
+	return $s->{quota} ? $s->{quota}{fill} : undef;
+}
+
+sub root_fill {
+	my ($root) = @_;
+	my ($status, $q) = $t->admin('GET', '/v1/quotas/q', undef, $root);
+	return undef unless $status == 200 && ref $q;
+	return $q->{counter} ? $q->{counter}{fill} : 0;
+}
+
+# Fill the bucket from both nginx until both refuse.
+burst($_, 40) for @nginx;
+ok($t->wait_for(sub { (nginx_fill($t) // 0) > 55 && (nginx_fill($u) // 0) > 55 }, 3),
+	'both nginx see the bucket full');
+ok($t->wait_for(sub { (root_fill('A') // 0) > 55 && (root_fill('B') // 0) > 55 }, 3),
+	'both roots see the bucket full');
+is_deeply([map { status_of(http_get($_->port(8080), '/index.html')) } @nginx], [429, 429],
+	'both nginx refuse');
+
+sub reset_quota {
+	my ($status, $body) = $t->admin('POST', '/v1/quotas/q:reset');
+	is($status, 200, 'POST /v1/quotas/q:reset');
+	ok(ref $body && $body->{reset_epoch} && $body->{reset_epoch} == $body->{epoch},
+		'the answer carries the reset epoch');
+}
+
+my %view = (
+	'root A' => sub { root_fill('A') },
+	'root B' => sub { root_fill('B') },
+	'nginx 1' => sub { nginx_fill($t) },
+	'nginx 2' => sub { nginx_fill($u) },
+);
+
+# When each view reads an empty bucket (fill below one unit: it only grows by 1/s of drain
+# and nothing is sent meanwhile), in seconds after $t0.
+sub timeline {
+	my ($t0) = @_;
+	my %when;
+	$t->wait_for(sub {
+		for my $k (keys %view) {
+			next if exists $when{$k};
+			my $f = $view{$k}->();
+			$when{$k} = time() - $t0 if defined $f && $f < 1;
+		}
+		return keys %when == keys %view;
+	}, 4 * $INTERVAL);
+	return \%when;
+}
+
+my $t0 = time();
+reset_quota();
+my $when = timeline($t0);
+for my $k (sort keys %view) {
+	my $w = $when->{$k};
+	diag(sprintf('%-7s empty at +%s', $k, defined $w ? sprintf('%.3f s', $w) : 'never'));
+	ok(defined $w && $w <= 2 * $INTERVAL + 0.1, "$k empty within two intervals");
+}
+is_deeply([map { status_of(http_get($_->port(8080), '/index.html')) } @nginx], [200, 200],
+	'both nginx pass again');
+
+# Counts made just before a reset, admitted and not yet synced when it is written: they
+# reach the roots after it, tagged with the epoch they were counted at, and are dropped.
+my @before = map { burst($_, 15) } @nginx;
+$t0 = time();
+reset_quota();
+is_deeply([map { $_->{200} // 0 } @before], [15, 15], 'the counts just before were admitted');
+$when = timeline($t0);
+diag('second reset: ' . join(', ', map { sprintf('%s +%.3f s', $_, $when->{$_} // -1) } sort keys %view));
+is(scalar keys %$when, 4, 'every view empty again');
+
+# Nothing counted before the reset comes back: watch three intervals more.
+my $max = 0;
+my $end = time() + 3 * $INTERVAL;
+while (time() < $end) {
+	for my $f (map { $_->() } values %view) {
+		$max = $f if defined $f && $f > $max;
+	}
+	sleep 0.05;
+}
+diag(sprintf('largest fill anywhere over the next %.1f s: %.3f', 3 * $INTERVAL, $max));
+cmp_ok($max, '<', 1, 'old counts do not come back through late deltas or hints');
+
+is_deeply([map { status_of(http_get($_->port(8080), '/index.html')) } @nginx], [200, 200],
+	'both nginx pass');
+ok($t->wait_for(sub { (root_fill('A') // 0) >= 1.5 && (root_fill('B') // 0) >= 1.5 }, 3),
+	'counting goes on after the reset');
+
+my %a = %{$t->root_metrics('A')};
+my %b = %{$t->root_metrics('B')};
+is($b{yarl_root_resets_total}, 2, 'root B applied both resets it polled');
+diag('deltas dropped as counted before a reset: root A ' . ($a{yarl_root_dropped_before_reset_total} // '?')
+	. ', root B ' . ($b{yarl_root_dropped_before_reset_total} // '?'));
+
+$u->finish();
+$t->finish();
+done_testing();
