@@ -18,6 +18,8 @@ APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev 
 
 MODULE_SO := $(OUT)/ngx_http_yarl_module.so
 ROOT_BIN := $(OUT)/yarl-root
+# The S3-style application behind nginx in `make run` (examples/s3-app).
+S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
@@ -91,15 +93,17 @@ unit-test: build
 hostile-test: deps
 	$(CARGO) test -p yarl-root $(CARGO_PROFILE_FLAG) --test hostile --test security -- --nocapture
 
-# End-to-end: a real nginx with the module and a real yarl-root, nginx-tests style.
+# End-to-end: a real nginx with the module, a real yarl-root and (the S3 example) the
+# application built from examples/s3-app, nginx-tests style.
 prove: build
 	TEST_NGINX_BINARY=$(NGINX_BIN) TEST_YARL_MODULE=$(MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
-		prove --timer t/
+		TEST_YARL_S3_APP=$(S3_APP_BIN) prove --timer t/
 
 test: lint unit-test prove distro-test packaging-test
 
 run: build
-	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) scripts/run.sh
+	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) S3_APP_BIN=$(S3_APP_BIN) \
+		scripts/run.sh
 
 bench: deps
 	$(CARGO) bench -p yarl-core --bench limiter
@@ -131,7 +135,7 @@ distro-module: deps distro-deps
 # The end-to-end suite against the installed nginx loading the distro module.
 distro-test: build distro-module
 	TEST_NGINX_BINARY=$(DISTRO_NGINX) TEST_YARL_MODULE=$(DISTRO_MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
-		TEST_NGINX_GLOBALS='lock_file %%TESTDIR%%/nginx.lock;' \
+		TEST_YARL_S3_APP=$(S3_APP_BIN) TEST_NGINX_GLOBALS='lock_file %%TESTDIR%%/nginx.lock;' \
 		prove --timer $(DISTRO_TESTS)
 
 # The Dockerfile's build stage calls only existing targets; `make install` lays out what the

@@ -9,7 +9,7 @@
 //! | request | handler quota (accounted here) | weight | parent nginx checks |
 //! |---|---|---|---|
 //! | `GET /{bucket}` (list) | `s3_<bucket>_list` | 1, then 1 per object listed, after the response | `s3_<bucket>_read` |
-//! | `GET /{bucket}/{key}` | `s3_<bucket>_get` (+ `s3_<bucket>_bytes_out`: the body's bytes, after) | 1 | `s3_<bucket>_read` |
+//! | `GET /{bucket}/{key}` | `s3_<bucket>_get` (+ `s3_<bucket>_bytes_out`: checked, then charged the body's bytes after) | 1 | `s3_<bucket>_read` |
 //! | `HEAD /{bucket}/{key}` | `s3_<bucket>_head` | 1 | `s3_<bucket>_read` |
 //! | `PUT /{bucket}/{key}` | `s3_<bucket>_put` and `s3_<bucket>_bytes_in` (together) | 1 and the body's length | `s3_<bucket>_write` |
 //! | `DELETE /{bucket}/{key}` | `s3_<bucket>_delete` | 1 | `s3_<bucket>_write` |
@@ -97,9 +97,11 @@ fn list_cost(_: &Parts, bucket: &str, q: &mut Quotas) {
     q.charge_reported(format!("s3_{bucket}_list"));
 }
 
-/// Bytes served, charged when the body is sent.
+/// Bytes served: a bucket over its bandwidth waits, and each answer is charged the bytes
+/// of its body once sent (nginx checks the same quota in front).
 fn bytes_out(_: &Parts, bucket: &str, q: &mut Quotas) {
-    q.charge_body(format!("s3_{bucket}_bytes_out"));
+    let name = format!("s3_{bucket}_bytes_out");
+    q.check(name.clone()).charge_body(name);
 }
 
 /// Bytes stored: the declared length, accounted with the PUT itself, all or nothing.
