@@ -23,7 +23,7 @@ S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx clean \
+.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-tower clean \
 	distro-deps distro-module distro-test packaging-test install
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
@@ -119,6 +119,17 @@ bench-nginx: deps
 	NGINX_BIN=$$(ls -t $(REL)/build/nginx-sys-*/out/objs/nginx | head -n 1) \
 		MODULE_SO=$(REL)/ngx_http_yarl_module.so ROOT_BIN=$(REL)/yarl-root \
 		scripts/bench-nginx.sh
+
+# Side-by-side tower benchmark (release build, wrk): an axum hello-world with no layer,
+# with tower-governor, and with yarl-tower (one quota; a random quota across 1M) syncing
+# with a real root. Prints figures; not part of `make test`. See scripts/bench-tower.sh.
+bench-tower: deps
+	@command -v wrk >/dev/null && command -v bc >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk bc; }
+	$(CARGO) build --release -p yarl-root
+	$(CARGO) build --release -p yarl-tower --example bench_server --example layer_cost
+	ROOT_BIN=$(REL)/yarl-root BENCH_SERVER=$(REL)/examples/bench_server \
+		LAYER_COST=$(REL)/examples/layer_cost scripts/bench-tower.sh
 
 # nginx and nginx-dev from the distribution, without leaving nginx running or enabled.
 distro-deps:

@@ -52,7 +52,10 @@ enum ChargeFrom {
 /// limiting); empty names are skipped.
 #[derive(Debug, Default)]
 pub struct Quotas {
-    decide: Vec<(Cow<'static, str>, u64)>,
+    /// The first item to decide on, inline: most requests name one quota, and then no
+    /// allocation is made.
+    first: Option<(Cow<'static, str>, u64)>,
+    more: Vec<(Cow<'static, str>, u64)>,
     charges: Vec<(Cow<'static, str>, ChargeFrom)>,
 }
 
@@ -69,9 +72,22 @@ impl Quotas {
     pub fn account(&mut self, name: impl Into<Cow<'static, str>>, weight: u64) -> &mut Self {
         let name = name.into();
         if !name.is_empty() {
-            self.decide.push((name, weight.min(MAX_WEIGHT_UNITS)));
+            let item = (name, weight.min(MAX_WEIGHT_UNITS));
+            if self.first.is_none() {
+                self.first = Some(item);
+            } else {
+                self.more.push(item);
+            }
         }
         self
+    }
+
+    /// The name of item `k` to decide on.
+    fn name(&self, k: usize) -> Option<&str> {
+        match k {
+            0 => self.first.as_ref().map(|(n, _)| &**n),
+            k => self.more.get(k - 1).map(|(n, _)| &**n),
+        }
     }
 
     /// After the response, adds the bytes of its body to every counter of `name`'s chain,
@@ -99,7 +115,7 @@ impl Quotas {
 
     /// Whether the rule named nothing.
     pub fn is_empty(&self) -> bool {
-        self.decide.is_empty() && self.charges.is_empty()
+        self.first.is_none() && self.charges.is_empty()
     }
 }
 
@@ -138,6 +154,17 @@ pub(crate) struct Config<R> {
     _yarl: Yarl,
 }
 
+impl<R> Clone for Config<R> {
+    fn clone(&self) -> Self {
+        Config {
+            limiter: self.limiter.clone(),
+            settings: self.settings.clone(),
+            rule: self.rule.clone(),
+            _yarl: self._yarl.clone(),
+        }
+    }
+}
+
 /// A [`tower_layer::Layer`] that decides each request on the quotas a [`Rule`] names, in a
 /// [`Yarl`] limiter that syncs with the roots in the background.
 ///
@@ -150,24 +177,20 @@ pub(crate) struct Config<R> {
 /// with axum, `B` is `axum::body::Body` and the layer goes in `Router::layer`,
 /// `Router::route_layer`, `MethodRouter::layer` or `Handler::layer`.
 pub struct YarlLayer<R> {
-    yarl: Yarl,
-    rule: Arc<R>,
-    settings: Settings,
+    /// Made once: `layer()` only clones the `Arc` (axum may call it for every request that
+    /// reaches a fallback).
+    config: Arc<Config<R>>,
 }
 
 impl<R> Clone for YarlLayer<R> {
     fn clone(&self) -> Self {
-        YarlLayer {
-            yarl: self.yarl.clone(),
-            rule: self.rule.clone(),
-            settings: self.settings.clone(),
-        }
+        YarlLayer { config: self.config.clone() }
     }
 }
 
 impl<R> std::fmt::Debug for YarlLayer<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("YarlLayer").field("settings", &self.settings).finish_non_exhaustive()
+        f.debug_struct("YarlLayer").field("settings", &self.config.settings).finish_non_exhaustive()
     }
 }
 
@@ -175,17 +198,24 @@ impl<R: Rule> YarlLayer<R> {
     /// A layer deciding in `yarl`'s limiter on the quotas `rule` names.
     pub fn new(yarl: Yarl, rule: R) -> Self {
         YarlLayer {
-            yarl,
-            rule: Arc::new(rule),
-            settings: Settings {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                retry_after: true,
-                headers: false,
-                dry_run: false,
-                content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
-                body: Bytes::from_static(b"Too Many Requests\n"),
-            },
+            config: Arc::new(Config {
+                limiter: yarl.limiter().clone(),
+                settings: Settings {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    retry_after: true,
+                    headers: false,
+                    dry_run: false,
+                    content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
+                    body: Bytes::from_static(b"Too Many Requests\n"),
+                },
+                rule: Arc::new(rule),
+                _yarl: yarl,
+            }),
         }
+    }
+
+    fn settings(&mut self) -> &mut Settings {
+        &mut Arc::make_mut(&mut self.config).settings
     }
 
     /// The status of rejections (default 429, `yarl_status`); S3 clients expect 503.
@@ -198,13 +228,13 @@ impl<R: Rule> YarlLayer<R> {
             status.is_client_error() || status.is_server_error(),
             "yarl-tower: rejection status {status} is not in 400-599"
         );
-        self.settings.status = status;
+        self.settings().status = status;
         self
     }
 
     /// Whether rejections carry `Retry-After` (default on, `yarl_retry_after`).
     pub fn retry_after(mut self, on: bool) -> Self {
-        self.settings.retry_after = on;
+        self.settings().retry_after = on;
         self
     }
 
@@ -212,22 +242,23 @@ impl<R: Rule> YarlLayer<R> {
     /// chain that decided (default off, `yarl_headers`): the same fields as the module,
     /// made by [`yarl_core::ratelimit::fields`].
     pub fn headers(mut self, on: bool) -> Self {
-        self.settings.headers = on;
+        self.settings().headers = on;
         self
     }
 
     /// Decide, never reject (default off, `yarl_dry_run`): a request that would be rejected
     /// goes on (and, like any rejected account, adds nothing).
     pub fn dry_run(mut self, on: bool) -> Self {
-        self.settings.dry_run = on;
+        self.settings().dry_run = on;
         self
     }
 
     /// The body of rejections and its content type (default `Too Many Requests` as
     /// `text/plain`).
     pub fn rejection_body(mut self, content_type: HeaderValue, body: impl Into<Bytes>) -> Self {
-        self.settings.content_type = content_type;
-        self.settings.body = body.into();
+        let s = self.settings();
+        s.content_type = content_type;
+        s.body = body.into();
         self
     }
 }
@@ -236,15 +267,7 @@ impl<S, R: Rule> tower_layer::Layer<S> for YarlLayer<R> {
     type Service = YarlService<S, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        YarlService {
-            inner,
-            config: Arc::new(Config {
-                limiter: self.yarl.limiter().clone(),
-                settings: self.settings.clone(),
-                rule: self.rule.clone(),
-                _yarl: self.yarl.clone(),
-            }),
-        }
+        YarlService { inner, config: self.config.clone() }
     }
 }
 
@@ -292,8 +315,8 @@ where
         }
         let cfg = &*self.config;
         let limiter = &cfg.limiter;
-        let (decision, matched) = decide(limiter, &quotas.decide);
-        let chain = matched.map(|k| &*quotas.decide[k].0);
+        let (decision, matched) = decide(limiter, &quotas);
+        let chain = matched.and_then(|k| quotas.name(k));
         let rejected = decision.as_ref().is_some_and(|d| d.outcome == Outcome::Rejected);
         let fields = match (cfg.settings.headers, chain, &decision) {
             (true, Some(chain), Some(d)) => ratelimit_fields(limiter, chain, d),
@@ -310,20 +333,18 @@ where
 
 /// Decides on every item at once; the decision (`None`: no quota matched) and the index of
 /// the item whose chain decided (the rejecting one, or the last that matched).
-fn decide(
-    limiter: &Limiter,
-    items: &[(Cow<'static, str>, u64)],
-) -> (Option<Decision>, Option<usize>) {
-    let (d, k) = match items {
-        [] => return (None, None),
-        // The common case without the slice of borrowed names.
-        [(name, weight)] => match limiter.account(name, *weight) {
+fn decide(limiter: &Limiter, q: &Quotas) -> (Option<Decision>, Option<usize>) {
+    let (d, k) = match (&q.first, q.more.is_empty()) {
+        (None, _) => return (None, None),
+        // The common case, without a slice of borrowed names.
+        (Some((name, weight)), true) => match limiter.account(name, *weight) {
             Ok(d) => (d, Some(0)),
             // Weights are clamped when named; fail open if that ever changes.
             Err(_) => return (None, None),
         },
-        many => {
-            let items: Vec<(&str, u64)> = many.iter().map(|(n, w)| (&**n, *w)).collect();
+        (Some(first), false) => {
+            let items: Vec<(&str, u64)> =
+                std::iter::once(first).chain(&q.more).map(|(n, w)| (&**n, *w)).collect();
             match limiter.account_many_matched(&items) {
                 Ok(r) => r,
                 Err(_) => return (None, None),
