@@ -176,7 +176,11 @@ echo
 echo "$inproc"
 echo
 echo "### Target"
+# Also per round: the two variants ran within seconds of each other, so a burst of other
+# work on the machine moves both; the median of those ratios is the steadier figure.
 ratio=$(echo "$RPS_yarl1 / $RPS_governor" | bc -l)
-ok=$(echo "$ratio >= 0.95" | bc -l)
-printf -- '- yarl-tower one quota vs tower-governor: %.3f of its throughput (target >= 0.95) %s\n' \
-    "$ratio" "$([ "$ok" = 1 ] && echo met || echo MISSED)"
+per_round=$(paste "$DIR/yarl1.rps" "$DIR/governor.rps" | awk '{printf "%.3f\n", $1 / $2}')
+round_ratio=$(echo "$per_round" | median)
+ok=$(echo "$round_ratio >= 0.95" | bc -l)
+printf -- '- yarl-tower one quota vs tower-governor: %.3f of its throughput (median of the per-round ratios %s; ratio of the medians %.3f); target >= 0.95: %s\n' \
+    "$round_ratio" "$(echo $per_round | tr ' ' ',')" "$ratio" "$([ "$ok" = 1 ] && echo met || echo MISSED)"
