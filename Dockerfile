@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # YARL-rs: yarl-root and Debian 12's nginx with ngx_http_yarl_module, in one image.
 #
 #   docker build -t yarl-rs .
@@ -11,31 +9,78 @@
 # the arguments of the build stage's `nginx -V`; the runtime stage installs the same Debian
 # nginx and refuses to build if the module does not load into it (`nginx -t`).
 #
+# Build arguments (`--build-arg NAME=VALUE`), all optional:
+#   BASE_IMAGE           the build stage's base (default debian:12)
+#   RUNTIME_IMAGE        the runtime stage's base (default debian:12-slim); both Debian 12:
+#                        the module is built for the build stage's nginx package and loaded
+#                        by the runtime stage's
+#   RUST_FROM            where Rust comes from: rustup (default; rustup-init from
+#                        static.rust-lang.org, then the RUST_TOOLCHAIN channel) or debian
+#                        (Debian's rustc-web and cargo-web: nothing beyond the Debian mirror)
+#   RUST_TOOLCHAIN       rustup's toolchain (default stable)
+#   DEBIAN_RUST_RELEASE  with RUST_FROM=debian, the suite to take them from (`apt-get -t`;
+#                        default the newest available, bookworm-security's; `bookworm` for
+#                        1.85, the oldest Debian 12 toolchain, which some crates in
+#                        Cargo.lock need newer than today: home, icu_*, idna_adapter)
+#   PROFILE              release (default) or debug
+# A `vendor/` directory in the context (`cargo vendor --locked vendor`, matching Cargo.lock)
+# replaces crates.io: the build then fetches no crates. Use the legacy builder
+# (`DOCKER_BUILDKIT=0`) where the buildx plugin is missing.
+# `make docker-image` builds it without an image registry or crates.io inside containers:
+# a debootstrap base, vendored crates, Debian's toolchain (packaging/docker/images.sh).
+#
 # Run (see README "Install / Docker"):
 #   docker network create yarl
 #   docker run -d --name yarl-root --network yarl -p 127.0.0.1:7700:7700 \
 #       -v yarl-data:/var/lib/yarl yarl-rs
-#   docker run -d --name yarl-nginx --network yarl -p 8080:8080 \
-#       -e YARL_ROOTS=http://yarl-root:7700 \
+#   docker run -d --name yarl-nginx --network yarl -p 127.0.0.1:8080:8080 \
+#       -e YARL_ROOTS=http://yarl-root:7700 -v yarl-data:/var/lib/yarl:ro \
 #       -v "$PWD/packaging/nginx-yarl.conf:/etc/nginx/conf.d/yarl.conf:ro" yarl-rs nginx
 
-ARG DEBIAN_RELEASE=12
+ARG BASE_IMAGE=debian:12
+ARG RUNTIME_IMAGE=debian:12-slim
 
 ############################################################################ build
-FROM debian:${DEBIAN_RELEASE} AS build
-# The Rust toolchain from rustup (Debian 12's rustc is older than the MSRV, 1.81).
+FROM ${BASE_IMAGE} AS build
+# Marks this stage's images, so that packaging/docker/images.sh can drop the build stages of
+# earlier sources (untagged) and keep the disk use bounded.
+LABEL org.yarl-rs.stage=build
+ARG RUST_FROM=rustup
 ARG RUST_TOOLCHAIN=stable
+ARG DEBIAN_RUST_RELEASE=
 ARG PROFILE=release
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     CARGO_TERM_COLOR=never
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl make \
-    && curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
-        | sh -s -- -y --no-modify-path --profile minimal --default-toolchain "${RUST_TOOLCHAIN}" \
-    && rustc --version
+RUN set -e; \
+    apt-get update; \
+    case "$RUST_FROM" in \
+    rustup) \
+        apt-get install -y --no-install-recommends ca-certificates curl make; \
+        url=https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init; \
+        curl --proto '=https' --tlsv1.2 -sSf -o /tmp/rustup-init "$url"; \
+        echo "$(curl --proto '=https' --tlsv1.2 -sSf "$url.sha256" | cut -c1-64)  /tmp/rustup-init" \
+            | sha256sum -c -; \
+        chmod +x /tmp/rustup-init; \
+        /tmp/rustup-init -y --no-modify-path --profile minimal --default-toolchain "$RUST_TOOLCHAIN"; \
+        rm /tmp/rustup-init ;; \
+    debian) \
+        apt-get install -y --no-install-recommends ${DEBIAN_RUST_RELEASE:+-t "$DEBIAN_RUST_RELEASE"} \
+            ca-certificates make rustc-web cargo-web ;; \
+    *) \
+        echo "RUST_FROM must be rustup or debian, not '$RUST_FROM'" >&2; \
+        exit 1 ;; \
+    esac; \
+    rustc --version
 WORKDIR /src
 COPY . .
+# Vendored crates, when the context has them, in place of crates.io.
+RUN if [ -d vendor ]; then \
+        mkdir -p /root/.cargo \
+        && printf '%s\n' '[source.crates-io]' 'replace-with = "vendored"' \
+            '[source.vendored]' 'directory = "/src/vendor"' >>/root/.cargo/config.toml \
+        && echo "crates from vendor/ ($(ls vendor | wc -l) crates)"; \
+    fi
 # Build dependencies (apt), then yarl-root, then the module for Debian's nginx (installs nginx
 # and nginx-dev, configures the source with `nginx -V`'s arguments, builds into
 # target/distro and test-loads the module), then a staged install under /out.
@@ -45,7 +90,8 @@ RUN make distro-module PROFILE=${PROFILE}
 RUN make install PROFILE=${PROFILE} DESTDIR=/out PREFIX=/usr MODULE=distro
 
 ############################################################################ runtime
-FROM debian:${DEBIAN_RELEASE}-slim
+FROM ${RUNTIME_IMAGE}
+LABEL org.yarl-rs.stage=runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nginx ca-certificates curl \

@@ -23,8 +23,9 @@ S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-tower clean \
-	distro-deps distro-module distro-test packaging-test install
+.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-root \
+	bench-tower clean distro-deps distro-module distro-test packaging-test install \
+	docker-deps docker-image docker-test docker-cluster docker-cluster-down
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
 # of the same version is at DISTRO_NGINX_SRC): built with NGINX_BUILD_DIR in its own target
@@ -131,6 +132,15 @@ bench-tower: deps
 	ROOT_BIN=$(REL)/yarl-root BENCH_SERVER=$(REL)/examples/bench_server \
 		LAYER_COST=$(REL)/examples/layer_cost scripts/bench-tower.sh
 
+# The root tier's capacity (release build): N simulated limiters with real sync messages
+# against real yarl-root processes on loopback, 1M quotas loaded through the batch API,
+# protocol v1 vs v2, 1 vs 2 shards. Prints a table; not part of `make test`. A few minutes;
+# BENCH_ROOT_ARGS=--full for the big grid (1,000 limiters too). See bench/src/bench_root.rs.
+BENCH_ROOT_ARGS ?=
+bench-root: deps
+	$(CARGO) build --release -p yarl-root -p yarl-bench
+	$(REL)/bench-root --root-bin $(REL)/yarl-root --dir $(TARGET_DIR)/bench-root $(BENCH_ROOT_ARGS)
+
 # nginx and nginx-dev from the distribution, without leaving nginx running or enabled.
 distro-deps:
 	packaging/install-distro-nginx.sh
@@ -200,6 +210,42 @@ endif
 clean:
 	$(CARGO) clean
 	rm -rf .run
+
+# Docker (README "Install / Docker"). The engine (Debian's docker.io, started by the scripts
+# only when none answers), debootstrap for a local base image (no image registry needed) and
+# docker-compose for the cluster; the image is built from vendored crates with Debian's
+# toolchain by default (packaging/docker/images.sh: DOCKER_BASE, DOCKER_RUST).
+DOCKER_APT_PACKAGES := docker.io debootstrap docker-compose
+
+docker-deps:
+	@missing=""; \
+	for p in $(DOCKER_APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" \
+			|| missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "docker-deps: installing$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+		echo "docker-deps: all present"; \
+	fi
+
+# The image yarl-rs:local, from a local base and vendored crates.
+docker-image: docker-deps
+	packaging/docker/images.sh
+
+# Builds the images, runs a root and an nginx container and the cluster for real, and
+# removes every container, network and volume it made (README: what it costs).
+docker-test: docker-deps
+	packaging/docker/test.sh
+
+# Two roots on one PostgreSQL and two nginx with the S3 example, in containers; prints how
+# to send traffic. `make docker-cluster-down` removes it.
+docker-cluster: docker-deps
+	packaging/docker/cluster.sh up
+
+docker-cluster-down:
+	packaging/docker/cluster.sh down
 
 # Regenerates docs/accuracy.md and its figures (fixed seed). PHONY: sim/ is a directory.
 .PHONY: sim

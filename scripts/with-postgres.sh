@@ -60,12 +60,18 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-PORT=""
-for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 40000))
-    if port_free "$p"; then PORT=$p; break; fi
-done
-[ -n "$PORT" ] || { echo "with-postgres: no free port found" >&2; exit 1; }
+# Below Linux's ephemeral range (32768-60999): a port an outgoing connection holds looks free
+# to the probe above but cannot be bound. The start is retried on another port anyway.
+pick_port() {
+    PORT=""
+    for _ in $(seq 1 50); do
+        p=$((20000 + RANDOM % 12000))
+        if port_free "$p"; then PORT=$p; return 0; fi
+    done
+    echo "with-postgres: no free port found" >&2
+    exit 1
+}
+pick_port
 
 as_pg "$PG_BIN/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
     || { cat "$DIR/initdb.log" >&2; exit 1; }
@@ -91,7 +97,16 @@ esac
 CTL
 chmod 755 "$DIR/pgctl"
 
-"$DIR/pgctl" start >/dev/null || { cat "$DIR/server.log" >&2; exit 1; }
+started=""
+for attempt in 1 2 3 4 5; do
+    if "$DIR/pgctl" start >/dev/null 2>&1; then started=1; break; fi
+    grep -q "Address already in use" "$DIR/server.log" 2>/dev/null || break
+    echo "with-postgres: port $PORT taken meanwhile, retrying (attempt $attempt)" >&2
+    pick_port
+    sed -i "s/^port = .*/port = $PORT/" "$DATA/postgresql.conf"
+    : >"$DIR/server.log"
+done
+[ -n "$started" ] || { cat "$DIR/server.log" >&2; exit 1; }
 as_pg "$PG_BIN/createdb" -h 127.0.0.1 -p "$PORT" -U postgres yarl_test
 
 export YARL_TEST_PG_URL="postgres://postgres@127.0.0.1:$PORT/yarl_test"

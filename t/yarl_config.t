@@ -68,6 +68,7 @@ my @bad = (
 	['yarl_sync_interval fast;', '', 'yarl_sync_interval', 'fast'],
 	['yarl_sync_interval 0;', '', 'yarl_sync_interval', '0'],
 	['yarl_sync_timeout -1s;', '', 'yarl_sync_timeout', '-1s'],
+	['yarl_sync_early sometimes;', '', 'yarl_sync_early', 'sometimes'],
 	['', 'yarl_status 200;', 'yarl_status', '200'],
 	['', 'yarl_status 600;', 'yarl_status', '600'],
 	['', 'yarl_status abc;', 'yarl_status', 'abc'],

@@ -4,8 +4,9 @@
 //! [`yarl_core::SyncEngine`] once per interval against every root, in parallel, over HTTP or
 //! HTTPS. `yarl-core` itself has no I/O; this crate is the part that talks to the network.
 //!
-//! * [`HttpTransport`]: `POST {root}/v1/sync`, JSON, bearer token, TLS with rustls (the
-//!   system's trust store, or a CA file).
+//! * [`HttpTransport`]: `POST {root}/v1/sync` in protocol v2 (binary; JSON v1 for roots
+//!   that answer `415`), bearer token, TLS with rustls (the system's trust store, or a CA
+//!   file).
 //! * [`SyncThread`]: one OS thread with a single-threaded tokio runtime; a [`Supervisor`]
 //!   can stop it between rounds (the nginx module uses that to hand the agent role over
 //!   between workers).
@@ -35,5 +36,8 @@ mod transport;
 mod url;
 
 pub use thread::{drive, NoSupervisor, Supervisor, SyncThread};
-pub use transport::{load_ca, CallFuture, HttpOptions, HttpTransport, Transport, TransportError};
+pub use transport::{
+    load_ca, CallFuture, HttpOptions, HttpTransport, Protocol, Transport, TransportError,
+    MAX_ANSWER_BYTES, V2_RETRY,
+};
 pub use url::parse_root_url;

@@ -136,6 +136,9 @@ pub async fn drive(
     let timeout = engine.config().timeout;
     let clock = engine.limiter().clock().clone();
     let mut next = tokio::time::Instant::now();
+    // Whether the round about to start keeps the interval's schedule (an early one does not
+    // move it).
+    let mut regular = true;
     while !stop() && supervisor.before_round() {
         let calls = engine.begin_round(clock.now_nanos());
         let mut set = tokio::task::JoinSet::new();
@@ -170,18 +173,37 @@ pub async fn drive(
         if report.more {
             continue;
         }
-        next += interval;
-        let now = tokio::time::Instant::now();
-        if next < now {
-            // Fell behind (a slow round): don't burst to catch up.
-            next = now;
+        if regular {
+            next += interval;
+            let now = tokio::time::Instant::now();
+            if next < now {
+                // Fell behind (a slow round): don't burst to catch up.
+                next = now;
+            }
         }
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = wake.notified() => {}
+        regular = true;
+        // Until the next regular round, look for a surge every EARLY_POLL: the engine says
+        // when one is worth a round now (and keeps such rounds rare).
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= next {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(next.min(now + EARLY_POLL)) => {}
+                _ = wake.notified() => break,
+            }
+            if tokio::time::Instant::now() < next && engine.wants_early_round(clock.now_nanos()) {
+                regular = false;
+                break;
+            }
         }
     }
 }
+
+/// How often the agent looks for a surge between rounds
+/// ([`SyncEngine::wants_early_round`]): an atomic load each time.
+pub const EARLY_POLL: Duration = Duration::from_millis(10);
 
 #[cfg(test)]
 mod tests {

@@ -1,11 +1,13 @@
 //! How a sync request reaches a root: the [`Transport`] trait and its HTTP(S) implementation.
 
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
-use yarl_core::proto::{SyncRequest, SyncResponse};
+use std::time::{Duration, Instant};
+use yarl_core::proto::{v2, SyncRequest, SyncResponse};
 
 /// Boxed future of one sync call.
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<SyncResponse, String>> + Send>>;
@@ -17,6 +19,29 @@ pub trait Transport: Send + Sync + 'static {
     fn call(&self, url: &str, req: SyncRequest, timeout: Duration) -> CallFuture;
 }
 
+/// Which encoding of the sync messages a transport sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// Protocol v2 (binary, `application/x-yarl-sync+v2`); a root that answers `415`
+    /// (older than v2) gets v1 instead, and v2 again after [`V2_RETRY`].
+    #[default]
+    V2,
+    /// Protocol v1 only (JSON, `application/json`): for debugging with a proxy.
+    V1,
+}
+
+/// How long a root that refused v2 gets v1 before v2 is tried again (it may have been
+/// upgraded).
+pub const V2_RETRY: Duration = Duration::from_secs(600);
+
+/// Largest answer body accepted, bytes: a first contact with a million quotas arrives in
+/// pages of 10,000, and a million changed counters take about 6 MB in v2 and 25 MB in v1.
+pub const MAX_ANSWER_BYTES: usize = 256 << 20;
+
+/// Most counters plus quotas one v2 answer may declare.
+const MAX_ANSWER_ENTRIES: usize = 50_000_000;
+
 /// Settings of [`HttpTransport`].
 #[derive(Debug, Clone, Default)]
 pub struct HttpOptions {
@@ -25,6 +50,8 @@ pub struct HttpOptions {
     /// PEM file of the certificates that verify `https://` roots, instead of the system's
     /// trust store (nginx: `yarl_sync_ca`).
     pub ca_file: Option<PathBuf>,
+    /// The encoding to send (v2 by default, with the fallback to v1).
+    pub protocol: Protocol,
 }
 
 /// Why a transport could not be built.
@@ -68,11 +95,15 @@ pub fn load_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, TransportError>
     Ok(certs)
 }
 
-/// JSON over HTTP or HTTPS: `POST {url}/v1/sync`, optional bearer token.
+/// Protocol v2 (or v1 JSON) over HTTP or HTTPS: `POST {url}/v1/sync`, optional bearer
+/// token.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
     client: reqwest::Client,
     token: Option<Arc<str>>,
+    protocol: Protocol,
+    /// Roots that refused v2 with `415`, and when.
+    v1_only: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl HttpTransport {
@@ -90,27 +121,104 @@ impl HttpTransport {
             }
         }
         let client = b.build().map_err(|e| TransportError::Client(describe(&e)))?;
-        Ok(HttpTransport { client, token: opts.token.as_deref().map(Into::into) })
+        Ok(HttpTransport {
+            client,
+            token: opts.token.as_deref().map(Into::into),
+            protocol: opts.protocol,
+            v1_only: Arc::default(),
+        })
+    }
+
+    /// Whether `url` gets v2 now.
+    fn speaks_v2(&self, url: &str) -> bool {
+        if self.protocol == Protocol::V1 {
+            return false;
+        }
+        let mut v1 = self.v1_only.lock();
+        match v1.get(url) {
+            Some(at) if at.elapsed() < V2_RETRY => false,
+            Some(_) => {
+                v1.remove(url);
+                true
+            }
+            None => true,
+        }
+    }
+}
+
+/// Reads an answer body of at most [`MAX_ANSWER_BYTES`].
+async fn read_answer(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    if resp.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
+        return Err(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
+    }
+    let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+    while let Some(chunk) = resp.chunk().await.map_err(|e| describe(&e))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Decodes an answer in the encoding its content type names.
+fn decode_answer(content_type: Option<&str>, body: &[u8]) -> Result<SyncResponse, String> {
+    let essence = content_type.unwrap_or("").split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case(v2::CONTENT_TYPE) {
+        v2::decode_response(body, MAX_ANSWER_ENTRIES).map_err(|e| format!("bad answer: {e}"))
+    } else {
+        serde_json::from_slice::<SyncResponse>(body).map_err(|e| format!("bad answer: {e}"))
     }
 }
 
 impl Transport for HttpTransport {
     fn call(&self, url: &str, req: SyncRequest, timeout: Duration) -> CallFuture {
         let endpoint = format!("{}/v1/sync", url.trim_end_matches('/'));
-        let mut rb = self.client.post(endpoint).timeout(timeout).json(&req);
-        if let Some(t) = &self.token {
-            rb = rb.bearer_auth(t);
-        }
+        let this = self.clone();
+        let url = url.to_owned();
+        let deadline = Instant::now() + timeout;
         Box::pin(async move {
-            let resp = rb.send().await.map_err(|e| describe(&e))?;
-            let status = resp.status();
-            if !status.is_success() {
-                let body = resp.text().await.unwrap_or_default();
-                let body: String = body.chars().take(200).collect();
-                return Err(format!("HTTP {}: {}", status.as_u16(), body.trim()));
+            let mut v2 = this.speaks_v2(&url);
+            loop {
+                let (ct, body) = if v2 {
+                    (v2::CONTENT_TYPE, v2::encode_request(&req))
+                } else {
+                    ("application/json", serde_json::to_vec(&req).map_err(|e| e.to_string())?)
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err("timed out".into());
+                }
+                let mut rb = this
+                    .client
+                    .post(&endpoint)
+                    .timeout(left)
+                    .header(reqwest::header::CONTENT_TYPE, ct)
+                    .body(body);
+                if let Some(t) = &this.token {
+                    rb = rb.bearer_auth(t);
+                }
+                let resp = rb.send().await.map_err(|e| describe(&e))?;
+                let status = resp.status();
+                if status == reqwest::StatusCode::UNSUPPORTED_MEDIA_TYPE && v2 {
+                    // A root older than protocol v2: JSON from now on (for a while).
+                    this.v1_only.lock().insert(url.clone(), Instant::now());
+                    v2 = false;
+                    continue;
+                }
+                if !status.is_success() {
+                    let body = resp.text().await.unwrap_or_default();
+                    let body: String = body.chars().take(200).collect();
+                    return Err(format!("HTTP {}: {}", status.as_u16(), body.trim()));
+                }
+                let ct = resp
+                    .headers()
+                    .get(reqwest::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                let body = read_answer(resp).await?;
+                return decode_answer(ct.as_deref(), &body);
             }
-            let body = resp.bytes().await.map_err(|e| describe(&e))?;
-            serde_json::from_slice::<SyncResponse>(&body).map_err(|e| format!("bad answer: {e}"))
         })
     }
 }
@@ -151,9 +259,80 @@ mod tests {
         std::fs::write(&broken, "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n")
             .unwrap();
         assert!(load_ca(&broken).is_err());
-        let opts = HttpOptions { token: None, ca_file: Some(broken) };
+        let opts = HttpOptions { ca_file: Some(broken), ..HttpOptions::default() };
         assert!(HttpTransport::new(&opts).is_err());
         assert!(HttpTransport::new(&HttpOptions::default()).is_ok());
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A root older than protocol v2 answers `415` to binary bodies: the transport resends
+    /// the same request as JSON, and keeps sending JSON to that root.
+    #[test]
+    fn falls_back_to_json_on_415() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let binary = Arc::new(AtomicUsize::new(0));
+            let seen = binary.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (mut sock, _) = listener.accept().await.unwrap();
+                    let seen = seen.clone();
+                    tokio::spawn(async move {
+                        let mut buf = Vec::new();
+                        let mut chunk = [0u8; 4096];
+                        loop {
+                            let n = sock.read(&mut chunk).await.unwrap_or(0);
+                            if n == 0 {
+                                return;
+                            }
+                            buf.extend_from_slice(&chunk[..n]);
+                            let text = String::from_utf8_lossy(&buf).to_lowercase();
+                            let Some(end) = text.find("\r\n\r\n") else { continue };
+                            let len: usize = text
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length: "))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            if buf.len() < end + 4 + len {
+                                continue;
+                            }
+                            let v2 = text.contains(v2::CONTENT_TYPE);
+                            let (status, body) = if v2 {
+                                seen.fetch_add(1, Ordering::Relaxed);
+                                ("415 Unsupported Media Type", r#"{"error":"no"}"#.to_string())
+                            } else {
+                                ("200 OK", r#"{"v":1,"root_instance":7,"acked_seq":0,"version":3,"epoch":0}"#.to_string())
+                            };
+                            let resp = format!(
+                                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            sock.write_all(resp.as_bytes()).await.unwrap();
+                            buf.drain(..end + 4 + len);
+                        }
+                    });
+                }
+            });
+            let t = HttpTransport::new(&HttpOptions::default()).unwrap();
+            let req = SyncRequest {
+                v: 1,
+                limiter: "l".into(),
+                root_instance: None,
+                since: 0,
+                epoch: 0,
+                batches: vec![],
+                hints: vec![],
+                seen_epoch: None,
+            };
+            for _ in 0..3 {
+                let r = t.call(&url, req.clone(), Duration::from_secs(5)).await.unwrap();
+                assert_eq!((r.root_instance, r.version), (7, 3));
+            }
+            assert_eq!(binary.load(Ordering::Relaxed), 1, "v2 tried once, then JSON");
+        });
     }
 }

@@ -35,6 +35,7 @@ fn load(limiter: &Limiter) {
         name,
         epoch: id,
         deleted: false,
+        reset_epoch: 0,
         limits,
         parent,
     };
@@ -108,6 +109,7 @@ fn bench(c: &mut Criterion) {
         name: hot.clone(),
         epoch: 1,
         deleted: false,
+        reset_epoch: 0,
         limits: Limits::from_units(1e6, 1e9, 1e9).unwrap(),
         parent: None,
     }]);

@@ -18,6 +18,7 @@
 //!   `check` (count nothing) and `account` (all-or-nothing over the parent chain).
 //! * [`sync`]: the limiter's sync state machine.
 //! * [`root`]: the root server's aggregation: sums limiters' deltas exactly once.
+//! * [`shard`]: the counter space split across groups of roots.
 //! * [`proto`]: the versioned wire messages between them.
 //! * [`ratelimit`]: the IETF `RateLimit-Policy` / `RateLimit` header fields for a chain.
 //!
@@ -26,7 +27,7 @@
 //!
 //! let limiter = Limiter::default();
 //! limiter.apply_quotas(&[QuotaUpdate {
-//!     id: 1, name: "api".into(), epoch: 1, deleted: false,
+//!     id: 1, name: "api".into(), epoch: 1, deleted: false, reset_epoch: 0,
 //!     limits: Limits::from_units(10.0, 2.0, 2.0).unwrap(), parent: None,
 //! }]);
 //! assert_eq!(limiter.account("api", 1).unwrap().outcome, Outcome::Passed);
@@ -42,6 +43,7 @@ pub mod proto;
 pub mod quota;
 pub mod ratelimit;
 pub mod root;
+pub mod shard;
 pub mod sync;
 pub mod units;
 pub mod zone;
@@ -54,5 +56,6 @@ pub use limiter::{
 };
 pub use quota::{validate_name, Epoch, Limits, QuotaError, QuotaId, QuotaSpec, QuotaUpdate};
 pub use root::{RootConfig, RootState};
+pub use shard::Shard;
 pub use sync::{SyncConfig, SyncEngine, SyncStatus};
 pub use zone::{Block, Prepared, ZoneError, ZoneUsage};

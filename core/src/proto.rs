@@ -2,9 +2,17 @@
 //! `docs/sync-protocol.md`).
 //!
 //! Amounts are integer milli-units (1 unit = 1000), so a message round-trips exactly.
+//!
+//! Two encodings carry the same messages, chosen by content type: JSON (protocol v1,
+//! `application/json`, for debugging and old limiters) and the compact binary [`v2`]
+//! (`application/x-yarl-sync+v2`). The `v` field of the types below is the version of the
+//! messages' meaning, 1 in both; the binary encoding carries its own version byte.
 
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
+
+pub mod v2;
 
 /// The protocol version this crate speaks; a root refuses any other.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -37,6 +45,11 @@ pub struct SyncRequest {
     /// state (restart, first contact, dropped batches); the root takes the max.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hints: Vec<(QuotaId, u64)>,
+    /// The highest quota epoch the limiter ever applied (`epoch` can go back to 0 for a
+    /// refetch; this never does): the hints are as of it, so a root drops hints for quotas
+    /// reset after it. Absent from limiters that predate resets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_epoch: Option<Epoch>,
 }
 
 /// What one limiter counted during one interval.
@@ -47,6 +60,10 @@ pub struct DeltaBatch {
     /// `[quota id, admitted milli-units, rejected milli-units]`: what passed (and was added
     /// to the counter) and what was refused (only feeds the demand meter, seed `004_…`).
     pub deltas: Vec<(QuotaId, u64, u64)>,
+    /// The limiter's `seen_epoch` when it took the batch: counted before a reset of a quota
+    /// at a later epoch, so a root drops its deltas for that quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<Epoch>,
 }
 
 /// The root's answer.
@@ -72,6 +89,35 @@ pub struct SyncResponse {
     /// More quotas are waiting: sync again at once.
     #[serde(default)]
     pub more: bool,
+    /// The highest quota epoch this root has applied from the database: a limiter ignores
+    /// its fills for quotas it holds a newer version of (a reset the root has not seen yet
+    /// would bring old counts back). Absent from roots that predate resets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_epoch: Option<Epoch>,
+    /// The shard of the counter space this root aggregates (`"1/2"`), absent on a root
+    /// that aggregates every counter. A limiter refuses an answer from a root that serves
+    /// another shard than it was configured with.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "shard_text")]
+    pub shard: Option<Shard>,
+}
+
+/// `Option<Shard>` as the text `"index/count"` in JSON.
+mod shard_text {
+    use crate::shard::Shard;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Option<Shard>, ser: S) -> Result<S::Ok, S::Error> {
+        match s {
+            Some(s) => ser.collect_str(s),
+            None => ser.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shard>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 /// Why a root refused a sync request.

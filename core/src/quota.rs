@@ -169,6 +169,10 @@ impl QuotaSpec {
     }
 }
 
+fn is_zero(e: &Epoch) -> bool {
+    *e == 0
+}
+
 /// A stored quota or its tombstone, as the root hands it to limiters: everything a limiter
 /// needs to apply the change on its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +186,11 @@ pub struct QuotaUpdate {
     /// `true` for a tombstone: the quota was deleted at `epoch`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
+    /// The epoch of the quota's last cluster-wide reset (`POST /v1/quotas/{name}:reset`), 0
+    /// if never: whoever applies a version with a newer reset empties the counter, and counts
+    /// made before it learned of the reset are dropped (docs/sync-protocol.md, "Resets").
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reset_epoch: Epoch,
     /// The numbers (ignored on tombstones).
     #[serde(flatten)]
     pub limits: Limits,
@@ -265,6 +274,7 @@ mod tests {
             name: "a".into(),
             epoch: 3,
             deleted: false,
+            reset_epoch: 0,
             limits: Limits { limit: 1000, low_burst: 0, high_burst: 5000 },
             parent: Some("p".into()),
         };

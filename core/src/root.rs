@@ -63,6 +63,7 @@
 
 use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
@@ -99,6 +100,10 @@ pub struct RootConfig {
     pub seq_ahead_slack: u64,
     /// The shortest sync interval a limiter is assumed to use (ns); see `seq_ahead_slack`.
     pub seq_min_interval_ns: u64,
+    /// The shard of the counter space this root aggregates (`None`: every counter). Deltas
+    /// and hints for counters of other shards are skipped (and counted); answers name the
+    /// shard so a limiter configured otherwise notices. See [`crate::shard`].
+    pub shard: Option<Shard>,
 }
 
 /// Width of one bucket of the demand window, ns.
@@ -167,6 +172,7 @@ impl Default for RootConfig {
             seq_ahead_slack: 64,
             // Half the shortest interval anyone runs (50 ms): twice the honest rate.
             seq_min_interval_ns: 25_000_000,
+            shard: None,
         }
     }
 }
@@ -180,6 +186,9 @@ pub struct RootStats {
     pub deltas_applied: u64,
     /// Delta entries for quotas this root does not know (dropped).
     pub deltas_unknown: u64,
+    /// Delta entries and hints for counters of another shard (skipped): a limiter
+    /// configured with another shard map.
+    pub deltas_foreign: u64,
     /// Batches skipped because they were applied before (retries).
     pub duplicate_batches: u64,
     /// Hints that raised a counter.
@@ -203,6 +212,11 @@ pub struct RootStats {
     pub first_contacts: u64,
     /// Quotas and tombstones sent in answers.
     pub quotas_sent: u64,
+    /// Counters emptied by a cluster-wide reset.
+    pub resets: u64,
+    /// Delta entries and hints dropped because they were counted before their quota's
+    /// reset.
+    pub dropped_before_reset: u64,
 }
 
 /// A counter's live view for the admin API.
@@ -223,6 +237,19 @@ struct RootCounter {
     /// Admitted inflow: milli-units per second as of `rate_at`.
     rate: f64,
     rate_at: u64,
+    demand: DemandWindow,
+}
+
+/// A counter as its latest change left it, kept in the change log so that an answer is
+/// built by walking the log alone: each entry's fill (drained to the answer's time at
+/// `limit`) and demand (its window read at that time) come out exactly as from the counter
+/// itself, without a lookup per counter. Answers carry every counter that changed in the
+/// cluster since the limiter's last sync, so this walk is most of a root's work per sync.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    id: QuotaId,
+    bucket: LeakyBucket,
+    limit: u64,
     demand: DemandWindow,
 }
 
@@ -286,6 +313,10 @@ pub struct SyncAnswer {
     pub epoch: Epoch,
     /// More quotas are waiting.
     pub more: bool,
+    /// The highest epoch this root applied.
+    pub root_epoch: Epoch,
+    /// The shard this root aggregates.
+    pub shard: Option<Shard>,
 }
 
 impl SyncAnswer {
@@ -300,6 +331,8 @@ impl SyncAnswer {
             quotas: self.quotas.into_iter().map(|q| (*q).clone()).collect(),
             epoch: self.epoch,
             more: self.more,
+            root_epoch: Some(self.root_epoch),
+            shard: self.shard,
         }
     }
 }
@@ -319,7 +352,7 @@ impl Serialize for QuotaList<'_> {
 impl Serialize for SyncAnswer {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
-        let mut st = s.serialize_struct("SyncResponse", 8)?;
+        let mut st = s.serialize_struct("SyncResponse", 9 + usize::from(self.shard.is_some()))?;
         st.serialize_field("v", &self.v)?;
         st.serialize_field("root_instance", &self.root_instance)?;
         st.serialize_field("acked_seq", &self.acked_seq)?;
@@ -328,6 +361,10 @@ impl Serialize for SyncAnswer {
         st.serialize_field("quotas", &QuotaList(&self.quotas))?;
         st.serialize_field("epoch", &self.epoch)?;
         st.serialize_field("more", &self.more)?;
+        st.serialize_field("root_epoch", &self.root_epoch)?;
+        if let Some(shard) = &self.shard {
+            st.serialize_field("shard", &shard.to_string())?;
+        }
         st.end()
     }
 }
@@ -344,8 +381,8 @@ pub struct RootState {
     live: usize,
     epoch: Epoch,
     counters: HashMap<QuotaId, RootCounter>,
-    /// Latest version of each counter that changed → its id.
-    changes: BTreeMap<u64, QuotaId>,
+    /// Latest version of each counter that changed → the counter as of that change.
+    changes: BTreeMap<u64, Change>,
     version: u64,
     limiters: HashMap<Box<str>, Session>,
     /// Every session by recency, oldest first: who goes when room is needed.
@@ -433,6 +470,9 @@ impl RootState {
                 if let Some(c) = self.counters.get_mut(&u.id) {
                     c.bucket.advance(now, old.limits.limit);
                 }
+                if u.reset_epoch > old.reset_epoch {
+                    self.reset(u.id);
+                }
             }
             self.epoch = self.epoch.max(u.epoch);
             self.by_epoch.insert(u.epoch, u.id);
@@ -447,8 +487,41 @@ impl RootState {
                 (true, true) => self.live -= 1,
                 _ => {}
             }
+            let (id, deleted) = (u.id, u.deleted);
             self.quotas.insert(u.id, Arc::new(u));
+            if !deleted && self.counters.contains_key(&id) {
+                // The change log holds the limit it drains at: record the new one.
+                self.bump(id);
+            }
         }
+    }
+
+    /// Empties a counter (a cluster-wide reset): its fill, demand, rate and every claim
+    /// parked for it. Deltas and hints counted before the reset are dropped as they come
+    /// (`sync_from`).
+    fn reset(&mut self, id: QuotaId) {
+        if let Some(c) = self.counters.remove(&id) {
+            self.changes.remove(&c.version);
+        }
+        let mut dropped = 0;
+        for s in self.limiters.values_mut() {
+            if s.parked.remove(&id).is_some() {
+                dropped += 1;
+            }
+        }
+        self.parked -= dropped;
+        // Limiters empty their own copy when they apply the same quota version.
+        self.stats.resets += 1;
+    }
+
+    /// The epoch of quota `id`'s last reset (0 if none).
+    fn reset_epoch(&self, id: QuotaId) -> Epoch {
+        self.quotas.get(&id).map_or(0, |q| q.reset_epoch)
+    }
+
+    /// Whether this root aggregates the counter of `id` (see [`RootConfig::shard`]).
+    fn holds(&self, id: QuotaId) -> bool {
+        self.config.shard.map_or(true, |s| s.holds(id))
     }
 
     fn live_limit(&self, id: QuotaId) -> Option<u64> {
@@ -476,12 +549,13 @@ impl RootState {
     fn bump(&mut self, id: QuotaId) {
         self.version += 1;
         let v = self.version;
+        let limit = self.live_limit(id).unwrap_or(0);
         if let Some(c) = self.counters.get_mut(&id) {
             if c.version != 0 {
                 self.changes.remove(&c.version);
             }
             c.version = v;
-            self.changes.insert(v, id);
+            self.changes.insert(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
         }
     }
 
@@ -502,6 +576,10 @@ impl RootState {
 
     /// Applies one delta entry; returns the admitted amount the counter had no room for.
     fn add(&mut self, id: QuotaId, amount: u64, rejected: u64, now: u64) -> u64 {
+        if !self.holds(id) {
+            self.stats.deltas_foreign += 1;
+            return 0;
+        }
         let Some(excess) = self.fill_up(id, amount, now) else {
             self.stats.deltas_unknown += 1;
             return 0;
@@ -596,6 +674,10 @@ impl RootState {
                 continue;
             }
             for &(id, amount, rejected) in &b.deltas {
+                if b.epoch.is_some_and(|e| e < self.reset_epoch(id)) {
+                    self.stats.dropped_before_reset += 1;
+                    continue;
+                }
                 let excess = self.add(id, amount, rejected, now);
                 if excess > 0 {
                     self.park(s, id, excess);
@@ -603,7 +685,16 @@ impl RootState {
             }
             acked = b.seq;
         }
+        let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
         for &(id, fill) in &req.hints {
+            if !self.holds(id) {
+                self.stats.deltas_foreign += 1;
+                continue;
+            }
+            if hints_epoch < self.reset_epoch(id) {
+                self.stats.dropped_before_reset += 1;
+                continue;
+            }
             self.hint(id, fill, now);
         }
         s.acked = acked;
@@ -629,14 +720,12 @@ impl RootState {
         let counters = self
             .changes
             .range(since.saturating_add(1)..)
-            .filter_map(|(_, id)| {
-                let c = self.counters.get(id)?;
-                let demand = c.demand.rate(now);
-                let mut fill = c.bucket.fill_at(now, self.live_limit(*id)?);
-                if let Some(p) = own_parked.as_ref().and_then(|p| p.get(id)) {
+            .map(|(_, c)| {
+                let mut fill = c.bucket.fill_at(now, c.limit);
+                if let Some(p) = own_parked.as_ref().and_then(|p| p.get(&c.id)) {
                     fill = fill.saturating_add(*p);
                 }
-                Some((*id, fill, demand as u64))
+                (c.id, fill, c.demand.rate(now) as u64)
             })
             .collect();
 
@@ -665,6 +754,8 @@ impl RootState {
             quotas,
             epoch,
             more,
+            root_epoch: self.epoch,
+            shard: self.config.shard,
         })
     }
 

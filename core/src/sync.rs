@@ -27,6 +27,7 @@
 use crate::limiter::{Estimator, Limiter};
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
+use crate::shard::Shard;
 use crate::zone::roots as zroots;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -45,6 +46,9 @@ pub struct SyncConfig {
     pub max_pending_batches: usize,
     /// Longest backoff for a failing root, in intervals (default 8).
     pub max_backoff_intervals: u32,
+    /// Start a round early when a quota's traffic surges on this host
+    /// ([`SyncEngine::wants_early_round`]; default on).
+    pub early: bool,
 }
 
 impl Default for SyncConfig {
@@ -54,6 +58,7 @@ impl Default for SyncConfig {
             timeout: Duration::from_millis(500),
             max_pending_batches: 30,
             max_backoff_intervals: 8,
+            early: true,
         }
     }
 }
@@ -68,6 +73,12 @@ pub enum EngineError {
     /// The interval or timeout is zero.
     #[error("sync interval and timeout must be positive")]
     BadConfig,
+    /// More roots than the block keeps sessions for.
+    #[error("{0} roots, the most a limiter syncs with is {max}", max = crate::zone::MAX_ROOTS)]
+    TooManyRoots(usize),
+    /// A shard without roots, more shards than allowed, or a root listed twice.
+    #[error("bad shard map: {0}")]
+    BadShards(String),
 }
 
 /// One root's health as last seen.
@@ -151,6 +162,8 @@ pub struct RoundReport {
 #[derive(Debug)]
 struct RootLink {
     url: String,
+    /// The shard this root aggregates (0 when unsharded).
+    shard: u32,
     /// The root's entry in the block (instance, `since`, acknowledged `seq`, health).
     entry: usize,
     pending: VecDeque<Arc<DeltaBatch>>,
@@ -167,6 +180,8 @@ struct RoundState {
     demand: HashMap<u32, u64>,
     position: HashMap<QuotaId, usize>,
     reported: Vec<bool>,
+    /// Per shard: some root of it answered.
+    ok_shards: Vec<bool>,
     /// Every slot some root reported this round, with its (`base`, `at`) before the first
     /// report: the measured estimator compares the two.
     seen: HashMap<u32, (u64, u64)>,
@@ -174,7 +189,18 @@ struct RoundState {
     began: u64,
     any_ok: bool,
     more: bool,
+    /// Started by [`SyncEngine::wants_early_round`].
+    early: bool,
 }
+
+/// Early rounds start at least `interval / EARLY_GAP` after the previous round: a surge
+/// reaches the roots in slices of a sixteenth of an interval (a quarter made a 10x step
+/// admit 2.71 times the limit over 2 s rather than 2.57 in the simulator).
+pub const EARLY_GAP: u64 = 16;
+/// Early rounds one engine may have in hand: a whole interval of them.
+pub const EARLY_BUDGET: u64 = EARLY_GAP;
+/// Intervals to earn one early round back.
+pub const EARLY_REFILL: u64 = 4;
 
 /// How long after a refetch for quotas that did not fit another may start.
 const REFETCH_EVERY_NS: u64 = 300 * 1_000_000_000;
@@ -191,8 +217,15 @@ pub struct SyncEngine {
     /// The first round scanned the block (active slots, a batch left in flight).
     started: bool,
     round: RoundState,
+    /// Shards of the counter space (1: unsharded).
+    shards: u32,
     /// When the previous round began: this round's batch was counted since then.
     last_began: Option<u64>,
+    /// The next round is an early one ([`Self::wants_early_round`]).
+    early_next: bool,
+    /// Early rounds in hand and when the budget was last refilled (ns, 0 before the first
+    /// poll).
+    early_budget: (u64, u64),
 }
 
 impl Drop for SyncEngine {
@@ -211,18 +244,62 @@ impl SyncEngine {
         roots: Vec<String>,
         config: SyncConfig,
     ) -> Result<SyncEngine, EngineError> {
+        Self::build(limiter, roots.into_iter().map(|u| (u, 0)).collect(), 1, config)
+    }
+
+    /// An engine for a sharded root tier: `shards[k]` are the roots of shard `k` (see
+    /// [`crate::shard`]). Each counter's deltas and hints go to the roots of its shard only;
+    /// quotas come from every root. At least one root per shard, at most
+    /// [`crate::shard::MAX_SHARDS`] shards and [`crate::zone::MAX_ROOTS`] roots in all.
+    pub fn sharded(
+        limiter: Arc<Limiter>,
+        shards: Vec<Vec<String>>,
+        config: SyncConfig,
+    ) -> Result<SyncEngine, EngineError> {
+        let n = shards.len();
+        if n == 0 || n > crate::shard::MAX_SHARDS as usize {
+            return Err(EngineError::BadShards(format!(
+                "{n} shards, from 1 to {} are possible",
+                crate::shard::MAX_SHARDS
+            )));
+        }
+        if let Some(k) = shards.iter().position(Vec::is_empty) {
+            return Err(EngineError::BadShards(format!("shard {k}/{n} has no roots")));
+        }
+        let roots: Vec<(String, u32)> = shards
+            .into_iter()
+            .enumerate()
+            .flat_map(|(k, urls)| urls.into_iter().map(move |u| (u, k as u32)))
+            .collect();
+        Self::build(limiter, roots, n as u32, config)
+    }
+
+    fn build(
+        limiter: Arc<Limiter>,
+        roots: Vec<(String, u32)>,
+        shards: u32,
+        config: SyncConfig,
+    ) -> Result<SyncEngine, EngineError> {
         if config.interval.is_zero() || config.timeout.is_zero() {
             return Err(EngineError::BadConfig);
+        }
+        if roots.len() > crate::zone::MAX_ROOTS {
+            return Err(EngineError::TooManyRoots(roots.len()));
+        }
+        let mut seen = HashSet::new();
+        if let Some((u, _)) = roots.iter().find(|(u, _)| !seen.insert(zroots::url_hash(u))) {
+            return Err(EngineError::BadShards(format!("root {u} is listed twice")));
         }
         if limiter.engine_attached.swap(true, Ordering::AcqRel) {
             return Err(EngineError::AlreadyAttached);
         }
         let now = limiter.clock().now_nanos();
-        let entries = limiter.roots_table().claim(&roots, now);
+        let urls: Vec<String> = roots.iter().map(|(u, _)| u.clone()).collect();
+        let entries = limiter.roots_table().claim(&urls, now);
         let roots = roots
             .into_iter()
             .zip(entries)
-            .map(|(url, entry)| {
+            .map(|((url, shard), entry)| {
                 let e = limiter.root_entry(entry);
                 if e.get(zroots::PENDING) > 0 {
                     // The previous engine had batches this root never acknowledged; they
@@ -230,7 +307,7 @@ impl SyncEngine {
                     e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
                     e.set(zroots::PENDING, 0);
                 }
-                RootLink { url, entry, pending: VecDeque::new() }
+                RootLink { url, shard, entry, pending: VecDeque::new() }
             })
             .collect();
         Ok(SyncEngine {
@@ -241,7 +318,10 @@ impl SyncEngine {
             active: HashSet::new(),
             started: false,
             round: RoundState::default(),
+            shards,
             last_began: None,
+            early_next: false,
+            early_budget: (EARLY_BUDGET, 0),
         })
     }
 
@@ -288,7 +368,8 @@ impl SyncEngine {
             self.started = true;
             self.recover()
         };
-        let mut round = RoundState { began: now, ..RoundState::default() };
+        let early = std::mem::take(&mut self.early_next);
+        let mut round = RoundState { began: now, early, ..RoundState::default() };
         let seq = match recovered {
             Some((seq, entries)) => {
                 round.entries = entries;
@@ -296,9 +377,21 @@ impl SyncEngine {
             }
             None => {
                 let dirty = self.limiter.take_dirty();
+                let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+                let since = match self.limiter.round_began() {
+                    0 => interval,
+                    b => now.saturating_sub(b).max(1),
+                } as f64
+                    * 1e-9;
                 self.limiter.with_counters(|c| {
                     for s in dirty {
                         let (v, r) = (c.take_local(s), c.take_rejected(s));
+                        // What the request path compares its count with for an early
+                        // round; early rounds leave it, so a surge that lasts keeps
+                        // asking for them until the next regular round measures it.
+                        if !early {
+                            c.set_own_rate(s, v.saturating_add(r) as f64 / since);
+                        }
                         if let (true, Some(id)) = (v > 0 || r > 0, c.id_of(s)) {
                             round.entries.push((s, id, v, r));
                         }
@@ -315,20 +408,35 @@ impl SyncEngine {
             round.position.insert(id, k);
         }
         round.reported = vec![false; round.entries.len()];
-        let batch = (!round.entries.is_empty()).then(|| {
+        self.limiter.set_round_began(now);
+        let seen_epoch = self.limiter.seen_epoch();
+        round.ok_shards = vec![false; self.shards as usize];
+        // One batch per shard, all with this round's `seq`: each shard's roots get only
+        // their counters' deltas, and an empty batch where a shard has none, so every root
+        // sees every `seq` (a root refuses a `seq` far ahead of what it acknowledged).
+        // Sorted by id, which protocol v2 encodes in a byte or two.
+        let batches: Vec<Option<Arc<DeltaBatch>>> = if round.entries.is_empty() {
+            vec![None; self.shards as usize]
+        } else {
             self.limiter.set_inflight_seq(seq);
-            Arc::new(DeltaBatch {
-                seq,
-                deltas: round.entries.iter().map(|&(_, id, v, r)| (id, v, r)).collect(),
-            })
-        });
+            let mut per: Vec<Vec<(QuotaId, u64, u64)>> = vec![Vec::new(); self.shards as usize];
+            for &(_, id, v, r) in &round.entries {
+                per[Shard::of(id, self.shards) as usize].push((id, v, r));
+            }
+            per.into_iter()
+                .map(|mut deltas| {
+                    deltas.sort_unstable_by_key(|d| d.0);
+                    Some(Arc::new(DeltaBatch { seq, deltas, epoch: Some(seen_epoch) }))
+                })
+                .collect()
+        };
         self.round = round;
 
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
         for (i, link) in self.roots.iter_mut().enumerate() {
             let e = self.limiter.root_entry(link.entry);
-            if let Some(b) = &batch {
+            if let Some(b) = &batches[link.shard as usize] {
                 if e.get(zroots::ACKED) < b.seq {
                     link.pending.push_back(b.clone());
                 }
@@ -347,7 +455,7 @@ impl SyncEngine {
             let hints = if e.get(zroots::FLAGS) & zroots::FLAG_HINTS != 0
                 || (instance.is_none() && !self.active.is_empty())
             {
-                collect_hints(&self.limiter, &self.active, now)
+                collect_hints(&self.limiter, &self.active, now, link.shard, self.shards)
             } else {
                 Vec::new()
             };
@@ -362,6 +470,7 @@ impl SyncEngine {
                     epoch,
                     batches: link.pending.iter().map(|b| (**b).clone()).collect(),
                     hints,
+                    seen_epoch: Some(self.limiter.seen_epoch()),
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));
@@ -378,9 +487,18 @@ impl SyncEngine {
         now: u64,
     ) {
         let max_backoff = self.config.max_backoff_intervals.max(1);
+        let shards = self.shards;
         let Some(link) = self.roots.get_mut(root) else { return };
         let e = self.limiter.root_entry(link.entry);
+        let want = (shards > 1).then_some(Shard { index: link.shard, count: shards });
         let resp = match result {
+            Ok(r) if r.v == PROTOCOL_VERSION && r.shard != want => {
+                let show = |s: Option<Shard>| {
+                    s.map_or("every counter".to_string(), |s| format!("shard {s}"))
+                };
+                let msg = format!("root serves {}, configured as {}", show(r.shard), show(want));
+                return fail(e, &msg, max_backoff);
+            }
             Ok(r) if r.v == PROTOCOL_VERSION => r,
             Ok(r) => return fail(e, &format!("root speaks protocol version {}", r.v), max_backoff),
             Err(err) => return fail(e, &err, max_backoff),
@@ -406,16 +524,37 @@ impl SyncEngine {
         e.observe_latency(us);
 
         if !resp.quotas.is_empty() {
-            self.limiter.apply_quotas(&resp.quotas);
+            let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);
+            // Counts of this round's batch in a reset counter are gone with it: neither
+            // take them out of `inflight` again nor fold them back in at the end.
+            for s in resets {
+                for (k, e) in self.round.entries.iter_mut().enumerate() {
+                    if e.0 == s {
+                        e.2 = 0;
+                        self.round.reported[k] = true;
+                    }
+                }
+            }
         }
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
         let round = &mut self.round;
         let active = &mut self.active;
+        let root_epoch = resp.root_epoch;
+        let limiter = &self.limiter;
+        let shard = link.shard;
         self.limiter.with_counters(|c| {
             for &(id, fill, demand) in &resp.counters {
+                if shards > 1 && Shard::of(id, shards) != shard {
+                    continue;
+                }
                 let Some(s) = c.slot_of(id) else { continue };
+                if root_epoch.is_some_and(|re| re < limiter.version_of(s)) {
+                    // The root has not seen the version held here (maybe a reset): its
+                    // fill may hold counts the reset dropped. Other roots have it.
+                    continue;
+                }
                 if let (std::collections::hash_map::Entry::Vacant(v), Some(b)) =
                     (round.seen.entry(s), c.base(s))
                 {
@@ -437,6 +576,9 @@ impl SyncEngine {
             }
         });
         round.any_ok = true;
+        if let Some(ok) = round.ok_shards.get_mut(shard as usize) {
+            *ok = true;
+        }
         round.more |= resp.more;
     }
 
@@ -445,6 +587,7 @@ impl SyncEngine {
         let round = std::mem::take(&mut self.round);
         let last_began = self.last_began.replace(round.began);
         let active = &mut self.active;
+        let shards = self.shards;
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
         self.limiter.with_counters(|c| {
@@ -469,6 +612,17 @@ impl SyncEngine {
                 // What the rest of the cluster adds: reported counters are hot, the others
                 // did not change at any root this round and are cold.
                 for &s in active.iter() {
+                    if shards > 1
+                        && c.id_of(s)
+                            .is_some_and(|id| !round.ok_shards[Shard::of(id, shards) as usize])
+                    {
+                        // No root of its shard answered: nothing is known, keep the rates.
+                        continue;
+                    }
+                    if !round.early && !round.position.contains_key(&c.id_of(s).unwrap_or(0)) {
+                        // Nothing counted here in a whole interval: no rate to run ahead of.
+                        c.set_own_rate(s, 0.0);
+                    }
                     let Some(&(b1, t1)) = round.seen.get(&s) else {
                         c.set_rates(s, 0.0, 0.0);
                         continue;
@@ -480,14 +634,32 @@ impl SyncEngine {
                         .and_then(|id| round.position.get(&id))
                         .map_or(0, |&k| round.entries[k].2);
                     let inflow = match c.estimator() {
-                        Estimator::Static { correction_ratio } => {
+                        Estimator::Static { correction_ratio }
+                        | Estimator::StaticOrMeasured { correction_ratio } => {
                             // The ratio is the whole cluster's inflow; this limiter's own
                             // share is counted exactly in `local`, so the others add the rest.
                             let secs = last_began.map_or(interval, |b| {
-                                round.began.saturating_sub(b).max(interval / 2)
+                                round.began.saturating_sub(b).max(interval / EARLY_GAP)
                             }) as f64
                                 * 1e-9;
-                            (correction_ratio * limit - own as f64 / secs).max(0.0)
+                            let own_rate = own as f64 / secs;
+                            let stat = (correction_ratio * limit - own_rate).max(0.0);
+                            let (b2, t2) = c.base(s).unwrap_or((0, now));
+                            let dt = t2.saturating_sub(t1) as f64 * 1e-9;
+                            let surge = matches!(
+                                c.estimator(),
+                                Estimator::StaticOrMeasured { .. }
+                            ) && t1 != 0
+                                && dt > 0.0
+                                // Only a bucket that cannot have emptied in between says
+                                // what flowed in: an emptied one hides the drain it missed.
+                                && b1 as f64 >= limit * dt;
+                            if surge {
+                                let total = (b2 as f64 - b1 as f64) / dt + limit;
+                                stat.max(total - own_rate)
+                            } else {
+                                stat
+                            }
                         }
                         Estimator::Measured => {
                             let (b2, t2) = c.base(s).unwrap_or((0, now));
@@ -520,12 +692,48 @@ impl SyncEngine {
         });
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
-        self.limiter.set_cluster_fresh(round.any_ok);
+        // Fresh only if every shard answered: a counter of a silent shard is as stale as
+        // when no root answers.
+        self.limiter.set_cluster_fresh(round.ok_shards.iter().all(|&ok| ok) && round.any_ok);
         self.limiter.count_round(now);
         if round.any_ok && !round.more {
             self.maybe_refetch(now);
         }
         RoundReport { any_ok: round.any_ok, more: round.more }
+    }
+
+    /// Whether to start a round now, before the interval is up: a request path saw this
+    /// host's own traffic on a quota run well ahead of what it counted in its last regular
+    /// round (a surge the roots should hear of now, not an interval later). Rounds stay at
+    /// least `interval /` [`EARLY_GAP`] apart, and a budget of [`EARLY_BUDGET`] rounds,
+    /// refilled by one every [`EARLY_REFILL`] intervals, caps what they can ever add to a
+    /// root's load at a quarter of the regular rounds, whatever the traffic looks like.
+    /// Poll it every few milliseconds.
+    pub fn wants_early_round(&mut self, now: u64) -> bool {
+        let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        if !self.config.early {
+            return false;
+        }
+        if self.last_began.is_some_and(|b| now.saturating_sub(b) < interval / EARLY_GAP) {
+            return false;
+        }
+        let refill = interval.saturating_mul(EARLY_REFILL).max(1);
+        let (tokens, at) = &mut self.early_budget;
+        if *at == 0 {
+            *at = now;
+        }
+        let earned = now.saturating_sub(*at) / refill;
+        if earned > 0 {
+            *tokens = (*tokens).saturating_add(earned).min(EARLY_BUDGET);
+            *at = at.saturating_add(earned.saturating_mul(refill));
+        }
+        if *tokens == 0 || !self.limiter.take_urgent() {
+            return false;
+        }
+        *tokens -= 1;
+        self.limiter.count_early_round();
+        self.early_next = true;
+        true
     }
 
     /// Quotas that did not fit stay unlimited; once there is room for them (quotas were
@@ -582,16 +790,24 @@ fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
     e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
 }
 
-fn collect_hints(limiter: &Limiter, active: &HashSet<u32>, now: u64) -> Vec<(QuotaId, u64)> {
-    limiter.with_counters(|c| {
+fn collect_hints(
+    limiter: &Limiter,
+    active: &HashSet<u32>,
+    now: u64,
+    shard: u32,
+    shards: u32,
+) -> Vec<(QuotaId, u64)> {
+    let mut hints: Vec<(QuotaId, u64)> = limiter.with_counters(|c| {
         active
             .iter()
             .filter_map(|&s| {
                 let v = c.synced(s, now);
-                Some((c.id_of(s)?, v)).filter(|_| v > 0)
+                Some((c.id_of(s)?, v)).filter(|&(id, _)| v > 0 && Shard::of(id, shards) == shard)
             })
             .collect()
-    })
+    });
+    hints.sort_unstable_by_key(|h| h.0);
+    hints
 }
 
 #[cfg(test)]

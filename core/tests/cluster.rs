@@ -29,6 +29,7 @@ fn simulate(load: f64, drop_root_at: Option<u64>, seed: u64) -> Run {
         name: "api".into(),
         epoch: 1,
         deleted: false,
+        reset_epoch: 0,
         // The recommended bursts (docs/accuracy.md): 1.5 and 3 seconds of the limit at a 1 s
         // sync interval.
         limits: Limits::from_units(LIMIT, 1.5 * LIMIT, 3.0 * LIMIT).unwrap(),

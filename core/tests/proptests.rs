@@ -19,6 +19,7 @@ fn quota(id: u64, limit_milli: u64) -> QuotaUpdate {
         name: format!("q{id}"),
         epoch: id,
         deleted: false,
+        reset_epoch: 0,
         // Bursts far above any fill here: the root's cap (2 x high_burst + a minute of the
         // limit) must not interfere with the merge laws.
         limits: Limits { limit: limit_milli, low_burst: 1 << 50, high_burst: 1 << 50 },
@@ -41,6 +42,7 @@ fn request(limiter: &str, batches: Vec<DeltaBatch>, hints: Vec<(u64, u64)>) -> S
         epoch: 0,
         batches,
         hints,
+        seen_epoch: None,
     }
 }
 
@@ -102,7 +104,7 @@ proptest! {
         let mut per_limiter: Vec<Vec<DeltaBatch>> = vec![vec![]; 4];
         for (l, id, amount) in deltas {
             let seq = per_limiter[l].len() as u64 + 1;
-            per_limiter[l].push(DeltaBatch { seq, deltas: vec![(id, amount, 0)] });
+            per_limiter[l].push(DeltaBatch { seq, deltas: vec![(id, amount, 0)], epoch: None });
         }
         let mut a = root(&quotas);
         for (l, batches) in per_limiter.iter().enumerate() {
@@ -176,8 +178,10 @@ proptest! {
             e.begin_round(now);
             for &(root, fill) in order {
                 let resp = SyncResponse {
+                    shard: None,
                     v: PROTOCOL_VERSION, root_instance: 7 + root as u64, acked_seq: 0,
                     version: 1, counters: vec![(1, fill, 0)], quotas: vec![], epoch: 1, more: false,
+                    root_epoch: None,
                 };
                 e.on_response(root, Ok(resp), Duration::ZERO, now);
             }

@@ -81,6 +81,7 @@ proptest! {
                         name: name(n),
                         epoch,
                         deleted: false,
+                        reset_epoch: 0,
                         limits: Limits::from_units(f64::from(limit), 1.0, 2.0).unwrap(),
                         parent: parent.map(name),
                     };
@@ -96,6 +97,7 @@ proptest! {
                         name: n,
                         epoch,
                         deleted: true,
+                        reset_epoch: 0,
                         limits: Limits::from_units(1.0, 0.0, 0.0).unwrap(),
                         parent: None,
                     }]);

@@ -33,14 +33,18 @@ const DEFAULT_STATUS: u16 = 429;
 /// `http`-level settings: the zone, and how its one sync agent syncs.
 #[derive(Debug, Default)]
 pub struct MainConf {
-    /// `yarl_roots`, normalized.
+    /// `yarl_roots`, normalized: every root of every line.
     pub roots: Option<Vec<String>>,
+    /// The `yarl_roots` lines, with their shards.
+    pub root_map: parse::RootMap,
     /// `yarl_sync_interval`.
     pub interval: Option<Duration>,
     /// `yarl_sync_timeout`.
     pub timeout: Option<Duration>,
     /// `yarl_sync_token`.
     pub token: Option<String>,
+    /// `yarl_sync_early`.
+    pub early: Option<bool>,
     /// `yarl_sync_ca`, the full path.
     pub ca: Option<PathBuf>,
     /// `yarl_zone`, bytes.
@@ -60,6 +64,11 @@ impl MainConf {
     /// The sync call timeout in force.
     pub fn timeout(&self) -> Duration {
         self.timeout.unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    /// Whether early rounds are on (default on).
+    pub fn early(&self) -> bool {
+        self.early.unwrap_or(true)
     }
 
     /// The zone size in force.
@@ -318,17 +327,25 @@ setter!(set_headers, headers);
 setter!(set_charge, charge);
 setter!(set_metrics, metrics);
 setter!(set_sync_ca, sync_ca);
+setter!(set_sync_early, sync_early);
 
 fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so `conf` is our MainConf.
     let mc = unsafe { &mut *conf.cast::<MainConf>() };
     // SAFETY: called from a setter with nginx's `cf`.
     let args = unsafe { args(cf) };
-    if mc.roots.is_some() {
-        return Err(duplicate(args));
+    // `yarl_roots URL ... [shard=INDEX/COUNT];`, once, or once per shard.
+    let mut end = args.len();
+    let mut shard = None;
+    if let Some(s) = parse::parse_shard_arg(args[end - 1].to_str().unwrap_or("")) {
+        shard = Some(s.map_err(|why| invalid(args, end - 1, &why))?);
+        end -= 1;
+        if end == 1 {
+            return Err(invalid(args, end, "the shard has no roots"));
+        }
     }
-    let mut list: Vec<String> = Vec::with_capacity(args.len() - 1);
-    for i in 1..args.len() {
+    let mut list: Vec<String> = Vec::with_capacity(end - 1);
+    for i in 1..end {
         let url = args[i].to_str().map_err(|_| invalid(args, i, "it must be UTF-8"))?;
         let url = parse::parse_root_url(url).map_err(|why| invalid(args, i, why))?;
         if list.contains(&url) {
@@ -336,7 +353,14 @@ fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
         }
         list.push(url);
     }
-    mc.roots = Some(list);
+    mc.root_map.add(shard, list).map_err(|why| {
+        if why == "is duplicate" {
+            duplicate(args)
+        } else {
+            ConfError::Message(format!("\"{}\" directive: {why}", text(&args[0])))
+        }
+    })?;
+    mc.roots = Some(mc.root_map.all());
     mc.used = true;
     Ok(())
 }
@@ -350,6 +374,22 @@ fn sync_interval(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
         return Err(duplicate(args));
     }
     mc.interval = Some(time_arg(args, 1)?);
+    Ok(())
+}
+
+fn sync_early(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mc = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    if mc.early.is_some() {
+        return Err(duplicate(args));
+    }
+    mc.early = Some(match args[1].as_bytes() {
+        b"on" => true,
+        b"off" => false,
+        _ => return Err(invalid(args, 1, "it must be \"on\" or \"off\"")),
+    });
     Ok(())
 }
 

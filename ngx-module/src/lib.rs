@@ -82,6 +82,10 @@ impl HttpModule for Module {
         // SAFETY: nginx passes the http block's configuration context, which holds our
         // MainConf (create_main_conf ran).
         if let Some(mc) = unsafe { Module::main_conf_mut(&*cf) } {
+            if let Err(e) = mc.root_map.check() {
+                ngx::ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"yarl_roots\" directive: {}", e);
+                return Status::NGX_ERROR.0;
+            }
             if mc.used {
                 // SAFETY: `cf` is postconfiguration's.
                 if let Err(e) = unsafe { zone::add(cf, mc) } {
@@ -127,7 +131,7 @@ unsafe impl HttpModuleLocationConf for Module {
 
 const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 17] = [
+static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 18] = [
     command(
         ngx_string!("yarl_roots"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -150,6 +154,12 @@ static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 17] = [
         ngx_string!("yarl_sync_token"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
         conf::set_sync_token,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_sync_early"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_sync_early,
         NGX_HTTP_MAIN_CONF_OFFSET,
     ),
     command(

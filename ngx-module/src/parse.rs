@@ -216,3 +216,96 @@ pub fn percent_decode(raw: &[u8]) -> Option<String> {
     }
     String::from_utf8(out).ok()
 }
+
+/// The `yarl_roots` lines of an `http` block: one line of roots that all aggregate every
+/// counter, or one line per shard, each ending in `shard=INDEX/COUNT` (the roots of that
+/// shard, each run with `--shard INDEX/COUNT`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RootMap {
+    /// Each line's shard (`None`: unsharded) and roots.
+    pub lines: Vec<(Option<yarl_core::Shard>, Vec<String>)>,
+}
+
+impl RootMap {
+    /// Adds one line; refuses a second unsharded line, a mix of both kinds, two lines for
+    /// one shard, lines that disagree on the count, and a root listed twice.
+    pub fn add(
+        &mut self,
+        shard: Option<yarl_core::Shard>,
+        urls: Vec<String>,
+    ) -> Result<(), String> {
+        if let Some((first, _)) = self.lines.first() {
+            match (first, shard) {
+                (None, _) | (Some(_), None) => {
+                    return Err(if first.is_none() && shard.is_none() {
+                        "is duplicate".to_owned()
+                    } else {
+                        "lines must all have shard=INDEX/COUNT, or there must be one line \
+                         without it"
+                            .to_owned()
+                    })
+                }
+                (Some(f), Some(s)) if f.count != s.count => {
+                    return Err(format!(
+                        "shard={s} does not match shard={f} of an earlier line: every line \
+                         names the same COUNT"
+                    ))
+                }
+                (Some(_), Some(s)) if self.lines.iter().any(|(l, _)| *l == Some(s)) => {
+                    return Err(format!("shard={s} is given twice"))
+                }
+                _ => {}
+            }
+        }
+        if let Some(u) = urls.iter().find(|u| self.all().contains(u)) {
+            return Err(format!("the root {u} is listed twice"));
+        }
+        let total = self.all().len() + urls.len();
+        if total > MAX_ROOTS {
+            return Err(format!("{total} roots, at most {MAX_ROOTS} are possible"));
+        }
+        self.lines.push((shard, urls));
+        Ok(())
+    }
+
+    /// Once every line is read: every shard of the count must have its line.
+    pub fn check(&self) -> Result<(), String> {
+        let Some((Some(first), _)) = self.lines.first() else { return Ok(()) };
+        for index in 0..first.count {
+            if !self.lines.iter().any(|(s, _)| s.is_some_and(|s| s.index == index)) {
+                return Err(format!(
+                    "no \"yarl_roots ... shard={index}/{}\" line: every shard needs its roots",
+                    first.count
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every root, in the order given.
+    pub fn all(&self) -> Vec<String> {
+        self.lines.iter().flat_map(|(_, u)| u.iter().cloned()).collect()
+    }
+
+    /// The roots of each shard by index, when sharded.
+    pub fn shards(&self) -> Option<Vec<Vec<String>>> {
+        let (Some(first), _) = self.lines.first()? else { return None };
+        let mut out = vec![Vec::new(); first.count as usize];
+        for (s, urls) in &self.lines {
+            if let Some(s) = s {
+                out[s.index as usize].clone_from(urls);
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Roots a limiter syncs with at most (the zone keeps a session per root).
+pub const MAX_ROOTS: usize = 64;
+
+/// `shard=INDEX/COUNT`, the last argument of a sharded `yarl_roots` line; `None` when
+/// the argument is not a `shard=` one.
+pub fn parse_shard_arg(s: &str) -> Option<Result<yarl_core::Shard, String>> {
+    let v = s.strip_prefix("shard=")?;
+    Some(v.parse().map_err(|e: yarl_core::shard::ShardError| e.to_string()))
+}

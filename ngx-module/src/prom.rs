@@ -201,6 +201,13 @@ pub fn render(i: &Input<'_>) -> String {
     let _ = writeln!(o, "yarl_sync_rounds_total {}", z.rounds);
     head(
         &mut o,
+        "yarl_sync_early_rounds_total",
+        "counter",
+        "Of those, rounds started before the interval was up because a quota's traffic surged.",
+    );
+    let _ = writeln!(o, "yarl_sync_early_rounds_total {}", z.early_rounds);
+    head(
+        &mut o,
         "yarl_limiter_info",
         "gauge",
         "The limiter's identity at the roots and the zone's generation (reloads that kept it).",

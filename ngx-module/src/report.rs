@@ -31,6 +31,8 @@ pub struct SyncSettings {
     pub interval_ms: u64,
     /// `yarl_sync_timeout`, ms.
     pub timeout_ms: u64,
+    /// `yarl_sync_early`.
+    pub early: bool,
 }
 
 #[derive(Serialize)]
@@ -99,6 +101,7 @@ struct Page<'a> {
     quotas: u64,
     rejections: u64,
     rounds: u64,
+    early_rounds: u64,
     cluster_fresh: bool,
     last_round_age_ms: Option<u64>,
     zone: Zone,
@@ -172,6 +175,7 @@ pub fn render(input: &Input<'_>) -> String {
         quotas: u.quotas,
         rejections: z.rejections,
         rounds: z.rounds,
+        early_rounds: z.early_rounds,
         cluster_fresh: z.cluster_fresh,
         last_round_age_ms: age_ms(now, Some(z.last_round_end_ns).filter(|&t| t != 0)),
         zone: Zone {

@@ -87,6 +87,7 @@ fn render(r: &mut Request) -> String {
     let sync = w.map_or(SyncSettings::default(), |w| SyncSettings {
         interval_ms: w.interval.as_millis() as u64,
         timeout_ms: w.timeout.as_millis() as u64,
+        early: w.early,
     });
     let info = match (&quota_name, w) {
         (Some(n), Some(w)) => w.limiter.quota(n),

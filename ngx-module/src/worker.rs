@@ -51,8 +51,12 @@ pub struct Worker {
     pub interval: Duration,
     /// `yarl_sync_timeout`.
     pub timeout: Duration,
+    /// `yarl_sync_early`.
+    pub early: bool,
     /// `yarl_roots`.
     pub roots: Vec<String>,
+    /// `yarl_roots ... shard=INDEX/COUNT` lines: the roots of each shard.
+    pub shards: Option<Vec<Vec<String>>>,
     token: Option<String>,
     ca: Option<std::path::PathBuf>,
     pid: u32,
@@ -183,7 +187,9 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         limiter: Arc::new(limiter),
         interval,
         timeout: mc.timeout(),
+        early: mc.early(),
         roots: mc.roots.clone().unwrap_or_default(),
+        shards: mc.root_map.shards(),
         token: mc.token.clone(),
         ca: mc.ca.clone(),
         pid: std::process::id(),
@@ -328,10 +334,19 @@ fn alert_if_full(w: &Worker, log: *mut ngx_log_t, now: u64) {
 }
 
 fn start_agent(w: &Worker) -> Result<SyncThread, String> {
-    let config = SyncConfig { interval: w.interval, timeout: w.timeout, ..SyncConfig::default() };
-    let engine =
-        SyncEngine::new(w.limiter.clone(), w.roots.clone(), config).map_err(|e| e.to_string())?;
-    let opts = HttpOptions { token: w.token.clone(), ca_file: w.ca.clone() };
+    let config = SyncConfig {
+        interval: w.interval,
+        timeout: w.timeout,
+        early: w.early,
+        ..SyncConfig::default()
+    };
+    let engine = match &w.shards {
+        Some(shards) => SyncEngine::sharded(w.limiter.clone(), shards.clone(), config),
+        None => SyncEngine::new(w.limiter.clone(), w.roots.clone(), config),
+    }
+    .map_err(|e| e.to_string())?;
+    let opts =
+        HttpOptions { token: w.token.clone(), ca_file: w.ca.clone(), ..HttpOptions::default() };
     let transport: Arc<dyn Transport> =
         Arc::new(HttpTransport::new(&opts).map_err(|e| e.to_string())?);
     let keeper = LeaseKeeper { limiter: w.limiter.clone(), pid: w.pid, generation: w.generation };

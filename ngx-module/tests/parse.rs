@@ -110,3 +110,35 @@ fn zone_sizes() {
     let big = check_zone_size(200 << 20).unwrap();
     assert!(big > 1_000_000, "200m holds {big}");
 }
+
+#[test]
+fn root_lines_and_shards() {
+    use yarl_core::Shard;
+    let s = |index, count| Some(Shard { index, count });
+    let urls = |v: &[&str]| v.iter().map(|u| u.to_string()).collect::<Vec<_>>();
+    assert_eq!(parse_shard_arg("shard=1/2"), Some(Ok(Shard { index: 1, count: 2 })));
+    assert!(parse_shard_arg("shard=2/2").unwrap().unwrap_err().contains("INDEX/COUNT"));
+    assert_eq!(parse_shard_arg("http://a"), None);
+
+    let mut m = RootMap::default();
+    m.add(None, urls(&["http://a", "http://b"])).unwrap();
+    assert_eq!(m.add(None, urls(&["http://c"])).unwrap_err(), "is duplicate");
+    assert!(m.add(s(0, 2), urls(&["http://c"])).unwrap_err().contains("one line without it"));
+    assert_eq!(m.check(), Ok(()));
+    assert_eq!(m.shards(), None);
+
+    let mut m = RootMap::default();
+    m.add(s(1, 2), urls(&["http://c"])).unwrap();
+    assert!(m.check().unwrap_err().contains("shard=0/2"));
+    assert!(m.add(s(0, 3), urls(&["http://d"])).unwrap_err().contains("same COUNT"));
+    assert!(m.add(s(1, 2), urls(&["http://d"])).unwrap_err().contains("given twice"));
+    assert!(m.add(s(0, 2), urls(&["http://c"])).unwrap_err().contains("listed twice"));
+    m.add(s(0, 2), urls(&["http://a", "http://b"])).unwrap();
+    assert_eq!(m.check(), Ok(()));
+    assert_eq!(m.shards(), Some(vec![urls(&["http://a", "http://b"]), urls(&["http://c"])]));
+    assert_eq!(m.all(), urls(&["http://c", "http://a", "http://b"]));
+
+    let mut m = RootMap::default();
+    let many: Vec<String> = (0..65).map(|i| format!("http://r{i}")).collect();
+    assert!(m.add(None, many).unwrap_err().contains("at most 64"));
+}

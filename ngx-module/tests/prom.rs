@@ -21,6 +21,7 @@ fn zone() -> ZoneStatus {
         epoch: 9,
         rejections: 100,
         rounds: 40,
+        early_rounds: 2,
         cluster_fresh: true,
         last_round_end_ns: 9_500_000_000,
         agent: Some(7),

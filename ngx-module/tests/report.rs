@@ -39,6 +39,7 @@ fn zone() -> ZoneStatus {
         epoch: 9,
         rejections: 5,
         rounds: 40,
+        early_rounds: 3,
         cluster_fresh: true,
         last_round_end_ns: 9_900_000_000,
         agent: Some(77),
@@ -62,7 +63,7 @@ fn the_host_state_with_ages_relative_to_render_time() {
         agent_alive: true,
         now_ns: 10_000_000_000,
         roots: &r,
-        sync: SyncSettings { interval_ms: 1000, timeout_ms: 500 },
+        sync: SyncSettings { interval_ms: 1000, timeout_ms: 500, early: true },
         requests: RequestCounters { checked: 4, passed: 2, rejected: 2, ..Default::default() },
         quota: None,
     }));
@@ -75,6 +76,8 @@ fn the_host_state_with_ages_relative_to_render_time() {
     assert_eq!(page["quotas"], 3);
     assert_eq!(page["rejections"], 5);
     assert_eq!(page["rounds"], 40);
+    assert_eq!(page["early_rounds"], 3);
+    assert_eq!(page["sync"]["early"], true);
     assert_eq!(page["last_round_age_ms"], 100);
     assert_eq!(page["zone"]["missing"], 4);
     assert_eq!(page["zone"]["capacity"], 190_000);

@@ -321,7 +321,7 @@ SKIP: {
 		($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'nginx');
 	}
 	is($rc, 0, 'entrypoint runs nginx');
-	is($out, "nginx -g daemon off;\n", 'in the foreground');
+	like($out, qr/^nginx -g daemon off;\n\z/m, 'in the foreground');
 	my $roots = slurp("$etc/conf.d/00-yarl-roots.conf");
 	like($roots, qr{^yarl_roots http://yarl-root-a:7700 http://yarl-root-b:7700;$}m, 'yarl_roots from YARL_ROOTS');
 	like($roots, qr{^yarl_sync_interval 500ms;$}m, 'yarl_sync_interval from YARL_SYNC_INTERVAL');
@@ -329,6 +329,81 @@ SKIP: {
 	($rc, $out) = run_cmd($nginx, '-t', '-c', "$etc/nginx.conf");
 	is($rc, 0, "the image's configuration passes $nginx -t") or diag($out);
 	like($out, qr/test is successful/, 'nginx -t successful');
+}
+
+############################################################################
+# The entrypoint's root role makes the tokens a root on 0.0.0.0 needs (in the volume, once),
+# and the nginx role finds the sync token in a root's volume mounted at the same place.
+
+{
+	my $d = tempdir('yarl-ep-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+	mkdir "$d/bin";
+	mkdir "$d/vol";
+	mkdir "$d/conf.d";
+	for my $fake (qw(setpriv yarl-root nginx)) {
+		open my $fh, '>', "$d/bin/$fake" or die;
+		# Prints its arguments and the token variables it was given.
+		print $fh "#!/bin/sh\necho \"$fake \$* admin=\${YARL_ADMIN_TOKEN_FILE:-} sync=\${YARL_SYNC_TOKEN_FILE:-}\"\n";
+		close $fh;
+		chmod 0755, "$d/bin/$fake";
+	}
+	local $ENV{PATH} = "$d/bin:$ENV{PATH}";
+	local $ENV{YARL_TOKEN_DIR} = "$d/vol";
+	local $ENV{YARL_NGINX_CONF_D} = "$d/conf.d";
+	delete local @ENV{qw(YARL_ADMIN_TOKEN_FILE YARL_SYNC_TOKEN_FILE YARL_INSECURE_NO_AUTH YARL_ROOTS)};
+
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root');
+	is($rc, 0, 'root role runs yarl-root') or diag($out);
+	my $run = $> == 0 ? 'setpriv --reuid=yarl --regid=yarl --init-groups yarl-root' : 'yarl-root';
+	like($out, qr{^\Q$run\E\s+admin=\Q$d/vol/admin.token\E sync=\Q$d/vol/sync.token\E$}m,
+		'with token files in the volume when none are given');
+	like($out, qr{admin token: \Q$d/vol/admin.token\E}, 'and says where the admin token is');
+	like($out, qr{sync token: \Q$d/vol/sync.token\E}, 'and where the sync token is');
+	my %tok = map { $_ => slurp("$d/vol/$_.token") } qw(admin sync);
+	like($tok{$_}, qr/^[0-9a-f]{64}\n\z/, "$_ token: 64 random hex digits") for sort keys %tok;
+	isnt($tok{admin}, $tok{sync}, 'two different tokens');
+	is((stat "$d/vol/$_.token")[2] & 07777, 0640, "$_.token is not readable by others") for qw(admin sync);
+
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root', '--poll-interval', '2s');
+	is(slurp("$d/vol/$_.token"), $tok{$_}, "$_ token kept at the next start") for qw(admin sync);
+	unlike($out, qr/created/, 'nothing created at the next start');
+	like($out, qr{yarl-root --poll-interval 2s admin=}, 'arguments passed on');
+
+	{
+		local $ENV{YARL_ADMIN_TOKEN_FILE} = "$d/mine";
+		($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root', '--sync-token-file', "$d/s");
+		like($out, qr{ admin=\Q$d/mine\E sync=$}m, 'token files given by variable or flag are left alone');
+	}
+	unlink "$d/vol/admin.token", "$d/vol/sync.token";
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root', '--insecure-no-auth');
+	like($out, qr{--insecure-no-auth admin= sync=$}m, '--insecure-no-auth: no tokens');
+	{
+		local $ENV{YARL_INSECURE_NO_AUTH} = 'true';
+		($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root');
+		like($out, qr{yarl-root\s+admin= sync=$}m, 'YARL_INSECURE_NO_AUTH=true: no tokens');
+	}
+	ok(!-e "$d/vol/admin.token" && !-e "$d/vol/sync.token", 'and no token files');
+
+	open my $fh, '>', "$d/vol/sync.token" or die;
+	print $fh "abc123\n";
+	close $fh;
+	local $ENV{YARL_ROOTS} = 'http://127.0.0.1:7700';
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'nginx');
+	is($rc, 0, 'nginx role with a root\'s volume mounted') or diag($out);
+	like(slurp("$d/conf.d/00-yarl-roots.conf"), qr{^yarl_sync_token "abc123";$}m,
+		'takes the sync token from it');
+	open $fh, '>', "$d/bad.token" or die;
+	print $fh "a\"b\n";
+	close $fh;
+	local $ENV{YARL_SYNC_TOKEN_FILE} = "$d/bad.token";
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'nginx');
+	isnt($rc, 0, 'a token nginx cannot quote is refused');
+	like($out, qr/has characters other than/, 'with a message');
+	local $ENV{YARL_SYNC_TOKEN_FILE} = "$d/missing.token";
+	local $ENV{YARL_TOKEN_WAIT} = 1;
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'nginx');
+	isnt($rc, 0, 'a missing YARL_SYNC_TOKEN_FILE fails after YARL_TOKEN_WAIT');
+	like($out, qr/missing.token does not exist/, 'with a message');
 }
 
 done_testing();

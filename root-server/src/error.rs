@@ -31,8 +31,14 @@ pub enum ApiError {
     /// 408: the body did not arrive in time.
     #[error("request body not received within {0:?}")]
     BodyTimeout(std::time::Duration),
+    /// 400: the body is not a protocol v2 message (the message names the field).
+    #[error("{0}")]
+    BadV2(yarl_core::proto::v2::DecodeError),
     /// 415: the sync route does not speak this content type.
-    #[error("unsupported content type {0:?}: send application/json (protocol v1)")]
+    #[error(
+        "unsupported content type {0:?}: send application/x-yarl-sync+v2 (protocol v2) or \
+         application/json (protocol v1)"
+    )]
     UnsupportedMediaType(String),
     /// 503 with `Retry-After`: the route is at its concurrency limit and the request waited
     /// its turn for too long.
@@ -93,9 +99,10 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadJson(_) | ApiError::BadRequest(_) | ApiError::Body(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::BadJson(_)
+            | ApiError::BadV2(_)
+            | ApiError::BadRequest(_)
+            | ApiError::Body(_) => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -128,6 +135,7 @@ impl ApiError {
     pub fn reason(&self) -> &'static str {
         match self {
             ApiError::BadJson(_) => "bad_json",
+            ApiError::BadV2(_) => "bad_v2",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::TooLarge { .. } => "too_large",
             ApiError::Body(_) => "bad_body",

@@ -42,6 +42,11 @@ struct Args {
     /// port can change quotas and counters. Logged as a warning at every start.
     #[arg(long, env = "YARL_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
+    /// The shard of the counter space this root aggregates, INDEX/COUNT (e.g. 0/2), when
+    /// the counters are split across groups of roots; every root of shard INDEX gets the
+    /// same value, and limiters list the roots per shard. Quotas are served whole.
+    #[arg(long, env = "YARL_SHARD")]
+    shard: Option<yarl_core::Shard>,
 }
 
 /// Refuses an open root on a network address: SPEC §4, "secure by default".
@@ -136,7 +141,9 @@ async fn main() -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(Arc::new(TlsFiles::load(cert, key)?)),
         _ => None,
     };
+    let root = yarl_core::RootConfig { shard: args.shard, ..yarl_core::RootConfig::default() };
     let settings = Settings {
+        root,
         poll_interval: args.poll_interval,
         admin_token: read_token(&args.admin_token_file, "admin")?,
         sync_token: read_token(&args.sync_token_file, "sync")?,
@@ -161,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
         scheme = if tls.is_some() { "https" } else { "http" },
         admin_token = args.admin_token_file.is_some(),
         sync_token = args.sync_token_file.is_some(),
+        shard = %args.shard.map_or_else(|| "all".to_owned(), |s| s.to_string()),
         "yarl-root listening"
     );
     let opts = ServeOptions { tls, ..ServeOptions::default() };
@@ -243,6 +251,10 @@ mod tests {
         assert_eq!((a.db.as_str(), a.poll_interval), ("sqlite://yarl.db", Duration::from_secs(1)));
         let e = Args::try_parse_from(["yarl-root", "--poll-interval", "fast"]).unwrap_err();
         assert!(e.to_string().contains("--poll-interval"), "{e}");
+        let a = Args::try_parse_from(["yarl-root", "--shard", "1/2"]).unwrap();
+        assert_eq!(a.shard, Some(yarl_core::Shard { index: 1, count: 2 }));
+        let e = Args::try_parse_from(["yarl-root", "--shard", "2/2"]).unwrap_err();
+        assert!(e.to_string().contains("INDEX/COUNT"), "{e}");
         let e = Args::try_parse_from(["yarl-root", "--tls-cert", "c.pem"]).unwrap_err();
         assert!(e.to_string().contains("--tls-key"), "{e}");
     }

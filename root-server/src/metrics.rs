@@ -88,6 +88,12 @@ impl Metrics {
             s.stats.deltas_unknown,
         );
         counter(
+            "yarl_root_deltas_foreign_total",
+            "Delta entries and hints for counters of another shard (skipped): a limiter with \
+             another shard map.",
+            s.stats.deltas_foreign,
+        );
+        counter(
             "yarl_root_duplicate_batches_total",
             "Delta batches skipped because they were applied before (retries).",
             s.stats.duplicate_batches,
@@ -126,6 +132,12 @@ impl Metrics {
             "yarl_root_sessions_created_total",
             "Limiter sessions started (a limiter id this root did not know).",
             s.stats.sessions_created,
+        );
+        counter(
+            "yarl_root_syncs_applied_total",
+            "Syncs applied to the root's state, including those whose caller gave up before \
+             the answer was written.",
+            s.stats.syncs,
         );
         counter(
             "yarl_root_first_contacts_total",

@@ -9,7 +9,7 @@
 //!    refused before reading, a streamed one is cut at the limit.
 //! 3. **Decode, apply, encode** on a blocking thread, never on the async workers that
 //!    answer everyone else: [`SyncEncoding::decode`] (the only step that depends on the
-//!    content type, so a second encoding plugs in there), then the core's
+//!    content type: JSON for protocol v1, binary for v2), then the core's
 //!    `RootState::sync_from` under the lock, then the answer is encoded after the lock is
 //!    released (quotas are shared with the root's table, not copied under the lock).
 
@@ -22,21 +22,27 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use yarl_core::proto::v2::{self, DecodeError};
 use yarl_core::proto::{SyncError, SyncRequest};
 use yarl_core::root::SyncAnswer;
 
 /// Deadline for a whole sync body: 64 MiB in 10 s is 6.4 MB/s, far below any LAN.
 pub const SYNC_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Bytes a decoded request may take per body byte, at most: `[1,1,1],` is 8 bytes of JSON
-/// and 24 in memory, and a vector may hold twice its length while it grows.
-const DECODE_FACTOR: u64 = 6;
+/// Bytes a decoded JSON request may take per body byte, at most: `[1,1,1],` is 8 bytes of
+/// JSON and 24 in memory, and a vector may hold twice its length while it grows.
+const JSON_DECODE_FACTOR: u64 = 6;
+/// The same for v2: an entry takes at least 3 bytes and 24 in memory, and lists are
+/// allocated at their declared length (checked against the bytes left), never grown.
+const V2_DECODE_FACTOR: u64 = 8;
 
-/// The wire encodings of a sync request and its answer. Only protocol v1 (JSON) so far.
+/// The wire encodings of a sync request and its answer; the answer uses the request's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SyncEncoding {
     /// `application/json`: protocol v1.
     JsonV1,
+    /// `application/x-yarl-sync+v2`: protocol v2, binary (`yarl_core::proto::v2`).
+    BinaryV2,
 }
 
 impl SyncEncoding {
@@ -47,6 +53,8 @@ impl SyncEncoding {
         let essence = ct.to_str().unwrap_or("").split(';').next().unwrap_or("").trim();
         if essence.eq_ignore_ascii_case("application/json") || essence.is_empty() {
             Ok(SyncEncoding::JsonV1)
+        } else if essence.eq_ignore_ascii_case(v2::CONTENT_TYPE) {
+            Ok(SyncEncoding::BinaryV2)
         } else {
             Err(ApiError::UnsupportedMediaType(essence.chars().take(100).collect()))
         }
@@ -55,6 +63,14 @@ impl SyncEncoding {
     pub fn content_type(self) -> &'static str {
         match self {
             SyncEncoding::JsonV1 => "application/json",
+            SyncEncoding::BinaryV2 => v2::CONTENT_TYPE,
+        }
+    }
+
+    fn decode_factor(self) -> u64 {
+        match self {
+            SyncEncoding::JsonV1 => JSON_DECODE_FACTOR,
+            SyncEncoding::BinaryV2 => V2_DECODE_FACTOR,
         }
     }
 
@@ -75,20 +91,41 @@ impl SyncEncoding {
                 }
                 serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))
             }
+            // Every list's length is checked against the bytes left and the entry budget
+            // before it is allocated (see the v2 module docs).
+            SyncEncoding::BinaryV2 => v2::decode_request(body, max_entries).map_err(|e| match e {
+                DecodeError::TooLarge(n, max) => ApiError::Sync(SyncError::TooLarge(n, max)),
+                e => ApiError::BadV2(e),
+            }),
         }
     }
 
-    pub fn encode(self, answer: &SyncAnswer) -> Result<Vec<u8>, ApiError> {
+    pub fn encode(self, mut answer: SyncAnswer) -> Result<Vec<u8>, ApiError> {
         match self {
-            SyncEncoding::JsonV1 => serde_json::to_vec(answer)
+            SyncEncoding::JsonV1 => serde_json::to_vec(&answer)
                 .map_err(|e| ApiError::Internal(format!("sync answer: {e}"))),
+            SyncEncoding::BinaryV2 => {
+                // Ids sorted: each costs one or two bytes as a difference to the previous.
+                answer.counters.sort_unstable_by_key(|c| c.0);
+                Ok(v2::encode_response_parts(v2::ResponseParts {
+                    root_instance: answer.root_instance,
+                    acked_seq: answer.acked_seq,
+                    version: answer.version,
+                    epoch: answer.epoch,
+                    more: answer.more,
+                    counters: &answer.counters,
+                    quotas: &answer.quotas,
+                    shard: answer.shard,
+                    root_epoch: Some(answer.root_epoch),
+                }))
+            }
         }
     }
 }
 
-/// KiB of the sync memory budget a body of `len` bytes takes.
-pub(crate) fn memory_cost(len: u64, max_entries: usize) -> u32 {
-    let decoded = (len.saturating_mul(DECODE_FACTOR)).min(max_entries as u64 * 48);
+/// KiB of the sync memory budget a body of `len` bytes in `encoding` takes.
+pub(crate) fn memory_cost(len: u64, max_entries: usize, encoding: SyncEncoding) -> u32 {
+    let decoded = (len.saturating_mul(encoding.decode_factor())).min(max_entries as u64 * 48);
     u32::try_from(len.saturating_add(decoded).div_ceil(1024).max(1)).unwrap_or(u32::MAX)
 }
 
@@ -100,19 +137,24 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
     let max_entries = st.0.settings.root.max_entries;
     let declared = declared_length(&parts.headers).unwrap_or(limit as u64).min(limit as u64);
     let guards = &st.0.guards;
-    let _memory = guards.sync_memory.enter_n(memory_cost(declared, max_entries)).await?;
-    let _slot = guards.sync.enter().await?;
+    let memory = guards.sync_memory.enter_n(memory_cost(declared, max_entries, encoding)).await?;
+    let slot = guards.sync.enter().await?;
     let body = read_body(&parts.headers, body, limit, SYNC_BODY_TIMEOUT).await?;
 
     let work = st.clone();
     let (bytes, took) = tokio::task::spawn_blocking(move || {
+        // The permits live as long as the work, not the request: a limiter that gives up
+        // (its timeout) drops the request, but the decode, apply and encode it started go
+        // on, and must keep counting against the memory and concurrency bounds, or an
+        // overloaded root would pile up abandoned work without limit.
+        let _held = (memory, slot);
         let started = Instant::now();
         let req = encoding.decode(&body, max_entries)?;
         drop(body);
         let now = work.now();
         let answer = work.0.root.lock().sync_from(&req, peer, now).map_err(ApiError::Sync)?;
         drop(req);
-        let bytes = encoding.encode(&answer)?;
+        let bytes = encoding.encode(answer)?;
         Ok::<_, ApiError>((bytes, started.elapsed()))
     })
     .await

@@ -2,7 +2,7 @@
 //! virtual clock, a network that delays, jitters and loses sync calls.
 
 use crate::load::{Arrivals, Load, Weights};
-use crate::reference::{FixedWindow, SlidingWindow, TokenBucket};
+use crate::reference::{FixedWindow, IdealBucket, SlidingWindow, TokenBucket};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -84,7 +84,13 @@ pub struct YarlConfig {
     pub demand: bool,
     /// The local guard.
     pub guard: bool,
+    /// Early rounds: a host syncs as soon as its own traffic on the quota runs well ahead
+    /// of its last round's (`SyncEngine::wants_early_round`, polled every [`POLL_NS`]).
+    pub early: bool,
 }
+
+/// How often a host's sync agent checks for an early round (the nginx agent's tick).
+pub const POLL_NS: u64 = 10_000_000;
 
 /// What decides each request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,6 +107,14 @@ pub enum Strategy {
     FixedWindow,
     /// Reference: seed `001_…`'s sliding-window approximation over 1 s, central and exact.
     SlidingWindow,
+    /// Reference: one exact central leaky bucket with yarl's bursts and drop zone (what yarl
+    /// would decide with perfect, instant knowledge of the cluster).
+    IdealBucket {
+        /// `low_burst`, seconds of the limit.
+        low_s: f64,
+        /// `high_burst`, seconds of the limit.
+        high_s: f64,
+    },
 }
 
 /// Everything measured in one run, per whole second of true time.
@@ -116,6 +130,10 @@ pub struct RunResult {
     pub rejection_times: Vec<f64>,
     /// The quota's limit, units per second.
     pub limit: f64,
+    /// Sync requests each root handled, per whole second of true time.
+    pub root_messages: Vec<f64>,
+    /// Early rounds over all hosts.
+    pub early_rounds: u64,
 }
 
 /// A host's clock: the shared virtual time plus this host's skew.
@@ -134,6 +152,8 @@ impl Clock for SkewClock {
 enum Event {
     Arrival,
     Round(usize),
+    /// An early round for host `h` (its agent's poll found the surge flag).
+    Early(usize),
     AtRoot(usize),
     Answer(usize),
     Sweep,
@@ -163,6 +183,7 @@ struct Yarl {
     hosts: Vec<Host>,
     roots: Vec<(RootState, i64)>,
     calls: Vec<Option<Call>>,
+    early: bool,
 }
 
 enum Decider {
@@ -170,6 +191,7 @@ enum Decider {
     Buckets(Vec<TokenBucket>),
     Fixed(FixedWindow),
     Sliding(SlidingWindow),
+    Ideal(IdealBucket),
 }
 
 struct Queue {
@@ -211,6 +233,8 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         rejected: vec![0.0; secs],
         rejection_times: Vec::new(),
         limit: scenario.limit,
+        root_messages: vec![0.0; secs],
+        early_rounds: 0,
     };
     let interval = ns(scenario.interval);
     let mut q = Queue { heap: BinaryHeap::new(), seq: 0 };
@@ -226,6 +250,12 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         }
         Strategy::FixedWindow => Decider::Fixed(FixedWindow::new(scenario.limit, 1.0)),
         Strategy::SlidingWindow => Decider::Sliding(SlidingWindow::new(scenario.limit, 1.0)),
+        Strategy::IdealBucket { low_s, high_s } => Decider::Ideal(IdealBucket::new(
+            scenario.limit,
+            low_s * scenario.limit,
+            high_s * scenario.limit,
+            scenario.seed,
+        )),
     };
     if matches!(decider, Decider::Yarl(_)) {
         q.push(EPOCH_NS + 5 * 1_000_000_000, Event::Sweep);
@@ -258,7 +288,18 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                     Decider::Buckets(b) => b[next_host].take(true_s, w as f64),
                     Decider::Fixed(f) => f.take(true_s, w as f64),
                     Decider::Sliding(s) => s.take(true_s, w as f64),
+                    Decider::Ideal(b) => b.take(true_s, w as f64),
                 };
+                if let Decider::Yarl(y) = &mut decider {
+                    let host = &mut y.hosts[next_host];
+                    if y.early && !host.in_flight {
+                        let now = at.saturating_add_signed(host.offset);
+                        if host.engine.wants_early_round(now) {
+                            // The agent notices at its next poll.
+                            q.push(at + POLL_NS - at % POLL_NS, Event::Early(next_host));
+                        }
+                    }
+                }
                 if ok {
                     out.admitted[sec] += w as f64;
                 } else {
@@ -282,8 +323,18 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 q.push(at + interval, Event::Round(h));
                 y.begin(h, at, &scenario.net, &mut rng, &mut q);
             }
+            Event::Early(h) => {
+                let Decider::Yarl(y) = &mut decider else { continue };
+                if !y.hosts[h].in_flight {
+                    out.early_rounds += 1;
+                    y.begin(h, at, &scenario.net, &mut rng, &mut q);
+                }
+            }
             Event::AtRoot(c) => {
                 let Decider::Yarl(y) = &mut decider else { continue };
+                if let Some(m) = out.root_messages.get_mut(true_s as usize) {
+                    *m += 1.0;
+                }
                 y.at_root(c, at);
             }
             Event::Answer(c) => {
@@ -314,6 +365,7 @@ fn build_yarl(
         name: QUOTA.into(),
         epoch: 1,
         deleted: false,
+        reset_epoch: 0,
         limits: Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
             .expect("valid limits"),
         parent: None,
@@ -339,6 +391,8 @@ fn build_yarl(
                     .horizon(s.interval)
                     .demand(cfg.demand)
                     .local_guard(cfg.guard)
+                    // One quota: the smallest block, so 300 hosts stay cheap.
+                    .capacity(yarl_core::zone::MIN_QUOTAS)
                     .build(),
             );
             // Every limiter knows the quota before traffic starts (it would after its first
@@ -353,7 +407,7 @@ fn build_yarl(
     for h in 0..s.hosts {
         q.push(EPOCH_NS + rng.u64(0..ns(s.interval).max(1)), Event::Round(h));
     }
-    Yarl { hosts, roots, calls: Vec::new() }
+    Yarl { hosts, roots, calls: Vec::new(), early: cfg.early }
 }
 
 impl Yarl {

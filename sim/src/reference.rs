@@ -123,3 +123,42 @@ mod tests {
         assert_eq!((0..20).filter(|_| s.take(1.25, 1.0)).count(), 2);
     }
 }
+
+/// One exact leaky bucket for the whole cluster with yarl's drop zone: a request passes at
+/// a fill at or below `low`, is refused at `high` or above, and in between is refused with
+/// probability `(F - low) / (high - low)`. What yarl decides with perfect, instant
+/// knowledge of every host's traffic; a round trip per request in practice.
+#[derive(Debug, Clone)]
+pub struct IdealBucket {
+    limit: f64,
+    low: f64,
+    high: f64,
+    fill: f64,
+    at: f64,
+    rng: fastrand::Rng,
+}
+
+impl IdealBucket {
+    /// An empty bucket draining `limit` per second.
+    pub fn new(limit: f64, low: f64, high: f64, seed: u64) -> Self {
+        IdealBucket { limit, low, high, fill: 0.0, at: 0.0, rng: fastrand::Rng::with_seed(seed) }
+    }
+
+    /// Decides `w` at `t`, adding it when it passes.
+    pub fn take(&mut self, t: f64, w: f64) -> bool {
+        self.fill = (self.fill - (t - self.at).max(0.0) * self.limit).max(0.0);
+        self.at = self.at.max(t);
+        let p = if self.fill <= self.low {
+            0.0
+        } else if self.fill >= self.high {
+            1.0
+        } else {
+            (self.fill - self.low) / (self.high - self.low)
+        };
+        if p > 0.0 && (p >= 1.0 || self.rng.f64() < p) {
+            return false;
+        }
+        self.fill += w;
+        true
+    }
+}

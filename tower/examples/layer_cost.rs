@@ -30,7 +30,15 @@ fn quotas(limiter: &Limiter) {
     let mut id = 0;
     let mut push = |name: String, parent: Option<String>| {
         id += 1;
-        all.push(QuotaUpdate { id, name, epoch: id, deleted: false, limits, parent });
+        all.push(QuotaUpdate {
+            id,
+            name,
+            epoch: id,
+            deleted: false,
+            reset_epoch: 0,
+            limits,
+            parent,
+        });
     };
     for t in 0..TENANTS {
         push(format!("tenant-{t}"), None);

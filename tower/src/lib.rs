@@ -88,7 +88,7 @@
 //! let clock = ManualClock::at(1);
 //! let limiter = Limiter::builder().clock(Arc::new(clock.clone())).build();
 //! limiter.apply_quotas(&[QuotaUpdate {
-//!     id: 1, name: "api".into(), epoch: 1, deleted: false,
+//!     id: 1, name: "api".into(), epoch: 1, deleted: false, reset_epoch: 0,
 //!     limits: Limits::from_units(1.0, 2.0, 2.0).unwrap(), // 1/s, bursts of 2
 //!     parent: None,
 //! }]);

@@ -188,7 +188,8 @@ impl YarlBuilder {
         let transport: Arc<dyn Transport> = match self.transport {
             Some(t) => t,
             None => {
-                let opts = HttpOptions { token: self.token, ca_file: self.ca_file };
+                let opts =
+                    HttpOptions { token: self.token, ca_file: self.ca_file, ..Default::default() };
                 Arc::new(HttpTransport::new(&opts)?)
             }
         };

@@ -26,6 +26,7 @@ fn limiter(quotas: &[Q]) -> (Yarl, ManualClock) {
         .iter()
         .enumerate()
         .map(|(i, &(name, limit, low, high, parent))| QuotaUpdate {
+            reset_epoch: 0,
             id: i as u64 + 1,
             name: name.into(),
             epoch: i as u64 + 1,

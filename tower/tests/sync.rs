@@ -24,6 +24,7 @@ impl Local {
         let mut root = RootState::new(RootConfig::default());
         root.apply_quotas(
             quotas.iter().enumerate().map(|(i, &(name, limit, low, high))| QuotaUpdate {
+                reset_epoch: 0,
                 id: i as u64 + 1,
                 name: name.into(),
                 epoch: i as u64 + 1,
@@ -156,6 +157,7 @@ async fn without_roots_it_limits_on_its_own_counts_and_they_drain() {
     let clock = ManualClock::at(1_000_000_000);
     let limiter = Arc::new(Limiter::builder().clock(Arc::new(clock.clone())).build());
     limiter.apply_quotas(&[QuotaUpdate {
+        reset_epoch: 0,
         id: 1,
         name: "q".into(),
         epoch: 1,

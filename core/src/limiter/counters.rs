@@ -56,6 +56,17 @@ impl Limiter {
 
     pub(crate) fn raise_epoch(&self, e: Epoch) {
         self.hdr(hdr::EPOCH).fetch_max(e, Relaxed);
+        self.hdr(hdr::EPOCH_SEEN).fetch_max(e, Relaxed);
+    }
+
+    /// The highest quota epoch ever applied (not lowered by a refetch).
+    pub(crate) fn seen_epoch(&self) -> Epoch {
+        self.hdr(hdr::EPOCH_SEEN).load(Relaxed)
+    }
+
+    /// The version epoch of the quota in slot `s` (0 if free).
+    pub(crate) fn version_of(&self, s: u32) -> Epoch {
+        self.live_slot(s).map_or(0, |_| self.cold(s).0.load(Relaxed))
     }
 
     /// Forgets every quota epoch so the next sync fetches every quota again (quotas already
@@ -93,6 +104,26 @@ impl Limiter {
 
     pub(crate) fn root_entry(&self, i: usize) -> Entry<'_> {
         self.roots_table().entry(i)
+    }
+
+    /// When the current round began (0 before the first).
+    pub(crate) fn round_began(&self) -> u64 {
+        self.hdr(hdr::ROUND_BEGAN).load(Relaxed)
+    }
+
+    /// A round began at `now`: `local` counts from then.
+    pub(crate) fn set_round_began(&self, now: u64) {
+        self.hdr(hdr::ROUND_BEGAN).store(now, Relaxed);
+    }
+
+    /// Takes the early-sync flag a request path set (see `decide.rs`, `surge_threshold`).
+    pub(crate) fn take_urgent(&self) -> bool {
+        let u = self.hdr(hdr::URGENT);
+        u.load(Relaxed) != 0 && u.swap(0, Relaxed) != 0
+    }
+
+    pub(crate) fn count_early_round(&self) {
+        self.hdr(hdr::EARLY_ROUNDS).fetch_add(1, Relaxed);
     }
 
     /// Quotas that did not fit since the last refetch.
@@ -214,6 +245,17 @@ impl CounterAccess<'_> {
         if let Some(x) = self.slot(s) {
             let b = self.synced(s, now).saturating_add(v);
             x.write_base(b, now);
+        }
+    }
+
+    /// Records this limiter's own rate on `s` in its last round (milli-units per second),
+    /// what the request path compares its count with to ask for an early round.
+    pub fn set_own_rate(&self, s: u32, rate: f64) {
+        if let Some(x) = self.slot(s) {
+            let r = if rate.is_finite() && rate > 0.0 { rate as f32 } else { 0.0 };
+            let _ = x.w(crate::zone::slot::REJECTS).fetch_update(Relaxed, Relaxed, |w| {
+                Some(w & !0xFFFF_FFFF | u64::from(r.to_bits()))
+            });
         }
     }
 

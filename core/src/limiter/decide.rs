@@ -8,7 +8,7 @@ use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
 use crate::units::{MAX_WEIGHT_UNITS, MILLI};
 use crate::zone::slot::{
-    unpack_rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, RATES, REJECTED, REJECTS,
+    unpack_rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS,
 };
 use crate::zone::{hdr, RECENT_REJECTIONS};
 use std::sync::atomic::Ordering::*;
@@ -83,7 +83,7 @@ impl Limiter {
                 None => break,
             }
         }
-        self.add_local(&chain, weight * MILLI);
+        self.add_local(&chain, weight * MILLI, self.clock.now_nanos());
         Ok(true)
     }
 
@@ -97,7 +97,7 @@ impl Limiter {
                 d
             }
             Walk::Passed(fill) => {
-                self.add_local(&chain, weight);
+                self.add_local(&chain, weight, now);
                 Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None }
             }
         }
@@ -153,7 +153,7 @@ impl Limiter {
             }
         }
         for (c, w) in passed.iter().take(n).chain(&more) {
-            self.add_local(c, *w);
+            self.add_local(c, *w, now);
         }
         Ok(result)
     }
@@ -207,7 +207,7 @@ impl Limiter {
             }
             if rejected {
                 self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
-                slot.w(REJECTS).fetch_add(1, Relaxed);
+                slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
                 self.note_rejection(idx, now);
                 // The ancestors above the rejecting quota also saw this attempt as demand.
                 let mut cur = slot.parent();
@@ -246,16 +246,44 @@ impl Limiter {
             .store(u64::from(idx + 1) | u64::from(at) << 32, Relaxed);
     }
 
-    fn add_local(&self, chain: &Chain, weight: u64) {
+    fn add_local(&self, chain: &Chain, weight: u64, now: u64) {
         if weight == 0 {
             return;
         }
-        for &i in chain.slots() {
+        for (k, &i) in chain.slots().iter().enumerate() {
             if let Some(s) = self.slot(i) {
-                s.w(LOCAL).fetch_add(weight, Relaxed);
+                let local = s.w(LOCAL).fetch_add(weight, Relaxed).saturating_add(weight);
                 self.mark_dirty(i);
+                // Attempts, not admissions: under steady overload what a host admits swings
+                // with the drop share, what it is asked for does not.
+                let attempted = local.saturating_add(s.get(REJECTED));
+                if k == 0 && attempted as f64 > self.surge_threshold(&s, now) {
+                    let urgent = self.hdr(hdr::URGENT);
+                    if urgent.load(Relaxed) == 0 {
+                        urgent.store(1, Relaxed);
+                    }
+                }
             }
         }
+    }
+
+    /// What this limiter may count on a quota since its current round began before its
+    /// agent syncs early: [`EARLY_FACTOR`] times what its last regular round's rate predicts
+    /// for that time, plus a hundredth of `low_burst` so arrival noise never trips it.
+    /// Steady traffic stays under it; a surge on this host crosses it within a fraction of
+    /// an interval (at 20 times its previous rate, within a few percent of it). A quota
+    /// this host counted nothing on in its last interval never trips it: new keys appear
+    /// all the time on real hosts (a quota per client), and each would otherwise ask for a
+    /// round, while the roots already learn of them at the next regular one.
+    #[inline]
+    fn surge_threshold(&self, s: &crate::zone::slot::Slot<'_>, now: u64) -> f64 {
+        let rate = f32::from_bits(s.get(REJECTS) as u32) as f64;
+        if !(rate.is_finite() && rate > 0.0) {
+            return f64::INFINITY;
+        }
+        let began = self.hdr(hdr::ROUND_BEGAN).load(Relaxed);
+        let elapsed = now.saturating_sub(began) as f64 * 1e-9;
+        EARLY_FACTOR * rate * elapsed + (s.get(LOW) as f64 / 100.0).max(MILLI as f64)
     }
 
     /// A refused attempt still counts as demand on every quota of its chain (a check, with
@@ -272,3 +300,6 @@ impl Limiter {
         }
     }
 }
+/// How far ahead of its last round's rate a quota's traffic on this host must run to sync
+/// early.
+pub(crate) const EARLY_FACTOR: f64 = 2.0;

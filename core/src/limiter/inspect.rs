@@ -25,6 +25,8 @@ pub struct ZoneStatus {
     pub rejections: u64,
     /// Sync rounds completed, by any agent.
     pub rounds: u64,
+    /// Of those, rounds started early because a quota's traffic surged on this host.
+    pub early_rounds: u64,
     /// Whether the last round reached at least one root.
     pub cluster_fresh: bool,
     /// Clock time (ns) the last round ended; 0 before the first.
@@ -62,7 +64,7 @@ impl Limiter {
             high_burst: milli_to_units(slot.get(HIGH)),
             parent,
             fill: slot.estimate(now, fresh, self.horizon_ns()) / MILLI as f64,
-            rejections: slot.get(REJECTS),
+            rejections: slot.get(REJECTS) >> 32,
         })
     }
 
@@ -118,7 +120,7 @@ impl Limiter {
             .into_iter()
             .filter_map(|(s, recent)| {
                 let slot = self.live_slot(s)?;
-                Some((self.slot_name(s), recent, slot.get(REJECTS)))
+                Some((self.slot_name(s), recent, slot.get(REJECTS) >> 32))
             })
             .take(n)
             .collect()
@@ -178,6 +180,7 @@ impl Limiter {
             epoch: self.epoch(),
             rejections: self.rejections(),
             rounds: self.hdr(hdr::ROUNDS).load(Relaxed),
+            early_rounds: self.hdr(hdr::EARLY_ROUNDS).load(Relaxed),
             cluster_fresh: self.cluster_fresh(),
             last_round_end_ns: self.hdr(hdr::LAST_ROUND_END).load(Relaxed),
             agent: lease.holder(),

@@ -86,6 +86,8 @@ pub struct ApplyReport {
     pub invalid: usize,
     /// New quotas that did not fit in the memory block (they stay unlimited).
     pub missing: usize,
+    /// Counters emptied by a cluster-wide reset (`reset_epoch` newer than the version held).
+    pub reset: usize,
 }
 
 /// A quota as the limiter holds it, with its live estimate.
@@ -122,12 +124,30 @@ pub enum Estimator {
     /// Measured from the change between two syncs minus this limiter's own share, smoothed
     /// over rounds.
     Measured,
+    /// [`Static`](Self::Static), raised to what the fill's change between two syncs
+    /// measured when that is more and the bucket cannot have emptied in between: during a
+    /// surge the cluster adds far more than `limit` per second until the drops catch up, and
+    /// the article's constant under-reads it for a whole interval. At steady state it is the
+    /// static estimate (the drops hold the cluster at the limit).
+    StaticOrMeasured {
+        /// The floor's `correction_ratio`.
+        correction_ratio: f64,
+    },
+}
+
+fn clamp_ratio(r: f64) -> f64 {
+    if r.is_finite() {
+        r.clamp(0.0, 2.0)
+    } else {
+        1.0
+    }
 }
 
 impl Default for Estimator {
-    /// The article's static ratio of 1.0: the steadiest in the simulator (`docs/accuracy.md`).
+    /// The static ratio of 1.0, raised by a measured surge: the steadiest in the simulator
+    /// and the quickest to follow a step (`docs/accuracy.md`).
     fn default() -> Self {
-        Estimator::Static { correction_ratio: 1.0 }
+        Estimator::StaticOrMeasured { correction_ratio: 1.0 }
     }
 }
 
@@ -159,10 +179,13 @@ impl LimiterBuilder {
     /// How counters are extrapolated between syncs (default: static ratio 1.0).
     pub fn estimator(mut self, e: Estimator) -> Self {
         self.estimator = match e {
-            Estimator::Static { correction_ratio: r } => Estimator::Static {
-                correction_ratio: if r.is_finite() { r.clamp(0.0, 2.0) } else { 1.0 },
-            },
-            m => m,
+            Estimator::Static { correction_ratio: r } => {
+                Estimator::Static { correction_ratio: clamp_ratio(r) }
+            }
+            Estimator::StaticOrMeasured { correction_ratio: r } => {
+                Estimator::StaticOrMeasured { correction_ratio: clamp_ratio(r) }
+            }
+            Estimator::Measured => Estimator::Measured,
         };
         self
     }

@@ -23,6 +23,7 @@ fn q(
         name: name.into(),
         epoch,
         deleted: false,
+        reset_epoch: 0,
         limits: Limits::from_units(limit, low, high).unwrap(),
         parent: parent.map(Into::into),
     }

@@ -103,9 +103,19 @@ impl Limiter {
     /// version held is ignored. A new quota that does not fit in the block is counted as
     /// missing and stays unlimited.
     pub fn apply_quotas(&self, updates: &[QuotaUpdate]) -> ApplyReport {
+        self.apply_quotas_with_resets(updates).0
+    }
+
+    /// [`apply_quotas`](Self::apply_quotas), also listing the slots a reset emptied (the
+    /// sync engine must not fold counts of its round in flight back into them).
+    pub(crate) fn apply_quotas_with_resets(
+        &self,
+        updates: &[QuotaUpdate],
+    ) -> (ApplyReport, Vec<u32>) {
         let mut report = ApplyReport::default();
+        let mut resets = Vec::new();
         if updates.is_empty() {
-            return report;
+            return (report, resets);
         }
         let now = self.clock.now_nanos();
         let mut guard = self.writer();
@@ -167,6 +177,15 @@ impl Limiter {
                         self.count_missing(&mut report);
                         continue;
                     }
+                }
+                if u.reset_epoch > self.epoch_of(s) {
+                    // A reset this limiter has not applied: everything counted before it goes.
+                    if let Some(slot) = self.slot(s) {
+                        slot.clear_counters();
+                        slot.write_base(0, now);
+                    }
+                    resets.push(s);
+                    report.reset += 1;
                 }
                 self.store_limits(s, u);
                 parent_jobs.push((s, u.parent.as_deref()));
@@ -244,8 +263,9 @@ impl Limiter {
             }
         }
         self.hdr(hdr::EPOCH).fetch_max(max_epoch, Relaxed);
+        self.hdr(hdr::EPOCH_SEEN).fetch_max(max_epoch, Relaxed);
         self.hdr(hdr::QUOTAS).store(w.by_id.len() as u64, Relaxed);
-        report
+        (report, resets)
     }
 
     fn count_missing(&self, report: &mut ApplyReport) {

@@ -11,6 +11,7 @@ fn quota(id: u64, epoch: u64, limit: f64, deleted: bool) -> QuotaUpdate {
         name: format!("q{id}"),
         epoch,
         deleted,
+        reset_epoch: 0,
         // Bursts far above the fills here, so the ceiling stays out of these tests' way.
         limits: Limits::from_units(limit, 10_000.0, 20_000.0).unwrap(),
         parent: None,
@@ -37,9 +38,11 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
             .map(|(seq, deltas)| DeltaBatch {
                 seq,
                 deltas: deltas.into_iter().map(|(id, d)| (id, d, 0)).collect(),
+                epoch: None,
             })
             .collect(),
         hints: vec![],
+        seen_epoch: None,
     }
 }
 
@@ -287,7 +290,7 @@ fn demand_counts_rejected_attempts_too() {
     for k in 1..=20u64 {
         let l = (k % 2) as usize;
         seq[l] += 1;
-        let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)] };
+        let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)], epoch: None };
         let q = SyncRequest { batches: vec![b], ..req(&format!("l{l}"), vec![]) };
         let resp = r.sync(&q, k * S / 2 + 1).unwrap();
         if k > 5 {

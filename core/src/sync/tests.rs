@@ -12,6 +12,7 @@ fn quota(id: u64, name: &str, limit: f64, low: f64, high: f64) -> QuotaUpdate {
         name: name.into(),
         epoch: id,
         deleted: false,
+        reset_epoch: 0,
         limits: Limits::from_units(limit, low, high).unwrap(),
         parent: None,
     }
@@ -370,4 +371,188 @@ fn a_batch_left_in_flight_by_a_dead_engine_is_counted_once() {
         assert_eq!(r.counter(1, now).unwrap().fill, 6.0, "root saw it: {root_saw_it}");
         assert_eq!(second.quota("a").unwrap().fill, 6.0, "root saw it: {root_saw_it}");
     }
+}
+
+/// Issue 11: `POST /v1/quotas/{name}:reset` writes a new version of the quota with
+/// `reset_epoch` = its epoch. Roots and limiters empty the counter when they apply it, and
+/// nothing counted before it comes back: not through a batch taken before (resent to a root
+/// that was down), not through hints, not through a root that has not applied it yet.
+#[test]
+fn a_reset_empties_the_quota_everywhere_and_old_counts_stay_out() {
+    let clock = ManualClock::at(S);
+    let q = quota(1, "a", 0.001, 1e6, 1e6);
+    let qs = std::slice::from_ref(&q);
+    let (mut r0, mut r1) = (root_with(qs), root_with(qs));
+    let (mut a, mut b) = (node(&clock, 2), node(&clock, 2));
+    let now = clock.now_nanos();
+    for n in [&mut a, &mut b] {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], now);
+    }
+    a.limiter.account("a", 100).unwrap();
+    b.limiter.account("a", 50).unwrap();
+    for n in [&mut a, &mut b] {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], now);
+    }
+    assert_eq!(r1.counter(1, now).unwrap().fill, 150.0);
+    // b counts 20 more; root 1 is down for that round: the batch stays pending for it.
+    b.limiter.account("a", 20).unwrap();
+    round(&mut b, &mut [Some(&mut r0), None], now);
+    assert_eq!(r0.counter(1, now).unwrap().fill, 170.0);
+
+    // The reset (epoch 2) reaches root 0 now; root 1 polls it later.
+    let reset = QuotaUpdate { epoch: 2, reset_epoch: 2, ..q.clone() };
+    r0.apply_quotas([reset.clone()], now);
+    assert_eq!(r0.counter(1, now).unwrap().fill, 0.0, "root 0 emptied the counter");
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now_nanos();
+    round(&mut a, &mut [Some(&mut r0), Some(&mut r1)], now);
+    assert_eq!(a.limiter.quota("a").unwrap().fill, 0.0, "root 1's old 150 is ignored");
+
+    r1.apply_quotas([reset], now);
+    assert_eq!(r1.counter(1, now).unwrap().fill, 0.0, "root 1 emptied it too");
+    // b had not synced since the reset: its old batch (20, taken at epoch 1) goes to root 1
+    // now, and its view still holds 170 when the round starts (hints would carry it).
+    round(&mut b, &mut [Some(&mut r0), Some(&mut r1)], now);
+    round(&mut b, &mut [Some(&mut r0), Some(&mut r1)], now);
+    assert_eq!(b.limiter.quota("a").unwrap().fill, 0.0, "b applied the reset");
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        assert_eq!(r.counter(1, now).unwrap().fill, 0.0, "root {i}: nothing came back");
+    }
+    assert!(r1.stats().dropped_before_reset >= 1, "the late batch was dropped");
+
+    // Counting goes on from zero.
+    a.limiter.account("a", 3).unwrap();
+    round(&mut a, &mut [Some(&mut r0), Some(&mut r1)], now);
+    assert_eq!(r0.counter(1, now).unwrap().fill, 3.0);
+    assert_eq!(r1.counter(1, now).unwrap().fill, 3.0);
+}
+
+/// Steady traffic on `name` from `n` for `secs` whole intervals of 1 s: `per_round` units
+/// spread over ten 100 ms steps, a regular round at the end of each interval.
+fn steady(
+    n: &mut Node,
+    root: &mut RootState,
+    clock: &ManualClock,
+    name: &str,
+    per_round: u64,
+    secs: u64,
+) {
+    for _ in 0..secs {
+        for _ in 0..10 {
+            clock.advance(Duration::from_millis(100));
+            let _ = n.limiter.account(name, per_round / 10).unwrap();
+            assert!(!n.engine.wants_early_round(clock.now_nanos()), "steady traffic is no surge");
+        }
+        round(n, &mut [Some(&mut *root)], clock.now_nanos());
+    }
+}
+
+#[test]
+fn a_surge_asks_for_early_rounds_and_steady_traffic_does_not() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 1000.0, 1500.0, 3000.0)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    steady(&mut n, &mut root, &clock, "a", 100, 3);
+    // Ten times the rate: within a few ms the host has counted more than twice what its
+    // last round predicts, and the engine wants a round now, then at most once per 1/16 s.
+    let mut early = Vec::new();
+    for ms in 1..=1000u64 {
+        clock.advance(Duration::from_millis(1));
+        let _ = n.limiter.account("a", 1).unwrap();
+        if n.engine.wants_early_round(clock.now_nanos()) {
+            early.push(ms);
+            round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+        }
+    }
+    // The first waits out the gap after the regular round that just ended.
+    assert!(
+        early.first().is_some_and(|&ms| ms <= 1000 / EARLY_GAP + 5),
+        "early rounds at {early:?} ms"
+    );
+    assert!(early.windows(2).all(|w| w[1] - w[0] >= 1000 / EARLY_GAP), "{early:?}");
+    assert!(early.len() >= 8, "the surge keeps asking while it lasts: {early:?}");
+    assert_eq!(n.limiter.zone_status().early_rounds, early.len() as u64);
+}
+
+#[test]
+fn early_rounds_have_a_budget_and_new_quotas_never_ask() {
+    let clock = ManualClock::at(S);
+    let mut root =
+        root_with(&[quota(1, "a", 1000.0, 1500.0, 3000.0), quota(2, "b", 1000.0, 1500.0, 3000.0)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    // A quota this host counted nothing on in its last interval: a flood asks for nothing
+    // (on a real host new keys appear all the time).
+    for _ in 0..100 {
+        clock.advance(Duration::from_millis(10));
+        let _ = n.limiter.account("b", 5).unwrap();
+        assert!(!n.engine.wants_early_round(clock.now_nanos()));
+    }
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    steady(&mut n, &mut root, &clock, "a", 10, 2);
+    // A surge that never ends: the budget allows EARLY_BUDGET rounds, then one per
+    // EARLY_REFILL intervals.
+    let mut early = 0;
+    let secs = 40;
+    for k in 0..secs * 100 {
+        clock.advance(Duration::from_millis(10));
+        let _ = n.limiter.account("a", 1).unwrap();
+        if n.engine.wants_early_round(clock.now_nanos()) {
+            early += 1;
+            round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+        }
+        if k % 100 == 99 {
+            round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+            // Each regular round re-measures the rate; make it look low again so the
+            // request path keeps asking.
+            n.limiter.with_counters(|c| c.set_own_rate(c.slot_of(1).unwrap(), 1.0));
+        }
+    }
+    let most = EARLY_BUDGET + secs / EARLY_REFILL;
+    assert!(early <= most && early >= EARLY_BUDGET, "{early} early rounds, at most {most}");
+}
+
+#[test]
+fn a_measured_surge_raises_the_static_inflow_estimate() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 100.0, 1000.0, 10000.0)]);
+    let (mut a, mut b) = (node(&clock, 1), node(&clock, 1));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    let inflow = |n: &Node| n.limiter.with_counters(|c| c.inflow(c.slot_of(1).unwrap()));
+    // `b` adds 900 units per second, nine times the limit, into a bucket that stays full
+    // enough not to empty between `a`'s rounds.
+    for _ in 0..4 {
+        clock.advance(Duration::from_secs(1));
+        assert!(b.limiter.charge("a", 900).unwrap());
+        round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+        round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    // Milli-units per second: the fill rose by 800/s while draining 100/s.
+    let measured = inflow(&a) / 1000.0;
+    assert!((measured - 900.0).abs() < 1.0, "a sees the others add {measured}/s");
+    // The article's constant would have said the limit.
+    let clock2 = ManualClock::at(S);
+    let l = Arc::new(
+        Limiter::builder()
+            .clock(Arc::new(clock2.clone()))
+            .estimator(Estimator::Static { correction_ratio: 1.0 })
+            .build(),
+    );
+    let mut root2 = root_with(&[quota(1, "a", 100.0, 1000.0, 10000.0)]);
+    let urls = vec!["http://root0".to_string()];
+    let mut s = Node {
+        engine: SyncEngine::new(l.clone(), urls, SyncConfig::default()).unwrap(),
+        limiter: l,
+    };
+    let mut b2 = node(&clock2, 1);
+    round(&mut s, &mut [Some(&mut root2)], clock2.now_nanos());
+    for _ in 0..4 {
+        clock2.advance(Duration::from_secs(1));
+        b2.limiter.charge("a", 900).unwrap();
+        round(&mut b2, &mut [Some(&mut root2)], clock2.now_nanos());
+        round(&mut s, &mut [Some(&mut root2)], clock2.now_nanos());
+    }
+    assert!((inflow(&s) / 1000.0 - 100.0).abs() < 1.0);
 }

@@ -121,8 +121,17 @@ pub(crate) mod hdr {
     pub const WRITER: usize = 37;
     /// Next entry of the ring of recent rejections.
     pub const RECENT_HEAD: usize = 38;
+    /// Highest quota epoch ever applied (EPOCH goes back to 0 for a refetch, this never).
+    pub const EPOCH_SEEN: usize = 39;
+    /// Non-zero when a request path saw its own traffic run well ahead of what it counted
+    /// in its last interval: the sync agent starts a round early.
+    pub const URGENT: usize = 40;
+    /// Early rounds started.
+    pub const EARLY_ROUNDS: usize = 41;
+    /// When the current round began: `local` counts from then.
+    pub const ROUND_BEGAN: usize = 42;
     /// `SPARE_AREAS` pairs: (area + 1, time it was retired).
-    pub const SPARES: usize = 40;
+    pub const SPARES: usize = 48;
     /// Free-list heads of the arena, by record size in words (index = size).
     pub const ARENA_FREE: usize = 64;
     /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.

@@ -11,7 +11,7 @@
 //! | 9 | `inflight`: taken by the current round, not yet reported back by a root |
 //! | 10 | `rejected`: refused weight not yet taken by a round (demand signal) |
 //! | 11 | `rates`: two `f32`, what the rest of the cluster adds and the attempted demand |
-//! | 12 | requests this quota rejected (monotonic) |
+//! | 12 | requests this quota rejected (high 32 bits, wrapping) · what this limiter counted on it per second in its last round (low 32 bits, an `f32` in milli-units/s), for early syncs |
 //! | 13–15 | the name: its length byte and first 23 bytes |
 
 use super::arena::{name, Arena};
@@ -31,6 +31,8 @@ pub(crate) const INFLIGHT: usize = 9;
 pub(crate) const REJECTED: usize = 10;
 pub(crate) const RATES: usize = 11;
 pub(crate) const REJECTS: usize = 12;
+/// One rejection in the [`REJECTS`] word (the count lives in its high half).
+pub(crate) const ONE_REJECTION: u64 = 1 << 32;
 pub(crate) const NAME: usize = 13;
 
 /// Attempts a reader makes before it uses a possibly torn (`base`, `at`) pair: a writer that

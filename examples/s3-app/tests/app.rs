@@ -27,6 +27,7 @@ fn app(quotas: &[Q], limits: Limits) -> App {
         .iter()
         .enumerate()
         .map(|(i, &(name, limit, low, high, parent))| QuotaUpdate {
+            reset_epoch: 0,
             id: i as u64 + 1,
             name: name.into(),
             epoch: i as u64 + 1,

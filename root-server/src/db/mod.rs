@@ -1,8 +1,12 @@
-//! The quota database: one [`QuotaStore`] trait, two real implementations.
+//! The quota database: the [`QuotaStore`] trait and its one implementation,
+//! [`SqlStore`], over either database, with per-dialect SQL where they differ:
 //!
-//! * [`sqlite::SqliteStore`]: an embedded file (`sqlite://yarl.db`), the default for a single
-//!   root. Created with its schema on first start.
-//! * [`postgres::PgStore`]: a shared server (`postgres://…`) for several roots.
+//! * SQLite: an embedded file (`sqlite://yarl.db`), the default for a single root. Created
+//!   with its schema on first start.
+//! * PostgreSQL: a shared server (`postgres://…`) for several roots.
+//!
+//! The schema comes from `sqlx::migrate!`, one folder of numbered SQL files per database
+//! (`root-server/migrations/{sqlite,postgres}`); see `migrate.rs`.
 //!
 //! # Epochs are the change log
 //!
@@ -20,9 +24,8 @@
 //! race each other into an invalid graph.
 
 mod graph;
-mod migrations;
-pub mod postgres;
-pub mod sqlite;
+mod migrate;
+mod store;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,6 +33,7 @@ use std::sync::Arc;
 use yarl_core::{Epoch, Limits, QuotaId, QuotaUpdate};
 
 pub use graph::GraphCheck;
+pub use store::SqlStore;
 
 /// A boxed, sendable future: the trait is used as `Arc<dyn QuotaStore>`, and `async fn` in
 /// traits is not object-safe.
@@ -60,6 +64,7 @@ impl StoredQuota {
             name: self.name,
             epoch: self.epoch,
             deleted: self.deleted,
+            reset_epoch: 0,
             limits: self.limits,
             parent: self.parent,
         }
@@ -236,10 +241,11 @@ pub trait QuotaStore: Send + Sync + 'static {
 
 /// Opens (and migrates) the database named by `url`: `sqlite://PATH` or `postgres://…`.
 pub async fn open(url: &str) -> Result<Arc<dyn QuotaStore>, StoreError> {
-    if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url).await?))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::open(url).await?))
+    if url.starts_with("sqlite:")
+        || url.starts_with("postgres://")
+        || url.starts_with("postgresql://")
+    {
+        Ok(Arc::new(SqlStore::open(url).await?))
     } else {
         Err(StoreError::Invalid(format!(
             "unsupported database URL {:?}: use sqlite://PATH or postgres://…",

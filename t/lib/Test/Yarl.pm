@@ -265,9 +265,11 @@ sub has_root {
 	return $ENV{TEST_YARL_ROOT} && -x $ENV{TEST_YARL_ROOT};
 }
 
-# Starts the root server $name on a free port with its own sqlite database.
+# Starts the root server $name on a free port with its own sqlite database (unless @extra
+# names another with --db).
 sub run_root {
 	my ($self, $name, @extra) = @_;
+	my @db = grep({ $_ eq '--db' } @extra) ? () : ('--db', "sqlite://$self->{dir}/yarl_$name.db");
 	$name //= 'A';
 	BAIL_OUT('TEST_YARL_ROOT is not set or not executable') unless has_root();
 	my $port = $self->port("ROOT_$name");
@@ -276,7 +278,7 @@ sub run_root {
 		open STDOUT, '>>', "$self->{dir}/root_$name.log";
 		open STDERR, '>>', "$self->{dir}/root_$name.log";
 		exec($ENV{TEST_YARL_ROOT}, '--listen', "127.0.0.1:$port",
-			'--db', "sqlite://$self->{dir}/yarl_$name.db", '--poll-interval', '200ms', @extra)
+			@db, '--poll-interval', '200ms', @extra)
 			or POSIX::_exit(127);
 	}
 	$self->{roots}{$name} = $pid;

@@ -1,0 +1,689 @@
+//! Protocol v2: the binary encoding of the sync messages (`application/x-yarl-sync+v2`).
+//!
+//! The messages mean exactly what their JSON (v1) form means; only the bytes differ. The
+//! byte layout is written out in `docs/sync-protocol.md` ("Protocol v2") so that a third
+//! party can implement it without this crate; in short, every message is a sequence of
+//! fields in a fixed order in the [postcard] wire format (version 1, a stable, documented
+//! format): unsigned integers are LEB128 varints, signed ones zigzag varints, a list is its
+//! length as a varint followed by its items, a string is a list of UTF-8 bytes, an option
+//! is a byte `0` or `1` followed by the value, a bool is a byte `0` or `1`.
+//!
+//! Quota ids in every list are sent as the signed difference to the previous item's id of
+//! the same list (the first to 0), wrapping, so any id and any order round-trip exactly,
+//! and sorted ids (what limiters and roots send) take one or two bytes each instead of the
+//! id's full width. Quota epochs in an answer are sent the same way.
+//!
+//! # Why postcard
+//!
+//! It is serde-native (the messages already derive serde, no code generation, no `protoc`
+//! at build time), its wire format is frozen and specified (postcard 1.0), integers are
+//! varints by default, and it has no dependencies beyond serde. Protocol buffers (prost)
+//! would have given a schema file too, but needs generated or hand-annotated types, and
+//! its packed repeated fields of tuples would need one field per column.
+//!
+//! # Hostile input
+//!
+//! [`decode_request`] and [`decode_response`] never allocate more than the body could
+//! describe: each list's declared length is checked against the bytes left (every item
+//! takes at least one byte) and against a caller's entry budget *before* its items are
+//! allocated, varints longer than their type are refused, and every error names the field
+//! where it happened. Bytes after the last known field are ignored, so fields can be
+//! appended later without a new version.
+
+use super::{DeltaBatch, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
+use crate::quota::{Limits, QuotaId, QuotaUpdate};
+use crate::shard::Shard;
+use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
+use serde::ser::{SerializeSeq, SerializeTuple};
+use serde::{Deserializer, Serialize, Serializer};
+use std::cell::Cell;
+use std::fmt;
+
+/// The content type of protocol v2 bodies, requests and answers.
+pub const CONTENT_TYPE: &str = "application/x-yarl-sync+v2";
+
+/// The first byte of every v2 message.
+pub const WIRE_VERSION: u8 = 2;
+
+/// Why a v2 body could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The first byte is not [`WIRE_VERSION`].
+    #[error("unsupported v2 wire version {0}, this side speaks 2")]
+    Version(u8),
+    /// The body is not valid at `field`.
+    #[error("bad v2 body at {field}: {why}")]
+    Malformed {
+        /// Where: `limiter`, `batches[].deltas`, `counters`, ...
+        field: &'static str,
+        /// What: `truncated`, `varint longer than 64 bits`, ...
+        why: &'static str,
+    },
+    /// The lists declare more entries than the caller accepts.
+    #[error("request carries {0} entries (deltas + hints + batches), the maximum is {1}")]
+    TooLarge(usize, usize),
+}
+
+// ---------------------------------------------------------------------------------------
+// Encoding
+
+/// A list of items whose ids are written as wrapping differences.
+struct Delta<'a, T, F>(&'a [T], F);
+
+impl<T, F, S> Serialize for Delta<'_, T, F>
+where
+    F: Fn(&T, i64) -> S,
+    S: Serialize,
+    T: HasId,
+{
+    fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        let mut prev: u64 = 0;
+        for item in self.0 {
+            let id = item.id();
+            seq.serialize_element(&(self.1)(item, id.wrapping_sub(prev) as i64))?;
+            prev = id;
+        }
+        seq.end()
+    }
+}
+
+trait HasId {
+    fn id(&self) -> u64;
+}
+
+impl HasId for (QuotaId, u64, u64) {
+    fn id(&self) -> u64 {
+        self.0
+    }
+}
+
+impl HasId for (QuotaId, u64) {
+    fn id(&self) -> u64 {
+        self.0
+    }
+}
+
+struct Batches<'a>(&'a [DeltaBatch]);
+
+impl Serialize for Batches<'_> {
+    fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for b in self.0 {
+            seq.serialize_element(&(
+                b.seq,
+                Delta(&b.deltas, |d: &(u64, u64, u64), k| (k, d.1, d.2)),
+            ))?;
+        }
+        seq.end()
+    }
+}
+
+struct Quotas<'a, Q>(&'a [Q]);
+
+impl<Q: AsRef<QuotaUpdate>> Serialize for Quotas<'_, Q> {
+    fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        let (mut id, mut epoch) = (0u64, 0u64);
+        for q in self.0 {
+            let q = q.as_ref();
+            seq.serialize_element(&(
+                q.id.wrapping_sub(id) as i64,
+                q.name.as_str(),
+                q.epoch.wrapping_sub(epoch) as i64,
+                q.deleted,
+                q.limits.limit,
+                q.limits.low_burst,
+                q.limits.high_burst,
+                q.parent.as_deref(),
+            ))?;
+            id = q.id;
+            epoch = q.epoch;
+        }
+        seq.end()
+    }
+}
+
+/// The fields of a request in wire order.
+struct RequestWire<'a>(&'a SyncRequest);
+
+impl Serialize for RequestWire<'_> {
+    fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
+        let r = self.0;
+        // Fields 8 and 9 (resets) only when they say something: a request from a limiter
+        // that predates resets stays byte for byte what it was.
+        let resets = r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
+        let mut t = s.serialize_tuple(if resets { 9 } else { 7 })?;
+        t.serialize_element(&WIRE_VERSION)?;
+        t.serialize_element(r.limiter.as_str())?;
+        t.serialize_element(&r.root_instance)?;
+        t.serialize_element(&r.since)?;
+        t.serialize_element(&r.epoch)?;
+        t.serialize_element(&Batches(&r.batches))?;
+        t.serialize_element(&Delta(&r.hints, |h: &(u64, u64), k| (k, h.1)))?;
+        if resets {
+            t.serialize_element(&r.seen_epoch)?;
+            let epochs: Vec<Option<u64>> = r.batches.iter().map(|b| b.epoch).collect();
+            t.serialize_element(&epochs)?;
+        }
+        t.end()
+    }
+}
+
+/// Borrowed parts of an answer, so a root can encode quotas it shares with its table
+/// (`Arc<QuotaUpdate>`) without copying them.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseParts<'a, Q> {
+    /// See [`SyncResponse::root_instance`].
+    pub root_instance: u64,
+    /// See [`SyncResponse::acked_seq`].
+    pub acked_seq: u64,
+    /// See [`SyncResponse::version`].
+    pub version: u64,
+    /// See [`SyncResponse::epoch`].
+    pub epoch: u64,
+    /// See [`SyncResponse::more`].
+    pub more: bool,
+    /// See [`SyncResponse::counters`]; sorting them by id makes the answer smaller.
+    pub counters: &'a [(QuotaId, u64, u64)],
+    /// See [`SyncResponse::quotas`].
+    pub quotas: &'a [Q],
+    /// See [`SyncResponse::shard`].
+    pub shard: Option<Shard>,
+    /// See [`SyncResponse::root_epoch`].
+    pub root_epoch: Option<u64>,
+}
+
+struct ResponseWire<'a, Q>(ResponseParts<'a, Q>);
+
+impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
+    fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
+        let r = &self.0;
+        // Fields 10 and 11 (resets) only when they say something, like the request's.
+        let resets: Vec<(u32, u64)> = r
+            .quotas
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.as_ref().reset_epoch != 0)
+            .map(|(i, q)| (i as u32, q.as_ref().reset_epoch))
+            .collect();
+        let more_fields = r.root_epoch.is_some() || !resets.is_empty();
+        let mut t = s.serialize_tuple(if more_fields { 11 } else { 9 })?;
+        t.serialize_element(&WIRE_VERSION)?;
+        t.serialize_element(&r.root_instance)?;
+        t.serialize_element(&r.acked_seq)?;
+        t.serialize_element(&r.version)?;
+        t.serialize_element(&r.epoch)?;
+        t.serialize_element(&r.more)?;
+        t.serialize_element(&Delta(r.counters, |c: &(u64, u64, u64), k| (k, c.1, c.2)))?;
+        t.serialize_element(&Quotas(r.quotas))?;
+        t.serialize_element(&r.shard.map(|s| (s.index, s.count)))?;
+        if more_fields {
+            t.serialize_element(&r.root_epoch)?;
+            t.serialize_element(&resets)?;
+        }
+        t.end()
+    }
+}
+
+fn to_vec(v: &impl Serialize) -> Vec<u8> {
+    // Serialising into a Vec cannot fail: no custom errors, every length is known.
+    postcard::to_allocvec(v).unwrap_or_default()
+}
+
+/// Encodes a request.
+pub fn encode_request(r: &SyncRequest) -> Vec<u8> {
+    to_vec(&RequestWire(r))
+}
+
+/// Encodes an answer from its parts.
+pub fn encode_response_parts<Q: AsRef<QuotaUpdate>>(parts: ResponseParts<'_, Q>) -> Vec<u8> {
+    to_vec(&ResponseWire(parts))
+}
+
+/// Encodes an answer.
+pub fn encode_response(r: &SyncResponse) -> Vec<u8> {
+    struct Own<'a>(&'a QuotaUpdate);
+    impl AsRef<QuotaUpdate> for Own<'_> {
+        fn as_ref(&self) -> &QuotaUpdate {
+            self.0
+        }
+    }
+    let quotas: Vec<Own<'_>> = r.quotas.iter().map(Own).collect();
+    encode_response_parts(ResponseParts {
+        root_instance: r.root_instance,
+        acked_seq: r.acked_seq,
+        version: r.version,
+        epoch: r.epoch,
+        more: r.more,
+        counters: &r.counters,
+        quotas: &quotas,
+        shard: r.shard,
+        root_epoch: r.root_epoch,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Decoding
+
+/// What the decoder knows while serde drives it: where it is, and how many entries it may
+/// still allocate. postcard's own errors carry no position, so ours are built from this.
+struct Ctx {
+    field: Cell<&'static str>,
+    budget: Cell<usize>,
+    max: usize,
+    used: Cell<usize>,
+    error: Cell<Option<DecodeError>>,
+}
+
+impl Ctx {
+    fn new(max: usize) -> Self {
+        Ctx {
+            field: Cell::new("version"),
+            budget: Cell::new(max),
+            max,
+            used: Cell::new(0),
+            error: Cell::new(None),
+        }
+    }
+
+    fn at(&self, f: &'static str) {
+        self.field.set(f);
+    }
+
+    fn fail<E: de::Error>(&self, e: DecodeError) -> E {
+        self.error.set(Some(e));
+        E::custom("v2")
+    }
+
+    fn malformed<E: de::Error>(&self, why: &'static str) -> E {
+        self.fail(DecodeError::Malformed { field: self.field.get(), why })
+    }
+
+    /// Reserves `n` entries of the budget for the list starting here (`None`: it declares
+    /// more items than bytes are left).
+    fn reserve<E: de::Error>(&self, n: Option<usize>, count: bool) -> Result<usize, E> {
+        let n = n.ok_or_else(|| self.malformed("list longer than the rest of the body"))?;
+        if count {
+            let used = self.used.get().saturating_add(n);
+            self.used.set(used);
+            if n > self.budget.get() {
+                return Err(self.fail(DecodeError::TooLarge(used, self.max)));
+            }
+            self.budget.set(self.budget.get() - n);
+        }
+        Ok(n)
+    }
+
+    fn finish(&self, e: postcard::Error) -> DecodeError {
+        if let Some(e) = self.error.take() {
+            return e;
+        }
+        let why = match e {
+            postcard::Error::DeserializeUnexpectedEnd => "truncated",
+            postcard::Error::DeserializeBadVarint => "varint longer than its type",
+            postcard::Error::DeserializeBadBool => "bool is neither 0 nor 1",
+            postcard::Error::DeserializeBadUtf8 => "string is not UTF-8",
+            postcard::Error::DeserializeBadOption => "option tag is neither 0 nor 1",
+            _ => "not a v2 message",
+        };
+        DecodeError::Malformed { field: self.field.get(), why }
+    }
+}
+
+fn next<'de, A: SeqAccess<'de>, S: DeserializeSeed<'de>>(
+    ctx: &Ctx,
+    seq: &mut A,
+    field: &'static str,
+    seed: S,
+) -> Result<S::Value, A::Error> {
+    ctx.at(field);
+    let v = seq.next_element_seed(seed)?;
+    // The field may have moved on inside a nested list: point back at this one.
+    ctx.at(field);
+    v.ok_or_else(|| ctx.malformed("truncated"))
+}
+
+fn version<'de, A: SeqAccess<'de>>(ctx: &Ctx, seq: &mut A) -> Result<(), A::Error> {
+    let v: u8 = next(ctx, seq, "version", plain())?;
+    if v != WIRE_VERSION {
+        return Err(ctx.fail(DecodeError::Version(v)));
+    }
+    Ok(())
+}
+
+fn plain<T>() -> std::marker::PhantomData<T> {
+    std::marker::PhantomData
+}
+
+/// A list of wire items `W`, each turned into a `T` as it is read (ids restored from
+/// their differences by `map`), within the entry budget.
+struct Bounded<'c, W, F> {
+    ctx: &'c Ctx,
+    field: &'static str,
+    /// Whether the items count against the entry budget.
+    count: bool,
+    map: F,
+    _w: std::marker::PhantomData<W>,
+}
+
+impl<'c, W, F> Bounded<'c, W, F> {
+    fn new(ctx: &'c Ctx, field: &'static str, count: bool, map: F) -> Self {
+        Bounded { ctx, field, count, map, _w: std::marker::PhantomData }
+    }
+}
+
+impl<'de, W, T, F> DeserializeSeed<'de> for Bounded<'_, W, F>
+where
+    W: de::Deserialize<'de>,
+    F: FnMut(W) -> T,
+{
+    type Value = Vec<T>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, W, T, F> Visitor<'de> for Bounded<'_, W, F>
+where
+    W: de::Deserialize<'de>,
+    F: FnMut(W) -> T,
+{
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the list {}", self.field)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let ctx = self.ctx;
+        ctx.at(self.field);
+        let n = ctx.reserve(seq.size_hint(), self.count)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let w = next(ctx, &mut seq, self.field, plain::<W>())?;
+            out.push((self.map)(w));
+        }
+        Ok(out)
+    }
+}
+
+/// The `batches` list: each batch is `seq` and a nested list of deltas.
+struct BatchList<'c>(&'c Ctx);
+
+impl<'de> DeserializeSeed<'de> for BatchList<'_> {
+    type Value = Vec<DeltaBatch>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<DeltaBatch>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BatchList<'_> {
+    type Value = Vec<DeltaBatch>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the list batches")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<DeltaBatch>, A::Error> {
+        let ctx = self.0;
+        ctx.at("batches");
+        let n = ctx.reserve(seq.size_hint(), true)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(next(ctx, &mut seq, "batches", OneBatch(ctx))?);
+        }
+        Ok(out)
+    }
+}
+
+struct OneBatch<'c>(&'c Ctx);
+
+impl<'de> DeserializeSeed<'de> for OneBatch<'_> {
+    type Value = DeltaBatch;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<DeltaBatch, D::Error> {
+        d.deserialize_tuple(2, self)
+    }
+}
+
+impl<'de> Visitor<'de> for OneBatch<'_> {
+    type Value = DeltaBatch;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a batch")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<DeltaBatch, A::Error> {
+        let ctx = self.0;
+        let seq_no: u64 = next(ctx, &mut seq, "batches[].seq", plain())?;
+        let mut id = 0u64;
+        let deltas = next(
+            ctx,
+            &mut seq,
+            "batches[].deltas",
+            Bounded::new(ctx, "batches[].deltas", true, |(d, a, r): (i64, u64, u64)| {
+                id = id.wrapping_add(d as u64);
+                (id, a, r)
+            }),
+        )?;
+        // Field 9 of the request, read by `decode_request` when present.
+        Ok(DeltaBatch { seq: seq_no, deltas, epoch: None })
+    }
+}
+
+type QuotaWire = (i64, String, i64, bool, u64, u64, u64, Option<String>);
+
+/// A whole message: `R` says which.
+struct Message<'c, R>(&'c Ctx, std::marker::PhantomData<R>);
+
+impl<'de> DeserializeSeed<'de> for Message<'_, SyncRequest> {
+    type Value = SyncRequest;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<SyncRequest, D::Error> {
+        d.deserialize_tuple(7, self)
+    }
+}
+
+impl<'de> Visitor<'de> for Message<'_, SyncRequest> {
+    type Value = SyncRequest;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a v2 sync request")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SyncRequest, A::Error> {
+        let ctx = self.0;
+        version(ctx, &mut seq)?;
+        let limiter: &str = next(ctx, &mut seq, "limiter", plain())?;
+        if limiter.is_empty() || limiter.len() > MAX_LIMITER_ID_LEN {
+            return Err(ctx.malformed("limiter id must be 1 to 128 bytes"));
+        }
+        let root_instance = next(ctx, &mut seq, "root_instance", plain())?;
+        let since = next(ctx, &mut seq, "since", plain())?;
+        let epoch = next(ctx, &mut seq, "epoch", plain())?;
+        let batches = next(ctx, &mut seq, "batches", BatchList(ctx))?;
+        let mut id = 0u64;
+        let hints = next(
+            ctx,
+            &mut seq,
+            "hints",
+            Bounded::new(ctx, "hints", true, |(d, f): (i64, u64)| {
+                id = id.wrapping_add(d as u64);
+                (id, f)
+            }),
+        )?;
+        Ok(SyncRequest {
+            v: PROTOCOL_VERSION,
+            limiter: limiter.to_owned(),
+            root_instance,
+            since,
+            epoch,
+            batches,
+            hints,
+            // Field 8, read by `decode_request` when present.
+            seen_epoch: None,
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Message<'_, SyncResponse> {
+    type Value = SyncResponse;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<SyncResponse, D::Error> {
+        d.deserialize_tuple(8, self)
+    }
+}
+
+impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
+    type Value = SyncResponse;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a v2 sync answer")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SyncResponse, A::Error> {
+        let ctx = self.0;
+        version(ctx, &mut seq)?;
+        let root_instance = next(ctx, &mut seq, "root_instance", plain())?;
+        let acked_seq = next(ctx, &mut seq, "acked_seq", plain())?;
+        let version_ = next(ctx, &mut seq, "version", plain())?;
+        let epoch = next(ctx, &mut seq, "epoch", plain())?;
+        let more = next(ctx, &mut seq, "more", plain())?;
+        let mut id = 0u64;
+        let counters = next(
+            ctx,
+            &mut seq,
+            "counters",
+            Bounded::new(ctx, "counters", true, |(d, f, m): (i64, u64, u64)| {
+                id = id.wrapping_add(d as u64);
+                (id, f, m)
+            }),
+        )?;
+        let (mut id, mut ep) = (0u64, 0u64);
+        let quotas = next(
+            ctx,
+            &mut seq,
+            "quotas",
+            Bounded::new(ctx, "quotas", true, |q: QuotaWire| {
+                id = id.wrapping_add(q.0 as u64);
+                ep = ep.wrapping_add(q.2 as u64);
+                QuotaUpdate {
+                    id,
+                    name: q.1,
+                    epoch: ep,
+                    deleted: q.3,
+                    limits: Limits { limit: q.4, low_burst: q.5, high_burst: q.6 },
+                    parent: q.7,
+                    // Field 11, read by `decode_response` when present.
+                    reset_epoch: 0,
+                }
+            }),
+        )?;
+        Ok(SyncResponse {
+            v: PROTOCOL_VERSION,
+            root_instance,
+            acked_seq,
+            version: version_,
+            counters,
+            quotas,
+            epoch,
+            more,
+            // Fields 9 and 10, read by `decode_response` when present.
+            shard: None,
+            root_epoch: None,
+        })
+    }
+}
+
+/// Decodes a request with at most `max_entries` deltas + hints + batches.
+pub fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequest, DecodeError> {
+    let ctx = Ctx::new(max_entries);
+    let mut d = postcard::Deserializer::from_bytes(body);
+    let mut r = Message(&ctx, std::marker::PhantomData::<SyncRequest>)
+        .deserialize(&mut d)
+        .map_err(|e| ctx.finish(e))?;
+    // Fields appended after the first revision: absent means their default.
+    let rest = d.finalize().unwrap_or(&[]);
+    if !rest.is_empty() {
+        let (seen, rest) = take::<Option<u64>>(rest, "seen_epoch", "not an option of a varint")?;
+        r.seen_epoch = seen;
+        let (n, mut rest) = take::<u64>(rest, "batch_epochs", "not a list")?;
+        if n != r.batches.len() as u64 {
+            return Err(malformed("batch_epochs", "not one per batch"));
+        }
+        for b in &mut r.batches {
+            let (e, more) = take::<Option<u64>>(rest, "batch_epochs", "not an option of a varint")?;
+            b.epoch = e;
+            rest = more;
+        }
+    }
+    Ok(r)
+}
+
+fn malformed(field: &'static str, why: &'static str) -> DecodeError {
+    DecodeError::Malformed { field, why }
+}
+
+/// One appended field of type `T` from `bytes`, and the bytes after it.
+fn take<'a, T: de::Deserialize<'a>>(
+    bytes: &'a [u8],
+    field: &'static str,
+    what: &'static str,
+) -> Result<(T, &'a [u8]), DecodeError> {
+    postcard::take_from_bytes::<T>(bytes).map_err(|e| {
+        malformed(
+            field,
+            if matches!(e, postcard::Error::DeserializeUnexpectedEnd) { "truncated" } else { what },
+        )
+    })
+}
+
+/// Decodes an answer with at most `max_entries` counters + quotas.
+pub fn decode_response(body: &[u8], max_entries: usize) -> Result<SyncResponse, DecodeError> {
+    let ctx = Ctx::new(max_entries);
+    let mut d = postcard::Deserializer::from_bytes(body);
+    let mut r = Message(&ctx, std::marker::PhantomData::<SyncResponse>)
+        .deserialize(&mut d)
+        .map_err(|e| ctx.finish(e))?;
+    // Fields appended after the first revision: absent means their default.
+    let rest = d.finalize().unwrap_or(&[]);
+    if !rest.is_empty() {
+        let bad = |why| DecodeError::Malformed { field: "shard", why };
+        let (shard, rest) = postcard::take_from_bytes::<Option<(u32, u32)>>(rest).map_err(|e| {
+            bad(if matches!(e, postcard::Error::DeserializeUnexpectedEnd) {
+                "truncated"
+            } else {
+                "not an option of two varints"
+            })
+        })?;
+        r.shard = match shard {
+            None => None,
+            Some((index, count)) => Some(
+                format!("{index}/{count}").parse().map_err(|_| bad("not a valid INDEX/COUNT"))?,
+            ),
+        };
+        if !rest.is_empty() {
+            let (root_epoch, rest) =
+                take::<Option<u64>>(rest, "root_epoch", "not an option of a varint")?;
+            r.root_epoch = root_epoch;
+            let (n, mut rest) = take::<u64>(rest, "resets", "not a list")?;
+            if n > r.quotas.len() as u64 {
+                return Err(malformed("resets", "more than the quotas"));
+            }
+            for _ in 0..n {
+                let ((i, e), more) = take::<(u32, u64)>(rest, "resets", "not a pair of varints")?;
+                let q = r
+                    .quotas
+                    .get_mut(i as usize)
+                    .ok_or_else(|| malformed("resets", "index past the quotas"))?;
+                q.reset_epoch = e;
+                rest = more;
+            }
+        }
+    }
+    Ok(r)
+}

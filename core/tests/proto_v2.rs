@@ -1,0 +1,270 @@
+//! Protocol v2: every message round-trips through the binary encoding, and a v1 (JSON)
+//! answer and a v2 answer of the same message decode to the same thing.
+
+use proptest::prelude::*;
+use yarl_core::proto::v2::{self, DecodeError};
+use yarl_core::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
+use yarl_core::{Limits, QuotaUpdate};
+
+/// Ids and amounts over the whole u64 range, with small values (what real messages carry)
+/// drawn often.
+fn num() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..300, 0u64..2_000_000, any::<u64>()]
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[A-Za-z0-9._:@-]{1,40}"
+}
+
+fn request() -> impl Strategy<Value = SyncRequest> {
+    (
+        "[0-9a-f]{1,128}",
+        prop::option::of(any::<u64>()),
+        num(),
+        num(),
+        prop::collection::vec(
+            (num(), prop::collection::vec((num(), num(), num()), 0..20), prop::option::of(num()))
+                .prop_map(|(seq, deltas, epoch)| DeltaBatch { seq, deltas, epoch }),
+            0..5,
+        ),
+        prop::collection::vec((num(), num()), 0..20),
+        prop::option::of(num()),
+    )
+        .prop_map(|(limiter, root_instance, since, epoch, batches, hints, seen_epoch)| {
+            SyncRequest {
+                v: PROTOCOL_VERSION,
+                limiter,
+                root_instance,
+                since,
+                epoch,
+                batches,
+                hints,
+                seen_epoch,
+            }
+        })
+}
+
+fn quota() -> impl Strategy<Value = QuotaUpdate> {
+    (
+        (num(), name(), num(), any::<bool>()),
+        (num(), num(), num(), prop::option::of(name())),
+        prop_oneof![Just(0u64), num()],
+    )
+        .prop_map(
+            |((id, name, epoch, deleted), (limit, low_burst, high_burst, parent), reset)| {
+                QuotaUpdate {
+                    id,
+                    name,
+                    epoch,
+                    deleted,
+                    limits: Limits { limit, low_burst, high_burst },
+                    parent,
+                    reset_epoch: reset,
+                }
+            },
+        )
+}
+
+fn response() -> impl Strategy<Value = SyncResponse> {
+    (
+        any::<u64>(),
+        num(),
+        num(),
+        num(),
+        any::<bool>(),
+        prop::collection::vec((num(), num(), num()), 0..50),
+        prop::collection::vec(quota(), 0..10),
+        prop::option::of((1u32..=64).prop_flat_map(|n| (0..n, Just(n)))),
+        prop::option::of(num()),
+    )
+        .prop_map(
+            |(
+                root_instance,
+                acked_seq,
+                version,
+                epoch,
+                more,
+                counters,
+                quotas,
+                shard,
+                root_epoch,
+            )| {
+                SyncResponse {
+                    v: PROTOCOL_VERSION,
+                    root_instance,
+                    acked_seq,
+                    version,
+                    counters,
+                    quotas,
+                    epoch,
+                    more,
+                    shard: shard.map(|(index, count)| yarl_core::Shard { index, count }),
+                    root_epoch,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn requests_round_trip(r in request()) {
+        let bytes = v2::encode_request(&r);
+        prop_assert_eq!(v2::decode_request(&bytes, usize::MAX).unwrap(), r);
+    }
+
+    #[test]
+    fn answers_round_trip(r in response()) {
+        let bytes = v2::encode_response(&r);
+        prop_assert_eq!(v2::decode_response(&bytes, usize::MAX).unwrap(), r);
+    }
+
+    /// What a limiter gets is the same whichever encoding the root answered in.
+    #[test]
+    fn v1_and_v2_answers_decode_alike(r in response()) {
+        let json: SyncResponse = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        let bin = v2::decode_response(&v2::encode_response(&r), usize::MAX).unwrap();
+        prop_assert_eq!(json, bin);
+    }
+
+    #[test]
+    fn v1_and_v2_requests_decode_alike(r in request()) {
+        let json: SyncRequest = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        let bin = v2::decode_request(&v2::encode_request(&r), usize::MAX).unwrap();
+        prop_assert_eq!(json, bin);
+    }
+
+    /// Any prefix of a message is refused (never a panic, never a different message) but
+    /// the one that ends where the fields appended for resets begin (absent fields are
+    /// their defaults), and any byte string decodes or fails cleanly.
+    #[test]
+    fn truncated_and_random_bodies_fail_cleanly(
+        r in request(),
+        cut in any::<prop::sample::Index>(),
+        junk in prop::collection::vec(any::<u8>(), 0..200),
+    ) {
+        let bytes = v2::encode_request(&r);
+        let cut = cut.index(bytes.len());
+        let mut plain = r.clone();
+        plain.seen_epoch = None;
+        plain.batches.iter_mut().for_each(|b| b.epoch = None);
+        let first_revision = v2::encode_request(&plain).len();
+        match v2::decode_request(&bytes[..cut], usize::MAX) {
+            Err(_) => {}
+            Ok(got) => prop_assert!(cut == first_revision && got == plain),
+        }
+        let _ = v2::decode_request(&junk, 1_000);
+        let _ = v2::decode_response(&junk, 1_000);
+    }
+}
+
+fn sample_request() -> SyncRequest {
+    SyncRequest {
+        v: PROTOCOL_VERSION,
+        limiter: "3f9c0a7d12e4b6c8000004d2".into(),
+        root_instance: Some(8_156_402_117_731_558_001),
+        since: 5123,
+        epoch: 1042,
+        batches: vec![
+            DeltaBatch { seq: 17, deltas: vec![(12, 5000, 0), (40, 1000, 3000)], epoch: None },
+            DeltaBatch { seq: 18, deltas: vec![(12, 2000, 0)], epoch: None },
+        ],
+        hints: vec![(12, 48000)],
+        seen_epoch: None,
+    }
+}
+
+/// The example of docs/sync-protocol.md, byte for byte.
+#[test]
+fn the_documented_example() {
+    let bytes = v2::encode_request(&sample_request());
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        hex.join(" "),
+        "02 18 33 66 39 63 30 61 37 64 31 32 65 34 62 36 63 38 30 30 30 30 30 34 64 32 \
+         01 f1 c4 88 c5 af 90 d7 98 71 83 28 92 08 02 11 02 18 88 27 00 38 e8 07 b8 17 12 \
+         01 18 d0 0f 00 01 18 80 f7 02"
+    );
+    let json = serde_json::to_vec(&sample_request()).unwrap();
+    assert!(bytes.len() * 3 < json.len(), "{} vs {} bytes", bytes.len(), json.len());
+}
+
+#[test]
+fn hostile_bodies_name_what_is_wrong() {
+    let good = v2::encode_request(&sample_request());
+    let err = |b: &[u8], max| v2::decode_request(b, max).unwrap_err();
+
+    assert_eq!(err(&[], 10).to_string(), "bad v2 body at version: truncated");
+    assert_eq!(err(&[1], 10), DecodeError::Version(1));
+    assert_eq!(err(b"{\"v\":1}", 10), DecodeError::Version(b'{'));
+    // since: a varint of eleven bytes overflows u64.
+    let mut b = good[..36].to_vec();
+    b.extend([0xff; 11]);
+    assert_eq!(err(&b, 10).to_string(), "bad v2 body at since: varint longer than its type");
+    // A list that declares more items than bytes follow.
+    let mut b = good[..40].to_vec();
+    b.extend([0xff, 0xff, 0xff, 0x7f]);
+    assert_eq!(
+        err(&b, 1 << 40).to_string(),
+        "bad v2 body at batches: list longer than the rest of the body"
+    );
+    // The entry budget is checked before the entries are built.
+    assert_eq!(err(&good, 3), DecodeError::TooLarge(4, 3));
+    assert!(v2::decode_request(&good, 6).is_ok());
+    // Cut inside a nested list.
+    assert_eq!(err(&good[..50], 10).to_string(), "bad v2 body at batches[].deltas: truncated");
+    // Fields appended for resets: the epoch held and one epoch per batch.
+    let mut with = sample_request();
+    with.seen_epoch = Some(1042);
+    with.batches[0].epoch = Some(1040);
+    with.batches[1].epoch = Some(1042);
+    let bytes = v2::encode_request(&with);
+    assert_eq!(&bytes[..good.len()], &good[..], "the first revision's fields are unchanged");
+    assert_eq!(v2::decode_request(&bytes, 10).unwrap(), with);
+    // Trailing bytes after every known field are left for later revisions.
+    let mut b = bytes.clone();
+    b.extend([1, 2, 3]);
+    assert_eq!(v2::decode_request(&b, 10).unwrap(), with);
+    // An epoch list that does not match the batches is refused, by name.
+    let mut b = good.clone();
+    b.extend([1, 5, 3, 0, 0, 0]);
+    assert_eq!(err(&b, 10).to_string(), "bad v2 body at batch_epochs: not one per batch");
+}
+
+#[test]
+fn answers_carry_reset_epochs_and_the_roots_epoch() {
+    let q = |id: u64, reset_epoch: u64| QuotaUpdate {
+        id,
+        name: format!("q{id}"),
+        epoch: id,
+        deleted: false,
+        limits: Limits { limit: 1000, low_burst: 1000, high_burst: 2000 },
+        parent: None,
+        reset_epoch,
+    };
+    let r = SyncResponse {
+        v: PROTOCOL_VERSION,
+        root_instance: 7,
+        acked_seq: 3,
+        version: 9,
+        counters: vec![(1, 500, 0)],
+        quotas: vec![q(1, 0), q(2, 2), q(3, 0)],
+        epoch: 3,
+        more: false,
+        shard: None,
+        root_epoch: Some(3),
+    };
+    let bytes = v2::encode_response(&r);
+    assert_eq!(v2::decode_response(&bytes, 100).unwrap(), r);
+    // A reset naming a quota the answer does not carry is refused.
+    let mut plain = r.clone();
+    plain.root_epoch = None;
+    plain.quotas[1].reset_epoch = 0;
+    let mut b = v2::encode_response(&plain);
+    b.extend([1, 3, 1, 7, 2]);
+    assert_eq!(
+        v2::decode_response(&b, 100).unwrap_err().to_string(),
+        "bad v2 body at resets: index past the quotas"
+    );
+}

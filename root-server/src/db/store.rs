@@ -1,0 +1,519 @@
+//! The one quota store: the same operations on SQLite and PostgreSQL, with the SQL that
+//! differs between them in a [`Dialect`] each.
+//!
+//! * **SQLite** (`sqlite://PATH`): one file in WAL mode. Writes go through a pool of a
+//!   single connection and start with `BEGIN IMMEDIATE`, which takes SQLite's write lock
+//!   before anything is read; that serialises epoch assignment (see the parent module) and
+//!   avoids the "read, then fail to upgrade to a write" deadlock of deferred transactions.
+//!   Reads use a separate small pool and, thanks to WAL, never wait for a writer, so a long
+//!   bulk load does not stall polls or `GET`s.
+//! * **PostgreSQL** (`postgres://…`): every write transaction first takes a
+//!   transaction-level advisory lock, so writers of all roots are serialised from epoch
+//!   assignment to commit and epoch order equals visibility order. Reads take no lock.
+//!
+//! Queries shared by both use `$1`, `$2`, … placeholders (SQLite reads them as numbered
+//! parameters) and `NOT deleted` / `TRUE` (SQLite stores the flag as 0/1). Where the two
+//! really differ (batch inserts, passing a list of names, opening a write transaction) the
+//! dialect says how. The code that runs the queries is written once and expanded for each
+//! driver by [`each_backend!`], since sqlx's drivers are distinct types.
+
+use super::migrate;
+use super::{
+    epoch_from_row, limits_from_row, to_i64, written, BoxFuture, GraphCheck, NewQuota, QuotaStore,
+    StoreError, StoredQuota, Written,
+};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Postgres, QueryBuilder, Sqlite, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+use yarl_core::Epoch;
+
+/// How long a SQLite write waits for the lock (held by another process) before the
+/// request fails with 503.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+/// The PostgreSQL advisory lock key of quota writes ("yarl" in ASCII).
+const PG_WRITE_LOCK: i64 = 0x7961_726c;
+
+/// The SQL of one database.
+#[derive(Debug)]
+pub(super) struct Dialect {
+    /// `"sqlite"` or `"postgres"`.
+    pub kind: &'static str,
+    /// Rows per batch `INSERT`: SQLite binds 6 parameters per row and allows 32,766;
+    /// PostgreSQL binds six arrays whatever the count.
+    pub insert_chunk: usize,
+    /// Names per parent lookup.
+    pub lookup_chunk: usize,
+    /// Live `(name, parent)` rows whose name is in the list bound as `$1`.
+    pub live_by_name: &'static str,
+    /// Live `(name, parent)` rows whose parent is in the list bound as `$1`.
+    pub live_by_parent: &'static str,
+}
+
+pub(super) const SQLITE: Dialect = Dialect {
+    kind: "sqlite",
+    insert_chunk: 5_000,
+    lookup_chunk: 50_000,
+    // A list is passed as one JSON array: SQLite has no array type.
+    live_by_name: "SELECT name, parent FROM yarl_quotas
+                   WHERE NOT deleted AND name IN (SELECT value FROM json_each($1))",
+    live_by_parent: "SELECT name, parent FROM yarl_quotas
+                     WHERE NOT deleted AND parent IN (SELECT value FROM json_each($1))",
+};
+
+pub(super) const POSTGRES: Dialect = Dialect {
+    kind: "postgres",
+    insert_chunk: 10_000,
+    lookup_chunk: 50_000,
+    live_by_name: "SELECT name, parent FROM yarl_quotas WHERE NOT deleted AND name = ANY($1)",
+    live_by_parent: "SELECT name, parent FROM yarl_quotas WHERE NOT deleted AND parent = ANY($1)",
+};
+
+const COLUMNS: &str =
+    "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, parent";
+
+const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
+    limit_milli = excluded.limit_milli,
+    low_burst_milli = excluded.low_burst_milli,
+    high_burst_milli = excluded.high_burst_milli,
+    parent = excluded.parent,
+    epoch = excluded.epoch,
+    deleted = FALSE
+ RETURNING id, epoch";
+
+type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>);
+
+fn from_row(r: Row) -> Result<StoredQuota, StoreError> {
+    let (id, name, epoch, deleted, l, lo, hi, parent) = r;
+    Ok(StoredQuota {
+        id: u64::try_from(id).unwrap_or(0),
+        limits: limits_from_row(&name, l, lo, hi)?,
+        name,
+        epoch: epoch_from_row(epoch),
+        deleted,
+        parent,
+    })
+}
+
+fn from_rows(rows: Vec<Row>) -> Result<Vec<StoredQuota>, StoreError> {
+    rows.into_iter().map(from_row).collect()
+}
+
+#[derive(Debug, Clone)]
+enum Backend {
+    Sqlite { writer: SqlitePool, reader: SqlitePool },
+    Postgres { pool: PgPool },
+}
+
+/// The quota store over SQLite or PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct SqlStore {
+    backend: Backend,
+}
+
+/// Runs `$body` with `$w` bound to a write transaction of whichever
+/// database this is, and `$d` to its dialect: the body is compiled once per driver.
+macro_rules! each_backend {
+    ($self:ident, write($w:ident, $d:ident) => $body:block) => {
+        match &$self.backend {
+            Backend::Sqlite { writer, .. } => {
+                let $d = &SQLITE;
+                #[allow(unused_mut)]
+                let mut $w: Transaction<'static, Sqlite> =
+                    writer.begin_with("BEGIN IMMEDIATE").await?;
+                $body
+            }
+            Backend::Postgres { pool } => {
+                let $d = &POSTGRES;
+                #[allow(unused_mut)]
+                let mut $w: Transaction<'static, Postgres> = pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(PG_WRITE_LOCK)
+                    .execute(&mut *$w)
+                    .await?;
+                $body
+            }
+        }
+    };
+    ($self:ident, read($r:ident) => $body:block) => {
+        match &$self.backend {
+            Backend::Sqlite { reader, .. } => {
+                let $r = reader;
+                $body
+            }
+            Backend::Postgres { pool } => {
+                let $r = pool;
+                $body
+            }
+        }
+    };
+}
+
+/// A list of names as the dialect's lookups take it: a JSON array for SQLite.
+trait NameList<'q>: sqlx::Database {
+    fn bind_names(
+        q: sqlx::query::QueryAs<
+            'q,
+            Self,
+            (String, Option<String>),
+            <Self as sqlx::Database>::Arguments<'q>,
+        >,
+        names: &'q [String],
+    ) -> sqlx::query::QueryAs<
+        'q,
+        Self,
+        (String, Option<String>),
+        <Self as sqlx::Database>::Arguments<'q>,
+    >;
+}
+
+impl<'q> NameList<'q> for Sqlite {
+    fn bind_names(
+        q: sqlx::query::QueryAs<
+            'q,
+            Self,
+            (String, Option<String>),
+            sqlx::sqlite::SqliteArguments<'q>,
+        >,
+        names: &'q [String],
+    ) -> sqlx::query::QueryAs<'q, Self, (String, Option<String>), sqlx::sqlite::SqliteArguments<'q>>
+    {
+        q.bind(serde_json::to_string(names).unwrap_or_else(|_| "[]".into()))
+    }
+}
+
+impl<'q> NameList<'q> for Postgres {
+    fn bind_names(
+        q: sqlx::query::QueryAs<'q, Self, (String, Option<String>), sqlx::postgres::PgArguments>,
+        names: &'q [String],
+    ) -> sqlx::query::QueryAs<'q, Self, (String, Option<String>), sqlx::postgres::PgArguments> {
+        q.bind(names)
+    }
+}
+
+impl SqlStore {
+    /// Opens `sqlite://PATH` (created if missing) or connects to `postgres://…`, and
+    /// brings the schema up to date.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let backend = if url.starts_with("sqlite:") {
+            let opts = SqliteConnectOptions::from_str(url)
+                .map_err(|e| StoreError::Invalid(format!("bad sqlite URL {url:?}: {e}")))?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                // With WAL, NORMAL cannot corrupt the file; a power cut may lose the last
+                // commits, which the admin re-sends. FULL would halve bulk-load speed.
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT);
+            let writer = SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(opts.clone())
+                .await?;
+            let reader = SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy_with(opts);
+            migrate::sqlite(&writer).await?;
+            Backend::Sqlite { writer, reader }
+        } else {
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                // A request waits this long for a connection while the server is down, then
+                // gets 503; short enough for an admin at a terminal.
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(url)
+                .await?;
+            migrate::postgres(&pool).await?;
+            Backend::Postgres { pool }
+        };
+        Ok(SqlStore { backend })
+    }
+
+    fn dialect(&self) -> &'static Dialect {
+        match self.backend {
+            Backend::Sqlite { .. } => &SQLITE,
+            Backend::Postgres { .. } => &POSTGRES,
+        }
+    }
+
+    async fn put_many_inner(&self, quotas: Vec<NewQuota>) -> Result<Written, StoreError> {
+        if quotas.is_empty() {
+            return Ok(Written::default());
+        }
+        each_backend!(
+            self,
+            write(tx, d) => {
+                check_graph(&mut tx, d, &quotas).await?;
+                let base = bump_epoch(&mut tx, quotas.len()).await?;
+                let mut ids = vec![0u64; quotas.len()];
+                for (c, chunk) in quotas.chunks(d.insert_chunk).enumerate() {
+                    let first = base + (c * d.insert_chunk) as u64;
+                    let rows = insert_chunk(&mut tx, chunk, first).await?;
+                    for (id, epoch) in rows {
+                        let k = epoch_from_row(epoch).wrapping_sub(base + 1) as usize;
+                        if let Some(slot) = ids.get_mut(k) {
+                            *slot = u64::try_from(id).unwrap_or(0);
+                        }
+                    }
+                }
+                tx.commit().await?;
+                Ok(written(base, quotas, ids))
+            }
+        )
+    }
+
+    async fn delete_inner(&self, name: String) -> Result<Written, StoreError> {
+        each_backend!(
+            self,
+            write(tx, _d) => {
+                let row: Option<Row> = sqlx::query_as(&format!(
+                    "SELECT {COLUMNS} FROM yarl_quotas WHERE name = $1 AND NOT deleted"
+                ))
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else { return Err(StoreError::NotFound(name)) };
+                let children: Vec<String> = sqlx::query_scalar(
+                    "SELECT name FROM yarl_quotas WHERE parent = $1 AND NOT deleted
+                 ORDER BY name LIMIT 5",
+                )
+                .bind(&name)
+                .fetch_all(&mut *tx)
+                .await?;
+                if !children.is_empty() {
+                    return Err(StoreError::HasChildren { name, children });
+                }
+                let base = bump_epoch(&mut tx, 1).await?;
+                sqlx::query(
+                "UPDATE yarl_quotas SET deleted = TRUE, parent = NULL, epoch = $1 WHERE id = $2",
+            )
+            .bind(to_i64(base + 1))
+            .bind(row.0)
+            .execute(&mut *tx)
+            .await?;
+                tx.commit().await?;
+                let mut q = from_row(row)?;
+                q.epoch = base + 1;
+                q.deleted = true;
+                q.parent = None;
+                Ok(Written { base_epoch: base, quotas: vec![q] })
+            }
+        )
+    }
+
+    async fn get_inner(&self, name: String) -> Result<Option<StoredQuota>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM yarl_quotas WHERE name = $1 AND NOT deleted");
+        let row: Option<Row> = each_backend!(
+            self,
+            read(r) => { sqlx::query_as(&sql).bind(name).fetch_optional(r).await? }
+        );
+        row.map(from_row).transpose()
+    }
+
+    async fn list_inner(
+        &self,
+        prefix: String,
+        after: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<StoredQuota>, StoreError> {
+        let upper = format!("{prefix}\u{7f}");
+        let sql = format!(
+            "SELECT {COLUMNS} FROM yarl_quotas
+             WHERE NOT deleted AND name >= $1 AND name < $2 AND name > $3
+             ORDER BY name LIMIT $4"
+        );
+        let after = after.unwrap_or_default();
+        let rows: Vec<Row> = each_backend!(
+            self,
+            read(r) => {
+                sqlx::query_as(&sql)
+                    .bind(prefix)
+                    .bind(upper)
+                    .bind(after)
+                    .bind(i64::from(limit))
+                    .fetch_all(r)
+                    .await?
+            }
+        );
+        from_rows(rows)
+    }
+
+    async fn changes_inner(
+        &self,
+        epoch: Epoch,
+        limit: u32,
+    ) -> Result<Vec<StoredQuota>, StoreError> {
+        let sql =
+            format!("SELECT {COLUMNS} FROM yarl_quotas WHERE epoch > $1 ORDER BY epoch LIMIT $2");
+        let rows: Vec<Row> = each_backend!(
+            self,
+            read(r) => {
+                sqlx::query_as(&sql).bind(to_i64(epoch)).bind(i64::from(limit)).fetch_all(r).await?
+            }
+        );
+        from_rows(rows)
+    }
+}
+
+/// Takes `n` epochs in the write transaction; returns the highest epoch before them.
+async fn bump_epoch<DB>(tx: &mut Transaction<'static, DB>, n: usize) -> Result<Epoch, StoreError>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Decode<'static, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let (new,): (i64,) =
+        sqlx::query_as("UPDATE yarl_epoch SET epoch = epoch + $1 WHERE id = 1 RETURNING epoch")
+            .bind(to_i64(n as u64))
+            .fetch_one(&mut **tx)
+            .await?;
+    Ok(epoch_from_row(new) - n as u64)
+}
+
+/// The parent-graph checks of a write (see [`GraphCheck`]), with the dialect's lookups.
+async fn check_graph<DB>(
+    tx: &mut Transaction<'static, DB>,
+    d: &Dialect,
+    quotas: &[NewQuota],
+) -> Result<(), StoreError>
+where
+    DB: sqlx::Database + for<'q> NameList<'q>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (String, Option<String>): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let mut check = GraphCheck::new(quotas)?;
+    while let Some(names) = check.wanted() {
+        for chunk in names.chunks(d.lookup_chunk) {
+            let q = sqlx::query_as::<DB, (String, Option<String>)>(d.live_by_name);
+            let found = DB::bind_names(q, chunk).fetch_all(&mut **tx).await?;
+            check.supply(chunk, found);
+        }
+    }
+    check.finish()?;
+    while let Some(names) = check.wanted_children() {
+        for chunk in names.chunks(d.lookup_chunk) {
+            let q = sqlx::query_as::<DB, (String, Option<String>)>(d.live_by_parent);
+            let found = DB::bind_names(q, chunk).fetch_all(&mut **tx).await?;
+            check.supply_children(found)?;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts or replaces one chunk of a batch whose first row gets epoch `first + 1`;
+/// returns `(id, epoch)` of every row.
+trait InsertChunk: sqlx::Database {
+    fn insert_chunk<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        chunk: &'t [NewQuota],
+        first: Epoch,
+    ) -> BoxFuture<'t, Result<Vec<(i64, i64)>, StoreError>>;
+}
+
+impl InsertChunk for Sqlite {
+    fn insert_chunk<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        chunk: &'t [NewQuota],
+        first: Epoch,
+    ) -> BoxFuture<'t, Result<Vec<(i64, i64)>, StoreError>> {
+        Box::pin(async move {
+            // One multi-row VALUES list (SQLite has no arrays to bind).
+            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+                "INSERT INTO yarl_quotas
+                 (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch) ",
+            );
+            qb.push_values(chunk.iter().enumerate(), |mut b, (k, q)| {
+                b.push_bind(q.name.as_str())
+                    .push_bind(to_i64(q.limits.limit))
+                    .push_bind(to_i64(q.limits.low_burst))
+                    .push_bind(to_i64(q.limits.high_burst))
+                    .push_bind(q.parent.as_deref())
+                    .push_bind(to_i64(first + k as u64 + 1));
+            });
+            qb.push(UPSERT_SET);
+            Ok(qb.build_query_as().fetch_all(&mut **tx).await?)
+        })
+    }
+}
+
+impl InsertChunk for Postgres {
+    fn insert_chunk<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        chunk: &'t [NewQuota],
+        first: Epoch,
+    ) -> BoxFuture<'t, Result<Vec<(i64, i64)>, StoreError>> {
+        Box::pin(async move {
+            // Six arrays, one row per element: one statement whatever the chunk size.
+            let names: Vec<&str> = chunk.iter().map(|q| q.name.as_str()).collect();
+            let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit)).collect();
+            let low: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.low_burst)).collect();
+            let high: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.high_burst)).collect();
+            let parent: Vec<Option<&str>> = chunk.iter().map(|q| q.parent.as_deref()).collect();
+            let epoch: Vec<i64> = (0..chunk.len()).map(|k| to_i64(first + k as u64 + 1)).collect();
+            let sql = format!(
+                "INSERT INTO yarl_quotas
+                    (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch)
+                 SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[],
+                                      $5::text[], $6::int8[]){UPSERT_SET}"
+            );
+            Ok(sqlx::query_as(&sql)
+                .bind(names)
+                .bind(limit)
+                .bind(low)
+                .bind(high)
+                .bind(parent)
+                .bind(epoch)
+                .fetch_all(&mut **tx)
+                .await?)
+        })
+    }
+}
+
+async fn insert_chunk<DB: InsertChunk>(
+    tx: &mut Transaction<'static, DB>,
+    chunk: &[NewQuota],
+    first: Epoch,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    DB::insert_chunk(tx, chunk, first).await
+}
+
+impl QuotaStore for SqlStore {
+    fn kind(&self) -> &'static str {
+        self.dialect().kind
+    }
+
+    fn put_many(&self, quotas: Vec<NewQuota>) -> BoxFuture<'_, Result<Written, StoreError>> {
+        Box::pin(self.put_many_inner(quotas))
+    }
+
+    fn delete(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>> {
+        Box::pin(self.delete_inner(name))
+    }
+
+    fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>> {
+        Box::pin(self.get_inner(name))
+    }
+
+    fn list(
+        &self,
+        prefix: String,
+        after: Option<String>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<StoredQuota>, StoreError>> {
+        Box::pin(self.list_inner(prefix, after, limit))
+    }
+
+    fn changes_since(
+        &self,
+        epoch: Epoch,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<StoredQuota>, StoreError>> {
+        Box::pin(self.changes_inner(epoch, limit))
+    }
+}

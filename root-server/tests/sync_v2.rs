@@ -1,0 +1,133 @@
+//! Protocol v2 through the real router: negotiated by content type, answers in the
+//! request's encoding, hostile bodies refused with a 4xx naming what is wrong.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use common::*;
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use yarl_core::proto::v2;
+use yarl_core::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
+use yarl_root::app;
+
+const V2: &str = "application/x-yarl-sync+v2";
+
+async fn post(st: &yarl_root::AppState, ct: &str, body: Vec<u8>) -> (StatusCode, String, Vec<u8>) {
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/sync")
+        .header("content-type", ct)
+        .body(Body::from(body))
+        .unwrap();
+    let resp = app(st.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, ct, resp.into_body().collect().await.unwrap().to_bytes().to_vec())
+}
+
+fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
+    SyncRequest {
+        v: PROTOCOL_VERSION,
+        limiter: "l1".into(),
+        root_instance,
+        since,
+        epoch: 0,
+        batches: vec![DeltaBatch {
+            seq,
+            deltas: vec![(1, 5000, 0), (2, 1000, 2000)],
+            epoch: Some(0),
+        }],
+        hints: vec![],
+        seen_epoch: Some(0),
+    }
+}
+
+#[tokio::test]
+async fn v2_and_v1_answer_the_same() {
+    let (store, _url, _dir) = sqlite_store().await;
+    let st = state(store, short_poll()).await;
+    for name in ["a", "b"] {
+        let (s, _) = call(
+            &st,
+            Method::PUT,
+            &format!("/v1/quotas/{name}"),
+            Some(&quota(1.0, 100.0, 200.0, None)),
+            None,
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let (s, ct, body) = post(&st, V2, v2::encode_request(&request(1, None, 0))).await;
+    assert_eq!((s, ct.as_str()), (StatusCode::OK, V2));
+    let a = v2::decode_response(&body, usize::MAX).unwrap();
+    assert_eq!((a.acked_seq, a.quotas.len(), a.counters.len()), (1, 2, 2));
+    assert_eq!(a.quotas[1].name, "b");
+    assert!((4990..=5000).contains(&a.counters[0].1), "{a:?}");
+
+    // The same state asked in JSON: the same counters, quotas and numbers.
+    let (s, ct, body) =
+        post(&st, "application/json", serde_json::to_vec(&request(2, None, 0)).unwrap()).await;
+    assert_eq!((s, ct.as_str()), (StatusCode::OK, "application/json"));
+    let mut j: SyncResponse = serde_json::from_slice(&body).unwrap();
+    j.counters.sort_unstable_by_key(|c| c.0);
+    assert_eq!(j.quotas, a.quotas);
+    assert_eq!(j.acked_seq, 2);
+    assert_eq!(j.counters.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 2]);
+    let json_len = serde_json::to_vec(&j).unwrap().len();
+    let v2_len = v2::encode_response(&j).len();
+    assert!(v2_len * 2 < json_len, "v2 {v2_len} bytes, JSON {json_len}");
+}
+
+#[tokio::test]
+async fn hostile_v2_bodies() {
+    let (store, _url, _dir) = sqlite_store().await;
+    let st = state(store, short_poll()).await;
+    let good = v2::encode_request(&request(1, None, 0));
+    let error = |b: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(b).unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+
+    let (s, _, b) = post(&st, V2, good[..good.len() - 2].to_vec()).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(error(&b), "bad v2 body at batch_epochs: truncated");
+
+    let (s, _, b) = post(&st, V2, b"{\"v\":1,\"limiter\":\"l\"}".to_vec()).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(error(&b).contains("unsupported v2 wire version 123"), "{}", error(&b));
+
+    // A varint that never ends (since).
+    let mut over = good[..5].to_vec();
+    over.extend([0x80; 12]);
+    let (s, _, b) = post(&st, V2, over).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(error(&b), "bad v2 body at since: varint longer than its type");
+
+    // A list declaring four billion deltas in a few bytes.
+    let mut huge = good[..9].to_vec();
+    huge.extend([0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0, 0]);
+    let (s, _, b) = post(&st, V2, huge).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(error(&b), "bad v2 body at batches[].deltas: list longer than the rest of the body");
+
+    // More entries than a root takes: 413, before they are built.
+    let many = SyncRequest {
+        batches: vec![DeltaBatch { seq: 1, deltas: vec![(1, 1, 0); 2_000_001], epoch: None }],
+        ..request(1, None, 0)
+    };
+    let (s, _, b) = post(&st, V2, v2::encode_request(&many)).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(error(&b).contains("the maximum is 2000000"), "{}", error(&b));
+
+    let (s, _, b) = post(&st, "application/x-protobuf", good).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(error(&b).contains("application/x-yarl-sync+v2"), "{}", error(&b));
+}
