@@ -18,11 +18,13 @@ APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev 
 
 MODULE_SO := $(OUT)/ngx_http_yarl_module.so
 ROOT_BIN := $(OUT)/yarl-root
+# The S3-style application behind nginx in `make run` (examples/s3-app).
+S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-root clean \
-	distro-deps distro-module distro-test packaging-test install \
+.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-root \
+	bench-tower clean distro-deps distro-module distro-test packaging-test install \
 	docker-deps docker-image docker-test docker-cluster docker-cluster-down
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
@@ -92,15 +94,17 @@ unit-test: build
 hostile-test: deps
 	$(CARGO) test -p yarl-root $(CARGO_PROFILE_FLAG) --test hostile --test security -- --nocapture
 
-# End-to-end: a real nginx with the module and a real yarl-root, nginx-tests style.
+# End-to-end: a real nginx with the module, a real yarl-root and (the S3 example) the
+# application built from examples/s3-app, nginx-tests style.
 prove: build
 	TEST_NGINX_BINARY=$(NGINX_BIN) TEST_YARL_MODULE=$(MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
-		prove --timer t/
+		TEST_YARL_S3_APP=$(S3_APP_BIN) prove --timer t/
 
 test: lint unit-test prove distro-test packaging-test
 
 run: build
-	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) scripts/run.sh
+	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) S3_APP_BIN=$(S3_APP_BIN) \
+		scripts/run.sh
 
 bench: deps
 	$(CARGO) bench -p yarl-core --bench limiter
@@ -116,6 +120,17 @@ bench-nginx: deps
 	NGINX_BIN=$$(ls -t $(REL)/build/nginx-sys-*/out/objs/nginx | head -n 1) \
 		MODULE_SO=$(REL)/ngx_http_yarl_module.so ROOT_BIN=$(REL)/yarl-root \
 		scripts/bench-nginx.sh
+
+# Side-by-side tower benchmark (release build, wrk): an axum hello-world with no layer,
+# with tower-governor, and with yarl-tower (one quota; a random quota across 1M) syncing
+# with a real root. Prints figures; not part of `make test`. See scripts/bench-tower.sh.
+bench-tower: deps
+	@command -v wrk >/dev/null && command -v bc >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk bc; }
+	$(CARGO) build --release -p yarl-root
+	$(CARGO) build --release -p yarl-tower --example bench_server --example layer_cost
+	ROOT_BIN=$(REL)/yarl-root BENCH_SERVER=$(REL)/examples/bench_server \
+		LAYER_COST=$(REL)/examples/layer_cost scripts/bench-tower.sh
 
 # The root tier's capacity (release build): N simulated limiters with real sync messages
 # against real yarl-root processes on loopback, 1M quotas loaded through the batch API,
@@ -141,7 +156,7 @@ distro-module: deps distro-deps
 # The end-to-end suite against the installed nginx loading the distro module.
 distro-test: build distro-module
 	TEST_NGINX_BINARY=$(DISTRO_NGINX) TEST_YARL_MODULE=$(DISTRO_MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
-		TEST_NGINX_GLOBALS='lock_file %%TESTDIR%%/nginx.lock;' \
+		TEST_YARL_S3_APP=$(S3_APP_BIN) TEST_NGINX_GLOBALS='lock_file %%TESTDIR%%/nginx.lock;' \
 		prove --timer $(DISTRO_TESTS)
 
 # The Dockerfile's build stage calls only existing targets; `make install` lays out what the

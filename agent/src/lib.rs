@@ -10,6 +10,9 @@
 //! * [`SyncThread`]: one OS thread with a single-threaded tokio runtime; a [`Supervisor`]
 //!   can stop it between rounds (the nginx module uses that to hand the agent role over
 //!   between workers).
+//! * [`drive`]: the round loop itself, to run as a task on an application's own tokio
+//!   runtime instead (the `yarl-tower` crate does).
+//! * [`parse_root_url`]: what a root URL may look like.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -30,9 +33,11 @@
 
 mod thread;
 mod transport;
+mod url;
 
 pub use thread::{drive, NoSupervisor, Supervisor, SyncThread};
 pub use transport::{
     load_ca, CallFuture, HttpOptions, HttpTransport, Protocol, Transport, TransportError,
     MAX_ANSWER_BYTES, V2_RETRY,
 };
+pub use url::parse_root_url;

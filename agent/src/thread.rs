@@ -120,11 +120,15 @@ impl Drop for SyncThread {
 /// every root is called in parallel, each call bounded by the timeout; a round that reports
 /// more quotas waiting runs again at once. `wake` interrupts the wait between rounds.
 /// `publish` receives the status after each round.
+///
+/// The future is `Send` when `publish` is, so it can run as a task on a multi-threaded
+/// runtime (`yarl-tower` runs it on the application's own runtime) as well as on
+/// [`SyncThread`]'s.
 pub async fn drive(
     engine: &mut SyncEngine,
     transport: &dyn Transport,
     supervisor: &mut dyn Supervisor,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
     wake: &tokio::sync::Notify,
     mut publish: impl FnMut(SyncStatus),
 ) {
@@ -229,6 +233,18 @@ mod tests {
         fn stopped(&mut self) {
             self.2.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// `drive` must stay `Send` for `tokio::spawn` (yarl-tower's sync task).
+    #[allow(dead_code)]
+    fn drive_is_send(
+        engine: &mut SyncEngine,
+        transport: &dyn Transport,
+        supervisor: &mut dyn Supervisor,
+        wake: &tokio::sync::Notify,
+    ) {
+        fn send<T: Send>(_: T) {}
+        send(drive(engine, transport, supervisor, &|| true, wake, |_| {}));
     }
 
     #[test]

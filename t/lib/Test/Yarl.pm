@@ -8,6 +8,7 @@ package Test::Yarl;
 #   TEST_NGINX_BINARY  nginx to run (the vendored build: target/<profile>/build/nginx-sys-*/out/objs/nginx)
 #   TEST_YARL_MODULE   path of ngx_http_yarl_module.so
 #   TEST_YARL_ROOT     path of the yarl-root binary (tests that need a root)
+#   TEST_YARL_S3_APP   path of the yarl-s3-app binary (tests of the S3 example application)
 #   TEST_YARL_LEAVE    keep the test directory (printed as a diagnostic)
 #   TEST_NGINX_GLOBALS       extra main-context directives for %%TEST_GLOBALS%%, and
 #   TEST_NGINX_GLOBALS_HTTP  extra http-context directives for %%TEST_GLOBALS_HTTP%%, as in
@@ -50,7 +51,7 @@ sub new {
 	# nginx opens its compiled-in error log under the prefix before reading the configuration.
 	mkdir "$dir/logs";
 	my $self = bless {
-		dir => $dir, ports => {}, nginx_pid => undef, roots => {}, daemons => [],
+		dir => $dir, ports => {}, nginx_pid => undef, roots => {}, apps => {}, daemons => [],
 	}, $class;
 	return $self;
 }
@@ -306,6 +307,53 @@ sub use_roots_of {
 	return $self;
 }
 
+sub has_app {
+	return $ENV{TEST_YARL_S3_APP} && -x $ENV{TEST_YARL_S3_APP};
+}
+
+# Starts the S3 application (examples/s3-app) on the free port for the symbolic port $n,
+# syncing with root $root every 200 ms; one JSON line per request in app_$n.log.
+sub run_app {
+	my ($self, $n, $root, @extra) = @_;
+	BAIL_OUT('TEST_YARL_S3_APP is not set or not executable') unless has_app();
+	my $port = $self->port($n);
+	my $pid = fork() // die "fork: $!\n";
+	if (!$pid) {
+		open STDOUT, '>>', "$self->{dir}/app_$n.log";
+		open STDERR, '>>', "$self->{dir}/app_$n.err";
+		exec($ENV{TEST_YARL_S3_APP}, '--listen', "127.0.0.1:$port",
+			'--root', $self->root_url($root // 'A'), '--sync-interval', '200ms',
+			'--access-log', @extra)
+			or POSIX::_exit(127);
+	}
+	$self->{apps}{$n} = $pid;
+	$self->wait_port($port, 20) or do {
+		diag($self->read_file("app_$n.err"));
+		die "yarl-s3-app did not start\n";
+	};
+	return $self;
+}
+
+# Stops the application on symbolic port $n (SIGTERM: a last sync, then exit); true when it
+# exited by itself in time.
+sub stop_app {
+	my ($self, $n) = @_;
+	my $pid = delete $self->{apps}{$n} or return 1;
+	kill 'TERM', $pid;
+	my $ok = $self->wait_for(sub { waitpid($pid, WNOHANG) == $pid }, 10);
+	unless ($ok) {
+		kill 'KILL', $pid;
+		waitpid($pid, 0);
+	}
+	return $ok;
+}
+
+# The application's requests so far (its access log), decoded.
+sub app_log {
+	my ($self, $n) = @_;
+	return map { $JSON->decode($_) } grep { /\S/ } split /\n/, $self->read_file("app_$n.log");
+}
+
 sub root_url {
 	my ($self, $name) = @_;
 	return 'http://127.0.0.1:' . $self->port("ROOT_$name");
@@ -394,6 +442,10 @@ sub finish {
 	my ($self) = @_;
 	my $clean = $self->stop_nginx();
 	ok($clean, 'nginx exited gracefully');
+	for my $n (sort keys %{$self->{apps}}) {
+		ok($self->stop_app($n), "yarl-s3-app $n exited gracefully");
+		unlike($self->read_file("app_$n.err"), qr/panick/, "yarl-s3-app $n did not panic");
+	}
 	$self->stop_root($_) for keys %{$self->{roots}};
 	my @allowed = @{$self->{allowed_alerts} // []};
 	my @bad = grep {
@@ -413,7 +465,7 @@ sub DESTROY {
 		kill 'KILL', $pid;
 		waitpid($pid, 0);
 	}
-	for my $pid (values %{$self->{roots}}) {
+	for my $pid (values %{$self->{apps}}, values %{$self->{roots}}) {
 		kill 'KILL', $pid;
 		waitpid($pid, 0);
 	}
