@@ -115,7 +115,10 @@ root=http://127.0.0.1:$root_port
     -e YARL_LISTEN="127.0.0.1:$root_port" -v "$run-data:/var/lib/yarl" "$YARL_IMAGE" >/dev/null
 until_ok 30 curl -fs "$root/healthz" || fail "the root does not answer $root/healthz"
 "$DOCKER" logs "$run-root" 2>&1 | grep -E 'docker-entrypoint|listening' | sed 's/^/  root: /' || true
-"$DOCKER" logs "$run-root" 2>&1 | grep -q 'admin token: /var/lib/yarl/admin.token' \
+# The whole log first, then grep: `docker logs | grep -q` fails under pipefail when grep
+# exits at its match and docker logs dies writing the rest (SIGPIPE).
+root_log=$("$DOCKER" logs "$run-root" 2>&1)
+grep -q 'admin token: /var/lib/yarl/admin.token' <<<"$root_log" \
     || fail "the entrypoint did not say where the admin token is"
 admin=$("$DOCKER" exec "$run-root" cat /var/lib/yarl/admin.token)
 [ ${#admin} = 64 ] || fail "admin token of ${#admin} characters, not 64"
@@ -156,7 +159,8 @@ chmod 644 "$tmp/nginx.conf" "$tmp/site.conf"
 site=http://127.0.0.1:$nginx_port
 until_ok 30 curl -fs "$site/yarl/stats" || fail "nginx does not answer $site/yarl/stats"
 "$DOCKER" logs "$run-nginx" 2>&1 | grep docker-entrypoint | sed 's/^/  nginx: /' || true
-"$DOCKER" logs "$run-nginx" 2>&1 | grep -q 'the sync token from /var/lib/yarl/sync.token' \
+nginx_log=$("$DOCKER" logs "$run-nginx" 2>&1)
+grep -q 'the sync token from /var/lib/yarl/sync.token' <<<"$nginx_log" \
     || fail "the nginx entrypoint did not take the sync token from the root's volume"
 
 # The quota reaches nginx at its next sync after the root's next poll (about 2 s).
