@@ -88,6 +88,9 @@ RUN make deps
 RUN make build PROFILE=${PROFILE}
 RUN make distro-module PROFILE=${PROFILE}
 RUN make install PROFILE=${PROFILE} DESTDIR=/out PREFIX=/usr MODULE=distro
+# The S3-style application of the example (examples/s3-app): the cluster in containers runs
+# it behind each nginx, as `make run` does.
+RUN install -D -m 0755 target/${PROFILE}/yarl-s3-app /out/usr/bin/yarl-s3-app
 
 ############################################################################ runtime
 FROM ${RUNTIME_IMAGE}
@@ -103,6 +106,7 @@ RUN apt-get update \
     && install -d -o root -g yarl -m 0750 /etc/yarl
 
 COPY --from=build /out/usr/bin/yarl-root /usr/bin/yarl-root
+COPY --from=build /out/usr/bin/yarl-s3-app /usr/bin/yarl-s3-app
 COPY --from=build /out/usr/lib/nginx/modules/ngx_http_yarl_module.so /usr/lib/nginx/modules/ngx_http_yarl_module.so
 COPY --from=build /out/usr/share/nginx/modules-available/mod-http-yarl.conf /usr/share/nginx/modules-available/mod-http-yarl.conf
 COPY --from=build /out/etc/default/yarl-root /etc/default/yarl-root
@@ -113,7 +117,8 @@ COPY packaging/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 RUN ln -s /usr/share/nginx/modules-available/mod-http-yarl.conf \
         /etc/nginx/modules-enabled/50-mod-http-yarl.conf \
     && nginx -t \
-    && yarl-root --version
+    && yarl-root --version \
+    && yarl-s3-app --version
 
 ENV YARL_LISTEN=0.0.0.0:7700 \
     YARL_DB=sqlite:///var/lib/yarl/yarl.db \

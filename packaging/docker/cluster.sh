@@ -16,8 +16,8 @@
 #            dockerd `up` started, if it did
 #
 # Environment: YARL_CLUSTER_PROJECT (compose project, default yarl-cluster); the ports
-# ROOT_A_PORT, ROOT_B_PORT (7701, 7702), NGINX_A_PORTS, NGINX_B_PORTS ("8181 8182 8183",
-# "8281 8282 8283": the S3 balancer, application and store stand-in); YARL_CLUSTER_BUILD=no
+# ROOT_A_PORT, ROOT_B_PORT (7701, 7702), NGINX_A_PORT, APP_A_PORT, NGINX_B_PORT, APP_B_PORT
+# (8181, 8182, 8281, 8282: each S3 balancer and the application behind it); YARL_CLUSTER_BUILD=no
 # to use the images as they are; images.sh's variables (DOCKER_BASE, DOCKER_RUST, ...).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,10 +26,11 @@ ENGINE_PIDFILE=$PWD/.run/docker/cluster-dockerd.pid
 
 export COMPOSE_PROJECT_NAME=${YARL_CLUSTER_PROJECT:-yarl-cluster}
 export ROOT_A_PORT=${ROOT_A_PORT:-7701} ROOT_B_PORT=${ROOT_B_PORT:-7702}
-export NGINX_A_PORTS=${NGINX_A_PORTS:-8181 8182 8183} NGINX_B_PORTS=${NGINX_B_PORTS:-8281 8282 8283}
+export NGINX_A_PORT=${NGINX_A_PORT:-8181} APP_A_PORT=${APP_A_PORT:-8182}
+export NGINX_B_PORT=${NGINX_B_PORT:-8281} APP_B_PORT=${APP_B_PORT:-8282}
 export YARL_IMAGE=${YARL_IMAGE:-yarl-rs:local} YARL_PG_IMAGE=${YARL_PG_IMAGE:-yarl-postgres:local}
-NGINX_A=${NGINX_A_PORTS%% *}
-NGINX_B=${NGINX_B_PORTS%% *}
+NGINX_A=$NGINX_A_PORT
+NGINX_B=$NGINX_B_PORT
 # The quota both nginx share (s3.conf's example; its parent s3_photos allows 100/s).
 READ_LIMIT=50
 compose() { docker-compose -f packaging/docker/docker-compose.yml "$@"; }
@@ -38,7 +39,7 @@ container() { "$DOCKER" ps -q --filter "label=com.docker.compose.project=$COMPOS
 
 up() {
     local p
-    for p in $ROOT_A_PORT $ROOT_B_PORT $NGINX_A_PORTS $NGINX_B_PORTS; do
+    for p in $ROOT_A_PORT $ROOT_B_PORT $NGINX_A_PORT $APP_A_PORT $NGINX_B_PORT $APP_B_PORT; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "cluster: port $p on 127.0.0.1 is in use (a cluster already up? cluster.sh down)" >&2
             exit 1
@@ -48,7 +49,7 @@ up() {
     if [ "${YARL_CLUSTER_BUILD:-yes}" != no ]; then
         packaging/docker/images.sh all
     fi
-    echo "cluster: starting $COMPOSE_PROJECT_NAME (PostgreSQL, root A, root B, nginx A, nginx B)"
+    echo "cluster: starting $COMPOSE_PROJECT_NAME (PostgreSQL, root A, root B, app A, app B, nginx A, nginx B)"
     # up -d returns once every service has started after its dependencies were healthy.
     if ! compose up -d --no-build 2>&1 | sed 's/^/  /' || ! wait_healthy nginx-a nginx-b; then
         logs
@@ -67,15 +68,28 @@ up() {
     # The recommended bursts (README): 1.5 and 3 times the limit for a 1 s sync interval.
     put s3_photos '{"limit":100,"low_burst":150,"high_burst":300,"parent":null}'
     put s3_photos_read "{\"limit\":$READ_LIMIT,\"low_burst\":$((READ_LIMIT * 3 / 2)),\"high_burst\":$((READ_LIMIT * 3)),\"parent\":\"s3_photos\"}"
+    # What the applications account (nginx only checks): one unit per GET, to the handler
+    # quota and through it to s3_photos_read.
+    put s3_photos_get '{"limit":1000,"low_burst":1000,"high_burst":2000,"parent":"s3_photos_read"}'
+    # Each application keeps its objects in its own memory: the bucket and the object the
+    # traffic reads, in both, through their nginx (writes have no quota here).
+    local n
+    for n in "$NGINX_A" "$NGINX_B"; do
+        curl -fsS --max-time 5 -o /dev/null -X PUT -H 'Host: s3.example.net' "http://127.0.0.1:$n/photos"
+        curl -fsS --max-time 5 -o /dev/null -X PUT -H 'Host: s3.example.net' --data-binary 'a cat' \
+            "http://127.0.0.1:$n/photos/cat.jpg"
+    done
+    echo "cluster: bucket photos with cat.jpg in both applications"
     cat <<TXT
 
 The cluster $COMPOSE_PROJECT_NAME runs (docker-compose -p $COMPOSE_PROJECT_NAME -f packaging/docker/docker-compose.yml ps):
   PostgreSQL  no network: its socket is in the volume ${COMPOSE_PROJECT_NAME}_pg-socket
   root A      http://127.0.0.1:$ROOT_A_PORT    root B  http://127.0.0.1:$ROOT_B_PORT
               quotas in PostgreSQL; admin and sync tokens in the volume ${COMPOSE_PROJECT_NAME}_yarl
-  nginx A     http://127.0.0.1:$NGINX_A  the S3 example's balancer (yarl_check; application and store on ${NGINX_A_PORTS#* })
-  nginx B     http://127.0.0.1:$NGINX_B  (${NGINX_B_PORTS#* })
-  Both nginx sync with both roots every second.
+  nginx A     http://127.0.0.1:$NGINX_A  the S3 example's balancer (yarl_check, counts nothing)
+              in front of app A http://127.0.0.1:$APP_A_PORT (yarl-s3-app: accounts s3_photos_get)
+  nginx B     http://127.0.0.1:$NGINX_B  in front of app B http://127.0.0.1:$APP_B_PORT
+  All four sync with both roots every second.
 
 Reads of the bucket "photos" may use $READ_LIMIT requests/s across the whole cluster (quota
 s3_photos_read). Send traffic to both nginx at once and watch the two share it: admitted per

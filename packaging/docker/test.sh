@@ -197,11 +197,11 @@ echo "docker-test: root + nginx passed in $t_single s"
 ############################################################################ cluster
 say "the cluster (cluster.sh up as $project)"
 t=$SECONDS
-base=$(free_ports 8)
+base=$(free_ports 6)
 export YARL_CLUSTER_PROJECT=$project YARL_CLUSTER_BUILD=no \
     ROOT_A_PORT=$base ROOT_B_PORT=$((base + 1)) \
-    NGINX_A_PORTS="$((base + 2)) $((base + 3)) $((base + 4))" \
-    NGINX_B_PORTS="$((base + 5)) $((base + 6)) $((base + 7))"
+    NGINX_A_PORT=$((base + 2)) APP_A_PORT=$((base + 3)) \
+    NGINX_B_PORT=$((base + 4)) APP_B_PORT=$((base + 5))
 cluster=yes
 packaging/docker/cluster.sh up
 packaging/docker/cluster.sh status >/dev/null || fail "the cluster is not up"
@@ -217,8 +217,8 @@ awk -v a="$a" -v b="$b" 'BEGIN { exit !(a >= 5 && b >= 5) }' \
 packaging/docker/cluster.sh status | sed 's/^/  /'
 for port in "$ROOT_A_PORT" "$ROOT_B_PORT"; do
     l=$(curl -fs --max-time 5 "http://127.0.0.1:$port/metrics" | awk '$1 == "yarl_root_limiters" { print $2 }')
-    echo "  root 127.0.0.1:$port: yarl_root_limiters $l (2 nginx of 2 workers each: one limiter per worker today)"
-    [ "${l:-0}" -ge 2 ] || fail "root $port counts ${l:-no} limiters, fewer than the 2 nginx"
+    echo "  root 127.0.0.1:$port: yarl_root_limiters $l (2 nginx of 2 workers each, one limiter per nginx, and the 2 applications)"
+    [ "${l:-0}" = 4 ] || fail "root $port counts ${l:-no} limiters, not 4 (2 nginx + 2 applications)"
 done
 packaging/docker/cluster.sh down
 cluster=no
