@@ -125,71 +125,10 @@ pub fn runtime_weight(raw: &[u8]) -> RuntimeWeight {
     RuntimeWeight::Value(v)
 }
 
-/// Checks one `yarl_roots` URL and returns it without a trailing slash (the transport appends
-/// `/v1/sync`). `http://` and `https://` (verified against the system's trust store or
-/// `yarl_sync_ca`) are accepted.
-pub fn parse_root_url(s: &str) -> Result<String, &'static str> {
-    let (scheme, rest) = if let Some(r) = strip_prefix_ignore_case(s, "http://") {
-        ("http", r)
-    } else if let Some(r) = strip_prefix_ignore_case(s, "https://") {
-        ("https", r)
-    } else {
-        return Err("it must start with \"http://\" or \"https://\"");
-    };
-    if s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
-        return Err("it must not contain blanks");
-    }
-    if rest.contains(['?', '#']) {
-        return Err("it must not have a query or fragment");
-    }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    if authority.contains('@') {
-        return Err("credentials in the URL are not supported, use yarl_sync_token");
-    }
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let end = v6.find(']').ok_or("unterminated IPv6 address")?;
-        let after = &v6[end + 1..];
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':').ok_or("invalid port")?),
-        };
-        (&v6[..end], port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    if host.is_empty() {
-        return Err("the host is missing");
-    }
-    // A bracketed host must be an IPv6 address; any other host has no ':' (the HTTP client
-    // cannot use `http://a:b:80` or an unbracketed `::1`, so they fail here, not at runtime).
-    let host_ok = if authority.starts_with('[') {
-        host.parse::<std::net::Ipv6Addr>().is_ok()
-    } else {
-        host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-    };
-    if !host_ok {
-        return Err("invalid host");
-    }
-    if let Some(p) = port {
-        match p.parse::<u16>() {
-            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => {}
-            _ => return Err("invalid port"),
-        }
-    }
-    let path = path.trim_end_matches('/');
-    Ok(format!("{scheme}://{authority}{path}"))
-}
-
-fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix).then(|| &s[prefix.len()..])
-}
+/// `yarl_roots` URLs follow the agent's rules (the transport that calls them lives there):
+/// `http://` or `https://`, no credentials, query or fragment, returned without a trailing
+/// slash.
+pub use yarl_agent::parse_root_url;
 
 /// Decodes `%XX` escapes of a query argument (`yarl_stats?quota=a%3Ab`); `None` when the
 /// result is not UTF-8 or an escape is malformed.
