@@ -88,9 +88,6 @@ RUN make deps
 RUN make build PROFILE=${PROFILE}
 RUN make distro-module PROFILE=${PROFILE}
 RUN make install PROFILE=${PROFILE} DESTDIR=/out PREFIX=/usr MODULE=distro
-# The S3-style application of the example (examples/s3-app): the cluster in containers runs
-# it behind each nginx, as `make run` does.
-RUN install -D -m 0755 target/${PROFILE}/yarl-s3-app /out/usr/bin/yarl-s3-app
 
 ############################################################################ runtime
 FROM ${RUNTIME_IMAGE}

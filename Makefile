@@ -170,13 +170,16 @@ install:
 		vendored) so=$(MODULE_SO); hint="make build" ;; \
 		*) echo "install: MODULE must be distro or vendored, not '$(MODULE)'" >&2; exit 1 ;; \
 	esac; \
-	for f in $(ROOT_BIN) $$so; do \
+	for f in $(ROOT_BIN) $(S3_APP_BIN) $$so; do \
 		[ -f "$$f" ] || { echo "install: $$f is missing: run 'make build' and '$$hint' first (same PROFILE)" >&2; exit 1; }; \
 	done
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(SYSTEMD_UNIT_DIR) \
 		$(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(SYSCONFDIR)/default
 	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/yarl
 	install -m 0755 $(ROOT_BIN) $(DESTDIR)$(BINDIR)/yarl-root
+	@# The S3-style application of the example (examples/s3-app), which the Docker cluster
+	@# runs behind each nginx as `make run` does.
+	install -m 0755 $(S3_APP_BIN) $(DESTDIR)$(BINDIR)/yarl-s3-app
 	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
 		packaging/yarl-root.service >$(DESTDIR)$(SYSTEMD_UNIT_DIR)/yarl-root.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/yarl-root.service
