@@ -270,13 +270,7 @@ impl SqlStore {
         each_backend!(
             self,
             write(tx, _d) => {
-                let row: Option<Row> = sqlx::query_as(&format!(
-                    "SELECT {COLUMNS} FROM yarl_quotas WHERE name = $1 AND NOT deleted"
-                ))
-                .bind(&name)
-                .fetch_optional(&mut *tx)
-                .await?;
-                let Some(row) = row else { return Err(StoreError::NotFound(name)) };
+                let row = live_row(&mut tx, &name).await?;
                 let children: Vec<String> = sqlx::query_scalar(
                     "SELECT name FROM yarl_quotas WHERE parent = $1 AND NOT deleted
                  ORDER BY name LIMIT 5",
@@ -309,13 +303,7 @@ impl SqlStore {
         each_backend!(
             self,
             write(tx, _d) => {
-                let row: Option<Row> = sqlx::query_as(&format!(
-                    "SELECT {COLUMNS} FROM yarl_quotas WHERE name = $1 AND NOT deleted"
-                ))
-                .bind(&name)
-                .fetch_optional(&mut *tx)
-                .await?;
-                let Some(row) = row else { return Err(StoreError::NotFound(name)) };
+                let row = live_row(&mut tx, &name).await?;
                 let base = bump_epoch(&mut tx, 1).await?;
                 sqlx::query("UPDATE yarl_quotas SET epoch = $1, reset_epoch = $1 WHERE id = $2")
                     .bind(to_i64(base + 1))
@@ -383,6 +371,21 @@ impl SqlStore {
         );
         from_rows(rows)
     }
+}
+
+/// The live row called `name`, read inside the write transaction (so it cannot change
+/// before the write commits); `NotFound` if there is none.
+async fn live_row<DB>(tx: &mut Transaction<'static, DB>, name: &str) -> Result<Row, StoreError>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    Row: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = format!("SELECT {COLUMNS} FROM yarl_quotas WHERE name = $1 AND NOT deleted");
+    let row: Option<Row> = sqlx::query_as(&sql).bind(name).fetch_optional(&mut **tx).await?;
+    row.ok_or_else(|| StoreError::NotFound(name.to_owned()))
 }
 
 /// Takes `n` epochs in the write transaction; returns the highest epoch before them.
