@@ -4,8 +4,8 @@
 # interval swapped for free ports and 200 ms) in front of the S3 application it is written
 # for (examples/s3-app): bucket from the host or the path, type from the method, nginx
 # checks the bucket quotas, the application accounts its handlers' quotas (children of
-# the bucket quotas) and charges the bytes it sends, and the JSON access log carries
-# $yarl_status.
+# the bucket quotas), nginx charges each GET's bytes to the bucket's bandwidth quota after
+# the response (yarl_charge $bytes_sent), and the JSON access log carries $yarl_status.
 
 use warnings;
 use strict;
@@ -21,8 +21,8 @@ $t->run_root('A');
 $t->put_quota('s3_photos', 1000, 1000, 1000);
 $t->put_quota('s3_photos_read', 0.01, 3, 3, 's3_photos');
 $t->put_quota('s3_photos_get', 1000, 1000, 1000, 's3_photos_read');
-# Bandwidth of GETs from "videos": 300 bytes, draining 1 byte/s.
-$t->put_quota('s3_videos_bytes_out', 1, 300, 300);
+# Bandwidth of GETs from "videos": 2,000 bytes, draining 1 byte/s.
+$t->put_quota('s3_videos_bytes_out', 1, 2000, 2000);
 $t->run_app(8081, 'A');
 
 open my $fh, '<', "$FindBin::Bin/../nginx-conf/s3.conf" or die "s3.conf: $!\n";
@@ -77,22 +77,20 @@ is(header_of($r, 'RateLimit-Policy'), '"s3_photos_read";q=4;w=400',
 is(header_of($r, 'RateLimit'), '"s3_photos_read";r=0;t=' . header_of($r, 'Retry-After'),
 	'RateLimit: nothing left, t = Retry-After');
 
-# GETs of "videos" are charged their body bytes by the application after the response:
-# two 200-byte objects fit in 300 bytes, the third GET is refused (by the application,
-# which counted them; then by nginx, once it learnt the fill).
+# GETs of "videos" are charged by nginx, after each answer, the bytes it sent (a 1,000-byte
+# body and the headers): two answers fill the 2,000 bytes, nginx itself refuses the third.
 is(status_of(http_request('PUT', $p, '/videos', \%s3, '')), 200, 'bucket videos');
-is(status_of(http_request('PUT', $p, '/videos/clip.mp4', \%s3, 'v' x 200)), 200, 'a clip');
+is(status_of(http_request('PUT', $p, '/videos/clip.mp4', \%s3, 'v' x 1000)), 200, 'a clip');
 ok($t->wait_for(sub {
 	($t->stats($p, '/yarl/stats?quota=s3_videos_bytes_out')->{quota} // {})->{limit}
 }, 5), 'bandwidth quota arrived');
-my @v = map { status_of(http_get($p, '/videos/clip.mp4', %s3)) } 1 .. 3;
-is_deeply(\@v, [200, 200, 429], 'the bandwidth quota refuses the third GET');
-my $q = $t->stats($p, '/_yarl/status?quota=s3_videos_bytes_out')->{quota};
-cmp_ok($q->{fill}, '>=', 399, "the two answers' bytes were charged ($q->{fill})");
-ok($t->wait_for(sub {
-	(header_of(http_get($p, '/videos/clip.mp4', %s3), 'X-Yarl-Status') // '') eq 'REJECTED'
-}, 5), 'nginx checks the bandwidth quota the application charges');
-
+my @v = map {
+	my $r = http_get($p, '/videos/clip.mp4', %s3);
+	status_of($r) . ' ' . (header_of($r, 'X-Yarl-Status') // '');
+} 1 .. 3;
+is_deeply(\@v, ['200 PASSED', '200 PASSED', '429 REJECTED'],
+	'the bandwidth quota refuses the third GET, in nginx, without waiting for a sync');
+my $bw_fill = $t->stats($p, '/yarl/stats?quota=s3_videos_bytes_out')->{quota}{fill};
 $t->finish();
 
 my @log = map { JSON::PP->new->decode($_) } grep { /\S/ } split /\n/, $t->read_file('logs/access.json');
@@ -103,4 +101,12 @@ is($rej && $rej->{bucket}, 'photos', 'bucket from the path');
 is((grep { $_->{method} eq 'PUT' } @log)[0]{type}, 'write', 'PUT is a write');
 my ($bw) = grep { $_->{yarl_status} eq 'REJECTED' && $_->{bucket} eq 'videos' } @log;
 is($bw && $bw->{yarl_quota}, 's3_videos_bytes_out', 'the bandwidth rejection names its quota');
+my @gets = grep { $_->{bucket} eq 'videos' && $_->{method} eq 'GET' } @log;
+my $sent = 0;
+$sent += $_->{bytes_sent} for @gets;
+is(scalar @gets, 3, 'three GETs of videos logged');
+cmp_ok($gets[0]{bytes_sent}, '>', 1000, 'an answer\'s $bytes_sent counts body and headers');
+# The quota drains 1 byte/s: the fill read after the third GET is what the three answers
+# sent (the refusal's bytes too), less the few bytes drained since the first.
+cmp_ok(abs($bw_fill - $sent), '<=', 10, "fill $bw_fill = the \$bytes_sent of the three answers, $sent");
 done_testing();

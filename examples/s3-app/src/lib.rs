@@ -9,7 +9,7 @@
 //! | request | handler quota (accounted here) | weight | parent nginx checks |
 //! |---|---|---|---|
 //! | `GET /{bucket}` (list) | `s3_<bucket>_list` | 1, then 1 per object listed, after the response | `s3_<bucket>_read` |
-//! | `GET /{bucket}/{key}` | `s3_<bucket>_get` (+ `s3_<bucket>_bytes_out`: checked, then charged the body's bytes after) | 1 | `s3_<bucket>_read` |
+//! | `GET /{bucket}/{key}` | `s3_<bucket>_get` | 1 | `s3_<bucket>_read` |
 //! | `HEAD /{bucket}/{key}` | `s3_<bucket>_head` | 1 | `s3_<bucket>_read` |
 //! | `PUT /{bucket}/{key}` | `s3_<bucket>_put` and `s3_<bucket>_bytes_in` (together) | 1 and the body's length | `s3_<bucket>_write` |
 //! | `DELETE /{bucket}/{key}` | `s3_<bucket>_delete` | 1 | `s3_<bucket>_write` |
@@ -20,6 +20,10 @@
 //! with `"parent": "s3_photos_read"`), not code: a listing of many objects drains the
 //! bucket's read quota by what it cost, so nginx refuses the bucket's next reads after its
 //! next sync, before they reach the application.
+//!
+//! A GET's bytes are charged by the nginx in front (`yarl_charge s3_<bucket>_bytes_out
+//! $bytes_sent`, `nginx-conf/s3.conf`), which knows what it really sent to the client; an
+//! application serving clients directly would use [`Quotas::charge_body`] instead.
 //!
 //! Requests are path style (`/photos/cat.jpg`) or virtual-host style
 //! (`Host: photos.s3.example.net`, rewritten to path style before routing). Every input
@@ -97,13 +101,6 @@ fn list_cost(_: &Parts, bucket: &str, q: &mut Quotas) {
     q.charge_reported(format!("s3_{bucket}_list"));
 }
 
-/// Bytes served: a bucket over its bandwidth waits, and each answer is charged the bytes
-/// of its body once sent (nginx checks the same quota in front).
-fn bytes_out(_: &Parts, bucket: &str, q: &mut Quotas) {
-    let name = format!("s3_{bucket}_bytes_out");
-    q.check(name.clone()).charge_body(name);
-}
-
 /// Bytes stored: the declared length, accounted with the PUT itself, all or nothing.
 fn bytes_in(req: &Parts, bucket: &str, q: &mut Quotas) {
     if let Some(n) = content_length(&req.headers) {
@@ -130,7 +127,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route(
             "/{bucket}/{*key}",
-            get(get_object.layer(handler_quota(y, "get", bytes_out)))
+            get(get_object.layer(handler_quota(y, "get", nothing)))
                 .head(head_object.layer(handler_quota(y, "head", nothing)))
                 .put(put_object.layer(handler_quota(y, "put", bytes_in)))
                 .delete(delete_object.layer(handler_quota(y, "delete", nothing))),
