@@ -30,7 +30,11 @@ use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet, VecDeque};
+// foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
+// integer keys the engine produced itself (no attacker chooses them), on the core of a
+// worker that serves requests.
+use foldhash::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -286,7 +290,7 @@ impl SyncEngine {
         if roots.len() > crate::zone::MAX_ROOTS {
             return Err(EngineError::TooManyRoots(roots.len()));
         }
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         if let Some((u, _)) = roots.iter().find(|(u, _)| !seen.insert(zroots::url_hash(u))) {
             return Err(EngineError::BadShards(format!("root {u} is listed twice")));
         }
@@ -315,7 +319,7 @@ impl SyncEngine {
             limiter,
             config,
             roots,
-            active: HashSet::new(),
+            active: HashSet::default(),
             started: false,
             round: RoundState::default(),
             shards,
@@ -611,28 +615,27 @@ impl SyncEngine {
             if round.any_ok {
                 // What the rest of the cluster adds: reported counters are hot, the others
                 // did not change at any root this round and are cold.
-                for &s in active.iter() {
-                    if shards > 1
-                        && c.id_of(s)
-                            .is_some_and(|id| !round.ok_shards[Shard::of(id, shards) as usize])
-                    {
+                // A cold counter leaves the set as soon as it has nothing left (no fill, no
+                // counts in flight): visiting every counter touched since the last prune,
+                // each round, took 100s of ms per round of the agent's core under random-key
+                // traffic (a million slots). It comes back when it is counted or reported.
+                active.retain(|&s| {
+                    let Some(id) = c.id_of(s) else { return false };
+                    if shards > 1 && !round.ok_shards[Shard::of(id, shards) as usize] {
                         // No root of its shard answered: nothing is known, keep the rates.
-                        continue;
+                        return true;
                     }
-                    if !round.early && !round.position.contains_key(&c.id_of(s).unwrap_or(0)) {
+                    if !round.early && !round.position.contains_key(&id) {
                         // Nothing counted here in a whole interval: no rate to run ahead of.
                         c.set_own_rate(s, 0.0);
                     }
                     let Some(&(b1, t1)) = round.seen.get(&s) else {
                         c.set_rates(s, 0.0, 0.0);
-                        continue;
+                        return c.is_active(s, now);
                     };
                     let demand = round.demand.get(&s).copied().unwrap_or(0) as f64;
                     let limit = c.limit(s) as f64;
-                    let own = c
-                        .id_of(s)
-                        .and_then(|id| round.position.get(&id))
-                        .map_or(0, |&k| round.entries[k].2);
+                    let own = round.position.get(&id).map_or(0, |&k| round.entries[k].2);
                     let inflow = match c.estimator() {
                         Estimator::Static { correction_ratio }
                         | Estimator::StaticOrMeasured { correction_ratio } => {
@@ -666,7 +669,7 @@ impl SyncEngine {
                             let dt = if t1 == 0 { interval } else { t2.saturating_sub(t1) };
                             if dt == 0 {
                                 c.set_rates(s, c.inflow(s), demand);
-                                continue;
+                                return true;
                             }
                             let secs = dt as f64 * 1e-9;
                             let total = (b2 as f64 - b1 as f64) / secs + limit;
@@ -680,7 +683,8 @@ impl SyncEngine {
                         }
                     };
                     c.set_rates(s, inflow, demand);
-                }
+                    true
+                });
             } else {
                 for &(s, ..) in &round.entries {
                     c.set_rates(s, 0.0, 0.0);

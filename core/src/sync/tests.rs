@@ -164,6 +164,40 @@ fn restarted_root_converges_within_two_rounds() {
 }
 
 #[test]
+fn drained_counters_leave_the_active_set_after_one_round() {
+    // Random-key traffic touches a new set of counters every interval: the engine must not
+    // keep visiting the old ones each round (they drained), nor forget one that still holds
+    // a fill (a restarted root is told about it).
+    let clock = ManualClock::at(S);
+    let qs: Vec<_> = (1..=200).map(|i| quota(i, &format!("q{i}"), 10.0, 1e6, 1e6)).collect();
+    let mut r = root_with(&qs);
+    let mut n = node(&clock, 1);
+    while round(&mut n, &mut [Some(&mut r)], clock.now_nanos()).more {}
+    for wave in 0..4u64 {
+        for i in 1..=50 {
+            // A burst of 10 on each of 50 counters: drained 1 s later.
+            n.limiter.account(&format!("q{}", wave * 50 + i), 10).unwrap();
+        }
+        round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+        clock.advance(Duration::from_millis(1500));
+        round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+        assert!(n.engine.active.is_empty(), "wave {wave}: {} still active", n.engine.active.len());
+    }
+    // One with a fill left stays, and is hinted to a root that lost it.
+    n.limiter.account("q1", 1000).unwrap();
+    round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+    clock.advance(Duration::from_secs(1));
+    round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+    let s = n.limiter.with_counters(|c| c.slot_of(1)).unwrap();
+    assert!(n.engine.active.contains(&s), "q1 still holds 990");
+    let mut fresh = root_with(&qs);
+    round(&mut n, &mut [Some(&mut fresh)], clock.now_nanos());
+    clock.advance(Duration::from_secs(1));
+    round(&mut n, &mut [Some(&mut fresh)], clock.now_nanos());
+    assert_eq!(fresh.counter(1, clock.now_nanos()).unwrap().fill, 980.0, "hinted");
+}
+
+#[test]
 fn limiter_takes_the_max_of_roots() {
     let clock = ManualClock::at(S);
     let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
