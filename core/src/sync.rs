@@ -30,6 +30,7 @@ use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
 use serde::Serialize;
+use slot_set::SlotSet;
 // foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
 // integer keys the engine produced itself (no attacker chooses them), on the core of a
 // worker that serves requests.
@@ -176,19 +177,36 @@ struct RootLink {
 /// One entry of a round's batch: (slot, id, admitted, rejected).
 type Entry = (u32, QuotaId, u64, u64);
 
+/// What a round knows of one slot: one map for all of it, so a counter costs one hash
+/// lookup per step of the round, not one per fact.
+#[derive(Debug, Clone, Copy)]
+struct RoundSlot {
+    /// Its entry in this round's batch, [`NO_ENTRY`] if it has none.
+    entry: u32,
+    /// Its (`base`, `at`) before the first report this round, if some root reported it:
+    /// the measured estimator compares the two.
+    seen: Option<(u64, u64)>,
+    /// Highest demand any root reported for it this round.
+    demand: u64,
+}
+
+const NO_ENTRY: u32 = u32::MAX;
+
+impl Default for RoundSlot {
+    fn default() -> Self {
+        RoundSlot { entry: NO_ENTRY, seen: None, demand: 0 }
+    }
+}
+
 #[derive(Debug, Default)]
 struct RoundState {
     /// This round's batch.
     entries: Vec<Entry>,
-    /// Highest demand any root reported this round, per slot.
-    demand: HashMap<u32, u64>,
-    position: HashMap<QuotaId, usize>,
+    /// Per slot in the batch or reported by a root.
+    slots: HashMap<u32, RoundSlot>,
     reported: Vec<bool>,
     /// Per shard: some root of it answered.
     ok_shards: Vec<bool>,
-    /// Every slot some root reported this round, with its (`base`, `at`) before the first
-    /// report: the measured estimator compares the two.
-    seen: HashMap<u32, (u64, u64)>,
     /// When the round began: once it ends, `local` only counts what came after.
     began: u64,
     any_ok: bool,
@@ -217,7 +235,7 @@ pub struct SyncEngine {
     limiter_id: String,
     roots: Vec<RootLink>,
     /// Slots with a non-zero synced fill: hint candidates.
-    active: HashSet<u32>,
+    active: SlotSet,
     /// The first round scanned the block (active slots, a batch left in flight).
     started: bool,
     round: RoundState,
@@ -319,7 +337,7 @@ impl SyncEngine {
             limiter,
             config,
             roots,
-            active: HashSet::default(),
+            active: SlotSet::default(),
             started: false,
             round: RoundState::default(),
             shards,
@@ -408,8 +426,9 @@ impl SyncEngine {
                 }
             }
         };
-        for (k, &(_, id, ..)) in round.entries.iter().enumerate() {
-            round.position.insert(id, k);
+        round.slots.reserve(round.entries.len());
+        for (k, &(s, ..)) in round.entries.iter().enumerate() {
+            round.slots.insert(s, RoundSlot { entry: k as u32, ..RoundSlot::default() });
         }
         round.reported = vec![false; round.entries.len()];
         self.limiter.set_round_began(now);
@@ -559,23 +578,20 @@ impl SyncEngine {
                     // fill may hold counts the reset dropped. Other roots have it.
                     continue;
                 }
-                if let (std::collections::hash_map::Entry::Vacant(v), Some(b)) =
-                    (round.seen.entry(s), c.base(s))
-                {
-                    v.insert(b);
+                let rs = round.slots.entry(s).or_default();
+                if rs.seen.is_none() {
+                    rs.seen = c.base(s);
                 }
                 c.merge_report(s, fill, now);
-                let d = round.demand.entry(s).or_default();
-                *d = (*d).max(demand);
+                rs.demand = rs.demand.max(demand);
                 active.insert(s);
-                if let Some(&k) = round.position.get(&id) {
-                    if !round.reported[k] && round.entries[k].0 == s {
-                        // The root's fill includes this round's batch: take it out of
-                        // `inflight` now, or the estimate counts it twice until the slowest
-                        // root answers.
-                        c.sub_inflight(s, round.entries[k].2);
-                        round.reported[k] = true;
-                    }
+                let k = rs.entry as usize;
+                if rs.entry != NO_ENTRY && !round.reported[k] && round.entries[k].1 == id {
+                    // The root's fill includes this round's batch: take it out of
+                    // `inflight` now, or the estimate counts it twice until the slowest
+                    // root answers.
+                    c.sub_inflight(s, round.entries[k].2);
+                    round.reported[k] = true;
                 }
             }
         });
@@ -619,23 +635,29 @@ impl SyncEngine {
                 // counts in flight): visiting every counter touched since the last prune,
                 // each round, took 100s of ms per round of the agent's core under random-key
                 // traffic (a million slots). It comes back when it is counted or reported.
-                active.retain(|&s| {
+                active.retain(|s| {
                     let Some(id) = c.id_of(s) else { return false };
+                    let rs = round.slots.get(&s).copied().unwrap_or_default();
+                    // This round's batch entry of this quota (not of a former one of the slot).
+                    let own = (rs.entry != NO_ENTRY)
+                        .then(|| round.entries[rs.entry as usize])
+                        .filter(|e| e.1 == id)
+                        .map(|e| e.2);
                     if shards > 1 && !round.ok_shards[Shard::of(id, shards) as usize] {
                         // No root of its shard answered: nothing is known, keep the rates.
                         return true;
                     }
-                    if !round.early && !round.position.contains_key(&id) {
+                    if !round.early && own.is_none() {
                         // Nothing counted here in a whole interval: no rate to run ahead of.
                         c.set_own_rate(s, 0.0);
                     }
-                    let Some(&(b1, t1)) = round.seen.get(&s) else {
+                    let Some((b1, t1)) = rs.seen else {
                         c.set_rates(s, 0.0, 0.0);
                         return c.is_active(s, now);
                     };
-                    let demand = round.demand.get(&s).copied().unwrap_or(0) as f64;
+                    let demand = rs.demand as f64;
                     let limit = c.limit(s) as f64;
-                    let own = round.position.get(&id).map_or(0, |&k| round.entries[k].2);
+                    let own = own.unwrap_or(0);
                     let inflow = match c.estimator() {
                         Estimator::Static { correction_ratio }
                         | Estimator::StaticOrMeasured { correction_ratio } => {
@@ -691,7 +713,7 @@ impl SyncEngine {
                 }
             }
             if prune {
-                active.retain(|&s| c.is_active(s, now));
+                active.retain(|s| c.is_active(s, now));
             }
         });
         self.limiter.set_inflight_seq(0);
@@ -796,15 +818,16 @@ fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
 
 fn collect_hints(
     limiter: &Limiter,
-    active: &HashSet<u32>,
+    active: &SlotSet,
     now: u64,
     shard: u32,
     shards: u32,
 ) -> Vec<(QuotaId, u64)> {
+    // In slot order, which is close to id order for quotas loaded together.
     let mut hints: Vec<(QuotaId, u64)> = limiter.with_counters(|c| {
         active
             .iter()
-            .filter_map(|&s| {
+            .filter_map(|s| {
                 let v = c.synced(s, now);
                 Some((c.id_of(s)?, v)).filter(|&(id, _)| v > 0 && Shard::of(id, shards) == shard)
             })
@@ -814,5 +837,6 @@ fn collect_hints(
     hints
 }
 
+mod slot_set;
 #[cfg(test)]
 mod tests;

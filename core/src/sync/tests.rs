@@ -189,7 +189,7 @@ fn drained_counters_leave_the_active_set_after_one_round() {
     clock.advance(Duration::from_secs(1));
     round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
     let s = n.limiter.with_counters(|c| c.slot_of(1)).unwrap();
-    assert!(n.engine.active.contains(&s), "q1 still holds 990");
+    assert!(n.engine.active.contains(s), "q1 still holds 990");
     let mut fresh = root_with(&qs);
     round(&mut n, &mut [Some(&mut fresh)], clock.now_nanos());
     clock.advance(Duration::from_secs(1));
