@@ -41,6 +41,7 @@ conf(<<'EOF', <<'EOF');
     yarl_sync_interval 250ms;
     yarl_sync_timeout 1s;
     yarl_sync_token secret-token;
+    yarl_sync_answers touched;
     map $request_method $type { default read; POST write; }
     yarl_check global;
 EOF
@@ -69,6 +70,7 @@ my @bad = (
 	['yarl_sync_interval 0;', '', 'yarl_sync_interval', '0'],
 	['yarl_sync_timeout -1s;', '', 'yarl_sync_timeout', '-1s'],
 	['yarl_sync_early sometimes;', '', 'yarl_sync_early', 'sometimes'],
+	['yarl_sync_answers some;', '', 'yarl_sync_answers', 'some'],
 	['', 'yarl_status 200;', 'yarl_status', '200'],
 	['', 'yarl_status 600;', 'yarl_status', '600'],
 	['', 'yarl_status abc;', 'yarl_status', 'abc'],

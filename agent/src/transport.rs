@@ -327,6 +327,8 @@ mod tests {
                 batches: vec![],
                 hints: vec![],
                 seen_epoch: None,
+                interest: false,
+                watch: Vec::new(),
             };
             for _ in 0..3 {
                 let r = t.call(&url, req.clone(), Duration::from_secs(5)).await.unwrap();

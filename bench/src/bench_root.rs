@@ -1,7 +1,8 @@
 //! `make bench-root`: the root tier's capacity, measured.
 //!
 //! Loads a million quotas into a SQLite database through the batch API (once; the file is
-//! kept for later runs), then for each point of a grid (protocol v1/v2, 1 or 2 shards,
+//! kept for later runs), then for each point of a grid (protocol v1, v2 and v2 with answers
+//! by interest, 1 or 2 shards,
 //! N limiters) starts real release `yarl-root` processes on loopback and plays N limiters
 //! against them for a bounded time. Each simulated limiter syncs once per interval with
 //! every root, exactly as `SyncEngine` does: one numbered batch of deltas per round (its
@@ -51,7 +52,7 @@ struct Args {
     /// Timeout of one sync call, ms (the agent's default).
     #[arg(long, default_value_t = 500)]
     timeout_ms: u64,
-    /// The big grid: 50, 300 and 1,000 limiters, v1 and v2, 1 and 2 shards.
+    /// The big grid: 50, 300 and 1,000 limiters, v1, v2 and v2 by interest, 1 and 2 shards.
     #[arg(long)]
     full: bool,
     /// Only these limiter counts (comma-separated), instead of the grid's.
@@ -72,6 +73,8 @@ struct Args {
 enum Proto {
     V1,
     V2,
+    /// v2 with answers by interest (`SyncRequest::interest`).
+    V2Interest,
 }
 
 impl Proto {
@@ -79,20 +82,21 @@ impl Proto {
         match self {
             Proto::V1 => "v1 JSON",
             Proto::V2 => "v2",
+            Proto::V2Interest => "v2 by interest",
         }
     }
 
     fn content_type(self) -> &'static str {
         match self {
             Proto::V1 => "application/json",
-            Proto::V2 => v2::CONTENT_TYPE,
+            Proto::V2 | Proto::V2Interest => v2::CONTENT_TYPE,
         }
     }
 
     fn encode(self, r: &SyncRequest) -> Vec<u8> {
         match self {
             Proto::V1 => serde_json::to_vec(r).unwrap_or_default(),
-            Proto::V2 => v2::encode_request(r),
+            Proto::V2 | Proto::V2Interest => v2::encode_request(r),
         }
     }
 
@@ -101,7 +105,7 @@ impl Proto {
     /// with the roots) on parsing what the probe measures.
     fn header(self, body: &[u8]) -> Option<(u64, u64, u64)> {
         match self {
-            Proto::V2 => {
+            Proto::V2 | Proto::V2Interest => {
                 let ((_, inst, acked, version), _) =
                     postcard::take_from_bytes::<(u8, u64, u64, u64)>(body).ok()?;
                 Some((inst, acked, version))
@@ -123,7 +127,9 @@ impl Proto {
     fn decode(self, body: &[u8]) -> Result<SyncResponse, String> {
         match self {
             Proto::V1 => serde_json::from_slice(body).map_err(|e| e.to_string()),
-            Proto::V2 => v2::decode_response(body, usize::MAX).map_err(|e| e.to_string()),
+            Proto::V2 | Proto::V2Interest => {
+                v2::decode_response(body, usize::MAX).map_err(|e| e.to_string())
+            }
         }
     }
 }
@@ -169,7 +175,7 @@ fn main() -> anyhow::Result<()> {
     let mut grid = Vec::new();
     for &shards in &[1u32, 2] {
         for &limiters in &limiter_counts {
-            for proto in [Proto::V1, Proto::V2] {
+            for proto in [Proto::V1, Proto::V2, Proto::V2Interest] {
                 // v1 is for debugging and old limiters: measured unsharded only, unless
                 // the big grid asks for everything.
                 if proto == Proto::V1 && shards > 1 && !args.full {
@@ -583,6 +589,8 @@ async fn limiter(
                 batches: link.pending.iter().map(|b| (**b).clone()).collect(),
                 hints: vec![],
                 seen_epoch: Some(quotas),
+                interest: p.proto == Proto::V2Interest,
+                watch: vec![],
             };
             let (client, url, shared) = (&client, &urls[k], &shared);
             async move {
@@ -641,7 +649,8 @@ async fn probe(
         limiter.apply_quotas(&all);
         limiter
     });
-    let config = SyncConfig { interval, timeout, ..SyncConfig::default() };
+    let interest = p.proto == Proto::V2Interest;
+    let config = SyncConfig { interval, timeout, interest, ..SyncConfig::default() };
     let shards: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
     let Ok(mut engine) = SyncEngine::sharded(limiter.clone(), shards, config) else { return };
     let mut rng = fastrand::Rng::with_seed(42);

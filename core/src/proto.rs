@@ -50,6 +50,21 @@ pub struct SyncRequest {
     /// reset after it. Absent from limiters that predate resets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seen_epoch: Option<Epoch>,
+    /// Answer only the counters this limiter named lately (in a batch, a hint or `watch`,
+    /// within the root's interest time, 10 s by default), instead of every counter changed in
+    /// the cluster: an answer then grows with what this limiter serves, not with the
+    /// cluster's churn. A counter named for the first time is answered even if it did not
+    /// change since `since`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub interest: bool,
+    /// Counters this limiter decided on since its last request without counting anything
+    /// (`yarl_check`), sorted: they join its interest like the counters of its batches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub watch: Vec<QuotaId>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What one limiter counted during one interval.

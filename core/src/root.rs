@@ -67,7 +67,7 @@ use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -104,6 +104,15 @@ pub struct RootConfig {
     /// and hints for counters of other shards are skipped (and counted); answers name the
     /// shard so a limiter configured otherwise notices. See [`crate::shard`].
     pub shard: Option<Shard>,
+    /// How long (ns) a counter a limiter named stays in its interest
+    /// ([`SyncRequest::interest`]): a counter it stops deciding on leaves its answers then.
+    pub interest_ttl_ns: u64,
+    /// Most counters in one session's interest; past it (or past
+    /// [`RootConfig::max_interest`]) that session gets every changed counter again, as
+    /// without interest, until its interest shrinks.
+    pub max_interest_per_limiter: usize,
+    /// Most counters in the interest of all sessions together.
+    pub max_interest: usize,
 }
 
 /// Width of one bucket of the demand window, ns.
@@ -173,6 +182,11 @@ impl Default for RootConfig {
             // Half the shortest interval anyone runs (50 ms): twice the honest rate.
             seq_min_interval_ns: 25_000_000,
             shard: None,
+            interest_ttl_ns: 10 * NANOS_PER_SEC,
+            // A limiter naming 25,000 counters a second; about 8 MiB.
+            max_interest_per_limiter: 250_000,
+            // About 128 MiB over all sessions.
+            max_interest: 4_000_000,
         }
     }
 }
@@ -217,6 +231,11 @@ pub struct RootStats {
     /// Delta entries and hints dropped because they were counted before their quota's
     /// reset.
     pub dropped_before_reset: u64,
+    /// Answers by interest ([`SyncRequest::interest`]).
+    pub interest_answers: u64,
+    /// Syncs that asked for interest but got every changed counter: the session's or the
+    /// root's interest was full.
+    pub interest_full: u64,
 }
 
 /// A counter's live view for the admin API.
@@ -289,6 +308,9 @@ struct Session {
     addr: Option<IpAddr>,
     /// Admitted amounts above a counter's ceiling, fed in as this session keeps syncing.
     parked: HashMap<QuotaId, u64>,
+    /// The counters this limiter named lately, with when each leaves (ns), if it asks for
+    /// answers by interest.
+    interest: HashMap<QuotaId, u64>,
 }
 
 /// What one root answers: a [`SyncResponse`] whose quotas are shared with the root's table
@@ -392,6 +414,8 @@ pub struct RootState {
     next_serial: u64,
     /// Parked claims over all sessions.
     parked: usize,
+    /// Interest entries over all sessions.
+    interest: usize,
     stats: RootStats,
 }
 
@@ -413,6 +437,7 @@ impl RootState {
             by_addr: HashMap::new(),
             next_serial: 0,
             parked: 0,
+            interest: 0,
             stats: RootStats::default(),
         }
     }
@@ -704,12 +729,18 @@ impl RootState {
         if peer.is_some() {
             s.addr = peer;
         }
-        let (name, s) = session;
+        let (name, mut s) = session;
+        let interest = if req.interest { self.note_interest(&mut s, req, now) } else { None };
+        if !req.interest && !s.interest.is_empty() {
+            // It stopped asking by interest (a reconfigured limiter): free what it named.
+            self.interest -= s.interest.len();
+            s.interest = HashMap::new();
+        }
         // What this limiter admitted beyond a ceiling is parked, not lost: it sees it in the
         // fills it gets back, or it would admit that much again (others do not see it).
         let own_parked = (!s.parked.is_empty()).then(|| s.parked.clone());
         self.index(name.clone(), &s);
-        self.limiters.insert(name, s);
+        self.limiters.insert(name.clone(), s);
 
         let since = if req.root_instance == Some(self.instance) {
             req.since
@@ -717,17 +748,46 @@ impl RootState {
             self.stats.first_contacts += 1;
             0
         };
-        let counters = self
-            .changes
-            .range(since.saturating_add(1)..)
-            .map(|(_, c)| {
-                let mut fill = c.bucket.fill_at(now, c.limit);
-                if let Some(p) = own_parked.as_ref().and_then(|p| p.get(&c.id)) {
-                    fill = fill.saturating_add(*p);
-                }
-                (c.id, fill, c.demand.rate(now) as u64)
-            })
-            .collect();
+        let parked_of = |id: QuotaId| own_parked.as_ref().and_then(|p| p.get(&id)).copied();
+        let counters = match interest {
+            Some(fresh) => {
+                self.stats.interest_answers += 1;
+                let (quotas, counters) = (&self.quotas, &self.counters);
+                let s = self.limiters.get_mut(&*name).expect("the session was just inserted");
+                let mut out = Vec::new();
+                let before = s.interest.len();
+                s.interest.retain(|&id, &mut until| {
+                    if until <= now {
+                        return false;
+                    }
+                    let (Some(c), Some(q)) = (counters.get(&id), quotas.get(&id)) else {
+                        return true;
+                    };
+                    if c.version > since || fresh.contains(&id) {
+                        let mut fill = c.bucket.fill_at(now, q.limits.limit);
+                        if let Some(p) = parked_of(id) {
+                            fill = fill.saturating_add(p);
+                        }
+                        out.push((id, fill, c.demand.rate(now) as u64));
+                    }
+                    true
+                });
+                self.interest -= before - s.interest.len();
+                out.sort_unstable_by_key(|c| c.0);
+                out
+            }
+            None => self
+                .changes
+                .range(since.saturating_add(1)..)
+                .map(|(_, c)| {
+                    let mut fill = c.bucket.fill_at(now, c.limit);
+                    if let Some(p) = parked_of(c.id) {
+                        fill = fill.saturating_add(p);
+                    }
+                    (c.id, fill, c.demand.rate(now) as u64)
+                })
+                .collect(),
+        };
 
         let mut quotas = Vec::new();
         let mut more = false;
@@ -757,6 +817,50 @@ impl RootState {
             root_epoch: self.epoch,
             shard: self.config.shard,
         })
+    }
+
+    /// Adds the counters `req` names (its batches' deltas, hints and `watch`, those this root
+    /// holds) to the session's interest until `now` + the interest time. Returns the ones
+    /// new to it, which its answer carries even if unchanged; `None` when the session's or
+    /// the root's interest is full, and the answer must carry every changed counter.
+    fn note_interest(
+        &mut self,
+        s: &mut Session,
+        req: &SyncRequest,
+        now: u64,
+    ) -> Option<HashSet<QuotaId>> {
+        let until = now.saturating_add(self.config.interest_ttl_ns.max(1));
+        let named = req
+            .batches
+            .iter()
+            .flat_map(|b| b.deltas.iter().map(|d| d.0))
+            .chain(req.hints.iter().map(|h| h.0))
+            .chain(req.watch.iter().copied());
+        let mut fresh = HashSet::new();
+        let mut full = false;
+        for id in named {
+            if !self.holds(id) || !self.quotas.get(&id).is_some_and(|q| !q.deleted) {
+                continue;
+            }
+            if let Some(u) = s.interest.get_mut(&id) {
+                *u = until;
+                continue;
+            }
+            if s.interest.len() >= self.config.max_interest_per_limiter
+                || self.interest >= self.config.max_interest
+            {
+                full = true;
+                continue;
+            }
+            s.interest.insert(id, until);
+            self.interest += 1;
+            fresh.insert(id);
+        }
+        if full {
+            self.stats.interest_full += 1;
+            return None;
+        }
+        Some(fresh)
     }
 
     /// Refuses a batch `seq` further ahead of a known session's acknowledged one than that
@@ -838,6 +942,7 @@ impl RootState {
         if let Some(s) = self.limiters.remove(&name) {
             self.unindex(&s);
             self.parked -= s.parked.len();
+            self.interest -= s.interest.len();
         }
     }
 

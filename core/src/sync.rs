@@ -54,6 +54,15 @@ pub struct SyncConfig {
     /// Start a round early when a quota's traffic surges on this host
     /// ([`SyncEngine::wants_early_round`]; default on).
     pub early: bool,
+    /// Ask the roots for answers by interest (default off): each answer carries only the
+    /// counters this limiter counted or checked in the roots' interest time (10 s), not
+    /// every counter changed in the cluster, so a root's work and an answer's size grow with
+    /// what this limiter serves rather than with the cluster's churn. A counter this
+    /// limiter meets for the first time is decided on what it knows (nothing, or its last
+    /// view) until the next round brings its fill. Turns on
+    /// [`LimiterBuilder::watch_checks`](crate::LimiterBuilder::watch_checks) for the
+    /// engine's limiter handle.
+    pub interest: bool,
 }
 
 impl Default for SyncConfig {
@@ -64,6 +73,7 @@ impl Default for SyncConfig {
             max_pending_batches: 30,
             max_backoff_intervals: 8,
             early: true,
+            interest: false,
         }
     }
 }
@@ -315,6 +325,9 @@ impl SyncEngine {
         if limiter.engine_attached.swap(true, Ordering::AcqRel) {
             return Err(EngineError::AlreadyAttached);
         }
+        if config.interest {
+            limiter.watch_checks.store(true, Ordering::Relaxed);
+        }
         let now = limiter.clock().now_nanos();
         let urls: Vec<String> = roots.iter().map(|(u, _)| u.clone()).collect();
         let entries = limiter.roots_table().claim(&urls, now);
@@ -391,6 +404,8 @@ impl SyncEngine {
             self.recover()
         };
         let early = std::mem::take(&mut self.early_next);
+        let interest = self.config.interest;
+        let mut watched: Vec<QuotaId> = Vec::new();
         let mut round = RoundState { began: now, early, ..RoundState::default() };
         let seq = match recovered {
             Some((seq, entries)) => {
@@ -414,8 +429,11 @@ impl SyncEngine {
                         if !early {
                             c.set_own_rate(s, v.saturating_add(r) as f64 / since);
                         }
-                        if let (true, Some(id)) = (v > 0 || r > 0, c.id_of(s)) {
-                            round.entries.push((s, id, v, r));
+                        match (v > 0 || r > 0, c.id_of(s)) {
+                            (true, Some(id)) => round.entries.push((s, id, v, r)),
+                            // Only checked (answers by interest): named, not counted.
+                            (false, Some(id)) if interest => watched.push(id),
+                            _ => {}
                         }
                     }
                 });
@@ -454,6 +472,13 @@ impl SyncEngine {
                 .collect()
         };
         self.round = round;
+        let mut watch: Vec<Vec<QuotaId>> = vec![Vec::new(); self.shards as usize];
+        for id in watched {
+            watch[Shard::of(id, self.shards) as usize].push(id);
+        }
+        for w in &mut watch {
+            w.sort_unstable();
+        }
 
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
@@ -494,6 +519,8 @@ impl SyncEngine {
                     batches: link.pending.iter().map(|b| (**b).clone()).collect(),
                     hints,
                     seen_epoch: Some(self.limiter.seen_epoch()),
+                    interest,
+                    watch: watch[link.shard as usize].clone(),
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));

@@ -43,6 +43,8 @@ fn request(limiter: &str, batches: Vec<DeltaBatch>, hints: Vec<(u64, u64)>) -> S
         batches,
         hints,
         seen_epoch: None,
+        interest: false,
+        watch: Vec::new(),
     }
 }
 

@@ -29,10 +29,11 @@ fn request() -> impl Strategy<Value = SyncRequest> {
         ),
         prop::collection::vec((num(), num()), 0..20),
         prop::option::of(num()),
+        any::<bool>(),
+        prop::collection::vec(num(), 0..20),
     )
-        .prop_map(|(limiter, root_instance, since, epoch, batches, hints, seen_epoch)| {
-            SyncRequest {
-                v: PROTOCOL_VERSION,
+        .prop_map(
+            |(
                 limiter,
                 root_instance,
                 since,
@@ -40,8 +41,23 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                 batches,
                 hints,
                 seen_epoch,
-            }
-        })
+                interest,
+                watch,
+            )| {
+                SyncRequest {
+                    v: PROTOCOL_VERSION,
+                    limiter,
+                    root_instance,
+                    since,
+                    epoch,
+                    batches,
+                    hints,
+                    seen_epoch,
+                    interest,
+                    watch,
+                }
+            },
+        )
 }
 
 fn quota() -> impl Strategy<Value = QuotaUpdate> {
@@ -146,13 +162,20 @@ proptest! {
     ) {
         let bytes = v2::encode_request(&r);
         let cut = cut.index(bytes.len());
-        let mut plain = r.clone();
+        // What each earlier revision of the format would have carried of it.
+        let mut no_interest = r.clone();
+        no_interest.interest = false;
+        no_interest.watch.clear();
+        let mut plain = no_interest.clone();
         plain.seen_epoch = None;
         plain.batches.iter_mut().for_each(|b| b.epoch = None);
         let first_revision = v2::encode_request(&plain).len();
         match v2::decode_request(&bytes[..cut], usize::MAX) {
             Err(_) => {}
-            Ok(got) => prop_assert!(cut == first_revision && got == plain),
+            // Cut where an earlier revision ended: exactly what that revision carried.
+            Ok(got) => prop_assert!(
+                (cut == first_revision && got == plain) || (cut > first_revision && got == no_interest)
+            ),
         }
         let _ = v2::decode_request(&junk, 1_000);
         let _ = v2::decode_response(&junk, 1_000);
@@ -172,6 +195,8 @@ fn sample_request() -> SyncRequest {
         ],
         hints: vec![(12, 48000)],
         seen_epoch: None,
+        interest: false,
+        watch: Vec::new(),
     }
 }
 
@@ -222,10 +247,18 @@ fn hostile_bodies_name_what_is_wrong() {
     let bytes = v2::encode_request(&with);
     assert_eq!(&bytes[..good.len()], &good[..], "the first revision's fields are unchanged");
     assert_eq!(v2::decode_request(&bytes, 10).unwrap(), with);
+    // Fields appended for answers by interest: the flag and the watched ids.
+    let mut with_interest = with.clone();
+    with_interest.interest = true;
+    with_interest.watch = vec![7, 9, 1000];
+    let bytes = v2::encode_request(&with_interest);
+    assert_eq!(v2::decode_request(&bytes, 10).unwrap(), with_interest);
+    // They count against the entry budget (4 deltas, 2 batches, 3 ids).
+    assert_eq!(err(&bytes, 8), DecodeError::TooLarge(9, 8));
     // Trailing bytes after every known field are left for later revisions.
     let mut b = bytes.clone();
     b.extend([1, 2, 3]);
-    assert_eq!(v2::decode_request(&b, 10).unwrap(), with);
+    assert_eq!(v2::decode_request(&b, 10).unwrap(), with_interest);
     // An epoch list that does not match the batches is refused, by name.
     let mut b = good.clone();
     b.extend([1, 5, 3, 0, 0, 0]);

@@ -45,6 +45,8 @@ pub struct MainConf {
     pub token: Option<String>,
     /// `yarl_sync_early`.
     pub early: Option<bool>,
+    /// `yarl_sync_answers touched` (true) or `all`.
+    pub interest: Option<bool>,
     /// `yarl_sync_ca`, the full path.
     pub ca: Option<PathBuf>,
     /// `yarl_zone`, bytes.
@@ -69,6 +71,11 @@ impl MainConf {
     /// Whether early rounds are on (default on).
     pub fn early(&self) -> bool {
         self.early.unwrap_or(true)
+    }
+
+    /// Whether answers come by interest (`yarl_sync_answers touched`; default `all`).
+    pub fn interest(&self) -> bool {
+        self.interest.unwrap_or(false)
     }
 
     /// The zone size in force.
@@ -328,6 +335,7 @@ setter!(set_charge, charge);
 setter!(set_metrics, metrics);
 setter!(set_sync_ca, sync_ca);
 setter!(set_sync_early, sync_early);
+setter!(set_sync_answers, sync_answers);
 
 fn roots(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so `conf` is our MainConf.
@@ -378,17 +386,33 @@ fn sync_interval(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
 }
 
 fn sync_early(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    main_choice(cf, conf, |mc| &mut mc.early, ("on", "off"))
+}
+
+fn sync_answers(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    main_choice(cf, conf, |mc| &mut mc.interest, ("touched", "all"))
+}
+
+/// An http-level directive with one of two words: `yes` sets the field to true, `no` to
+/// false, anything else (or a second occurrence) is an error naming the directive.
+fn main_choice(
+    cf: *mut ngx_conf_t,
+    conf: *mut c_void,
+    field: fn(&mut MainConf) -> &mut Option<bool>,
+    (yes, no): (&str, &str),
+) -> ConfResult {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET.
     let mc = unsafe { &mut *conf.cast::<MainConf>() };
     // SAFETY: called from a setter with nginx's `cf`.
     let args = unsafe { args(cf) };
-    if mc.early.is_some() {
+    let slot = field(mc);
+    if slot.is_some() {
         return Err(duplicate(args));
     }
-    mc.early = Some(match args[1].as_bytes() {
-        b"on" => true,
-        b"off" => false,
-        _ => return Err(invalid(args, 1, "it must be \"on\" or \"off\"")),
+    *slot = Some(match args[1].as_bytes() {
+        v if v == yes.as_bytes() => true,
+        v if v == no.as_bytes() => false,
+        _ => return Err(invalid(args, 1, &format!("it must be \"{yes}\" or \"{no}\""))),
     });
     Ok(())
 }

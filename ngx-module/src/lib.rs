@@ -131,7 +131,7 @@ unsafe impl HttpModuleLocationConf for Module {
 
 const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 18] = [
+static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 19] = [
     command(
         ngx_string!("yarl_roots"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -160,6 +160,12 @@ static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 18] = [
         ngx_string!("yarl_sync_early"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
         conf::set_sync_early,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_sync_answers"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_sync_answers,
         NGX_HTTP_MAIN_CONF_OFFSET,
     ),
     command(

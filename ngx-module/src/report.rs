@@ -33,6 +33,8 @@ pub struct SyncSettings {
     pub timeout_ms: u64,
     /// `yarl_sync_early`.
     pub early: bool,
+    /// `yarl_sync_answers`: `"all"` or `"touched"`.
+    pub answers: &'static str,
 }
 
 #[derive(Serialize)]

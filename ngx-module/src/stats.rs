@@ -88,6 +88,7 @@ fn render(r: &mut Request) -> String {
         interval_ms: w.interval.as_millis() as u64,
         timeout_ms: w.timeout.as_millis() as u64,
         early: w.early,
+        answers: if w.interest { "touched" } else { "all" },
     });
     let info = match (&quota_name, w) {
         (Some(n), Some(w)) => w.limiter.quota(n),

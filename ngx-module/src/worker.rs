@@ -53,6 +53,8 @@ pub struct Worker {
     pub timeout: Duration,
     /// `yarl_sync_early`.
     pub early: bool,
+    /// `yarl_sync_answers touched`.
+    pub interest: bool,
     /// `yarl_roots`.
     pub roots: Vec<String>,
     /// `yarl_roots ... shard=INDEX/COUNT` lines: the roots of each shard.
@@ -180,6 +182,8 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
     let limiter = Limiter::builder()
         .clock(Arc::new(SystemClock))
         .horizon(interval)
+        // Every worker's checks name their counters to the agent, whichever worker runs it.
+        .watch_checks(mc.interest())
         .open(block)
         .map_err(|e| e.to_string())?;
     let generation = limiter.generation();
@@ -188,6 +192,7 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         interval,
         timeout: mc.timeout(),
         early: mc.early(),
+        interest: mc.interest(),
         roots: mc.roots.clone().unwrap_or_default(),
         shards: mc.root_map.shards(),
         token: mc.token.clone(),
@@ -338,6 +343,7 @@ fn start_agent(w: &Worker) -> Result<SyncThread, String> {
         interval: w.interval,
         timeout: w.timeout,
         early: w.early,
+        interest: w.interest,
         ..SyncConfig::default()
     };
     let engine = match &w.shards {

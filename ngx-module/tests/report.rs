@@ -63,7 +63,7 @@ fn the_host_state_with_ages_relative_to_render_time() {
         agent_alive: true,
         now_ns: 10_000_000_000,
         roots: &r,
-        sync: SyncSettings { interval_ms: 1000, timeout_ms: 500, early: true },
+        sync: SyncSettings { interval_ms: 1000, timeout_ms: 500, early: true, answers: "all" },
         requests: RequestCounters { checked: 4, passed: 2, rejected: 2, ..Default::default() },
         quota: None,
     }));

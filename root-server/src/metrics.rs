@@ -110,6 +110,17 @@ impl Metrics {
             s.stats.dropped_before_reset,
         );
         counter(
+            "yarl_root_interest_answers_total",
+            "Answers by interest: only the counters the limiter named lately.",
+            s.stats.interest_answers,
+        );
+        counter(
+            "yarl_root_interest_full_total",
+            "Syncs that asked for answers by interest but got every changed counter: the \
+             session's or the root's interest was full.",
+            s.stats.interest_full,
+        );
+        counter(
             "yarl_root_hints_applied_total",
             "Limiter hints that raised a counter.",
             s.stats.hints_applied,

@@ -45,6 +45,8 @@ fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
         }],
         hints: vec![],
         seen_epoch: Some(0),
+        interest: false,
+        watch: Vec::new(),
     }
 }
 

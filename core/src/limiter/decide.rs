@@ -90,8 +90,8 @@ impl Limiter {
     fn decide(&self, name: &str, weight: u64) -> Decision {
         let now = self.clock.now_nanos();
         let mut chain = Chain::default();
-        match self.walk(name, now, weight, &mut chain) {
-            Walk::Unlimited => Decision::unlimited(),
+        let d = match self.walk(name, now, weight, &mut chain) {
+            Walk::Unlimited => return Decision::unlimited(),
             Walk::Rejected(d) => {
                 self.count_rejected(&chain, weight);
                 d
@@ -100,7 +100,15 @@ impl Limiter {
                 self.add_local(&chain, weight, now);
                 Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None }
             }
+        };
+        if weight == 0 && self.watch_checks.load(Relaxed) {
+            // Nothing counted, but the next round names these counters to the roots, whose
+            // answers then carry them (answers by interest).
+            for &s in chain.slots() {
+                self.mark_dirty(s);
+            }
         }
+        d
     }
 
     /// Like [`account`](Self::account) for several names at once, all-or-nothing across all

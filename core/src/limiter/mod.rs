@@ -159,6 +159,7 @@ pub struct LimiterBuilder {
     horizon: Duration,
     demand: bool,
     local_guard: bool,
+    watch_checks: bool,
     capacity: u32,
 }
 
@@ -222,6 +223,16 @@ impl LimiterBuilder {
         self
     }
 
+    /// Whether a [`check`](Limiter::check) marks its chain for the next sync round like an
+    /// account does (default off), so a sync engine asking for answers by interest
+    /// ([`crate::SyncConfig::interest`]) names the counters this limiter only checks.
+    /// Every handle of a shared block should agree; [`crate::SyncEngine`] turns it on for
+    /// its own handle when it asks by interest.
+    pub fn watch_checks(mut self, on: bool) -> Self {
+        self.watch_checks = on;
+        self
+    }
+
     /// How many quotas [`build`](Self::build)'s heap block holds (default
     /// [`DEFAULT_CAPACITY`]); quotas beyond it stay unlimited and are counted as missing.
     pub fn capacity(mut self, quotas: u32) -> Self {
@@ -262,6 +273,7 @@ impl LimiterBuilder {
             estimator: self.estimator,
             demand: self.demand,
             local_guard: self.local_guard,
+            watch_checks: AtomicBool::new(self.watch_checks),
             horizon_ns: AtomicU64::new(u64::try_from(self.horizon.as_nanos()).unwrap_or(u64::MAX)),
             engine_attached: AtomicBool::new(false),
         }
@@ -283,6 +295,8 @@ pub struct Limiter {
     estimator: Estimator,
     demand: bool,
     local_guard: bool,
+    /// Checks mark their chain dirty (see [`LimiterBuilder::watch_checks`]).
+    pub(crate) watch_checks: AtomicBool,
     horizon_ns: AtomicU64,
     pub(crate) engine_attached: AtomicBool,
 }
@@ -313,6 +327,7 @@ impl Limiter {
             horizon: Duration::from_secs(1),
             demand: true,
             local_guard: false,
+            watch_checks: false,
             capacity: DEFAULT_CAPACITY,
         }
     }

@@ -99,6 +99,12 @@ impl HasId for (QuotaId, u64, u64) {
     }
 }
 
+impl HasId for QuotaId {
+    fn id(&self) -> u64 {
+        *self
+    }
+}
+
 impl HasId for (QuotaId, u64) {
     fn id(&self) -> u64 {
         self.0
@@ -151,10 +157,20 @@ struct RequestWire<'a>(&'a SyncRequest);
 impl Serialize for RequestWire<'_> {
     fn serialize<Z: Serializer>(&self, s: Z) -> Result<Z::Ok, Z::Error> {
         let r = self.0;
-        // Fields 8 and 9 (resets) only when they say something: a request from a limiter
-        // that predates resets stays byte for byte what it was.
-        let resets = r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
-        let mut t = s.serialize_tuple(if resets { 9 } else { 7 })?;
+        // Fields 8 and 9 (resets) only when they say something, 10 and 11 (interest) only
+        // when asked for: a request from a limiter that predates them stays byte for byte
+        // what it was.
+        let interest = r.interest || !r.watch.is_empty();
+        let resets =
+            interest || r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
+        let fields = if interest {
+            11
+        } else if resets {
+            9
+        } else {
+            7
+        };
+        let mut t = s.serialize_tuple(fields)?;
         t.serialize_element(&WIRE_VERSION)?;
         t.serialize_element(r.limiter.as_str())?;
         t.serialize_element(&r.root_instance)?;
@@ -166,6 +182,10 @@ impl Serialize for RequestWire<'_> {
             t.serialize_element(&r.seen_epoch)?;
             let epochs: Vec<Option<u64>> = r.batches.iter().map(|b| b.epoch).collect();
             t.serialize_element(&epochs)?;
+        }
+        if interest {
+            t.serialize_element(&r.interest)?;
+            t.serialize_element(&Delta(&r.watch, |_: &u64, k| k))?;
         }
         t.end()
     }
@@ -524,8 +544,10 @@ impl<'de> Visitor<'de> for Message<'_, SyncRequest> {
             epoch,
             batches,
             hints,
-            // Field 8, read by `decode_request` when present.
+            // Fields 8 to 11, read by `decode_request` when present.
             seen_epoch: None,
+            interest: false,
+            watch: Vec::new(),
         })
     }
 }
@@ -619,6 +641,28 @@ pub fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequest, De
             let (e, more) = take::<Option<u64>>(rest, "batch_epochs", "not an option of a varint")?;
             b.epoch = e;
             rest = more;
+        }
+        if !rest.is_empty() {
+            let (interest, more) = take::<bool>(rest, "interest", "bool is neither 0 nor 1")?;
+            r.interest = interest;
+            let (n, mut more) = take::<u64>(more, "watch", "not a list")?;
+            // Each id takes a byte at least; the entries of the whole body stay bounded.
+            let used = ctx.used.get().saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
+            if n > more.len() as u64 {
+                return Err(malformed("watch", "list longer than the rest of the body"));
+            }
+            if used > max_entries {
+                return Err(DecodeError::TooLarge(used, max_entries));
+            }
+            let mut watch = Vec::with_capacity(n as usize);
+            let mut id = 0u64;
+            for _ in 0..n {
+                let (d, after) = take::<i64>(more, "watch", "not a varint")?;
+                id = id.wrapping_add(d as u64);
+                watch.push(id);
+                more = after;
+            }
+            r.watch = watch;
         }
     }
     Ok(r)

@@ -43,6 +43,8 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
             .collect(),
         hints: vec![],
         seen_epoch: None,
+        interest: false,
+        watch: Vec::new(),
     }
 }
 
@@ -426,4 +428,91 @@ fn resends_after_an_outage_all_count() {
         r.sync(&req("a", vec![]), at).unwrap();
     }
     assert_eq!(at, 63 * S);
+}
+
+/// A request by interest from `limiter`, continuing from `prev`'s answer.
+fn by_interest(
+    limiter: &str,
+    prev: Option<&SyncResponse>,
+    batches: Vec<(u64, Vec<(u64, u64)>)>,
+    watch: Vec<u64>,
+) -> SyncRequest {
+    SyncRequest {
+        root_instance: prev.map(|p| p.root_instance),
+        since: prev.map_or(0, |p| p.version),
+        interest: true,
+        watch,
+        ..req(limiter, batches)
+    }
+}
+
+fn ids(r: &SyncResponse) -> Vec<u64> {
+    r.counters.iter().map(|c| c.0).collect()
+}
+
+#[test]
+fn answers_by_interest_carry_only_what_the_limiter_named() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas((1..=5).map(|i| quota(i, i, 1.0, false)), 0);
+    // Another limiter changes counters 1 to 4 every second.
+    let busy: Vec<(u64, u64)> = (1..=4).map(|i| (i, 5_000)).collect();
+    r.sync(&req("other", vec![(1, busy.clone())]), S).unwrap();
+
+    // A by-interest limiter counts on 1 and only checks 2: nothing else comes back, and
+    // the counters it names for the first time come back even though they did not change
+    // since its `since`.
+    let a = r.sync(&by_interest("a", None, vec![], vec![]), S).unwrap();
+    assert_eq!(ids(&a), Vec::<u64>::new(), "named nothing yet: no counters");
+    let a = r.sync(&by_interest("a", Some(&a), vec![(1, vec![(1, 1_000)])], vec![2]), S).unwrap();
+    assert_eq!(ids(&a), vec![1, 2]);
+    assert_eq!(a.counters[0].1, 6_000, "its own delta and the other's, milli-units");
+    assert_eq!(a.counters[1].1, 5_000);
+    // Unchanged since: nothing.
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), S).unwrap();
+    assert_eq!(ids(&a), Vec::<u64>::new());
+    // The other limiter changes 1 to 4 again: `a` hears of 1 and 2 only.
+    r.sync(&req("other", vec![(2, busy.clone())]), 2 * S).unwrap();
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), 2 * S).unwrap();
+    assert_eq!(ids(&a), vec![1, 2]);
+    // A classic limiter still hears of everything that changed.
+    let c = r.sync(&req("classic", vec![]), 2 * S).unwrap();
+    assert_eq!(ids(&c), vec![1, 2, 3, 4]);
+    assert_eq!(r.stats().interest_answers, 4);
+
+    // Named counters leave the interest after the interest time, unless named again.
+    r.sync(&req("other", vec![(3, busy.clone())]), 5 * S).unwrap();
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![2]), 5 * S).unwrap();
+    assert_eq!(ids(&a), vec![1, 2]);
+    r.sync(&req("other", vec![(4, busy)]), 13 * S).unwrap();
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), 13 * S).unwrap();
+    assert_eq!(ids(&a), vec![2], "1 was last named at 1 s, 2 at 5 s: 10 s of interest");
+    // Unknown and deleted quotas are not taken in.
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![99]), 13 * S).unwrap();
+    assert_eq!(ids(&a), Vec::<u64>::new());
+}
+
+#[test]
+fn a_full_interest_falls_back_to_every_changed_counter() {
+    let config =
+        RootConfig { max_interest_per_limiter: 2, max_interest: 3, ..RootConfig::default() };
+    let mut r = RootState::new(config);
+    r.apply_quotas((1..=5).map(|i| quota(i, i, 1.0, false)), 0);
+    let every: Vec<(u64, u64)> = (1..=5).map(|i| (i, 1_000)).collect();
+    r.sync(&req("other", vec![(1, every)]), S).unwrap();
+    let a = r.sync(&by_interest("a", None, vec![], vec![1, 2]), S).unwrap();
+    assert_eq!(ids(&a), vec![1, 2]);
+    // A third name does not fit: this answer carries every changed counter.
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![3]), S).unwrap();
+    assert_eq!(ids(&a), Vec::<u64>::new(), "nothing changed since its last answer");
+    let a0 = r.sync(&by_interest("a", None, vec![], vec![3]), S).unwrap();
+    assert_eq!(ids(&a0), vec![1, 2, 3, 4, 5], "a first contact: everything");
+    assert_eq!(r.stats().interest_full, 2);
+    // The root-wide bound: b gets one entry, then the root is full.
+    let b = r.sync(&by_interest("b", None, vec![], vec![4, 5]), S).unwrap();
+    assert_eq!(ids(&b), vec![1, 2, 3, 4, 5]);
+    // Forgetting a session frees its entries.
+    r.sweep(1_000 * S);
+    let b = r.sync(&by_interest("b", None, vec![], vec![4, 5]), 1_000 * S).unwrap();
+    assert_eq!(ids(&b), Vec::<u64>::new(), "drained and swept: no counters, but room again");
+    assert_eq!(r.stats().interest_full, 3);
 }

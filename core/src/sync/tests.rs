@@ -198,6 +198,37 @@ fn drained_counters_leave_the_active_set_after_one_round() {
 }
 
 #[test]
+fn by_interest_a_limiter_hears_of_the_counters_it_checks_and_no_others() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 0.001, 1e6, 1e6), quota(2, "b", 0.001, 1e6, 1e6)];
+    let mut r = root_with(&qs);
+    let mut busy = node(&clock, 1);
+    let limiter = Arc::new(Limiter::builder().clock(Arc::new(clock.clone())).build());
+    let config = SyncConfig { interest: true, ..SyncConfig::default() };
+    let engine = SyncEngine::new(limiter.clone(), vec!["http://root0".into()], config).unwrap();
+    let mut quiet = Node { engine, limiter };
+    for n in [&mut busy, &mut quiet] {
+        while round(n, &mut [Some(&mut r)], clock.now_nanos()).more {}
+    }
+    busy.limiter.account("a", 40).unwrap();
+    busy.limiter.account("b", 50).unwrap();
+    round(&mut busy, &mut [Some(&mut r)], clock.now_nanos());
+    round(&mut quiet, &mut [Some(&mut r)], clock.now_nanos());
+    assert_eq!(quiet.limiter.quota("b").unwrap().fill, 0.0, "never named: not told");
+    // A check names "b" in the next round; its answer brings b's fill, and only b's.
+    assert_eq!(quiet.limiter.check("b").outcome, Outcome::Passed);
+    round(&mut quiet, &mut [Some(&mut r)], clock.now_nanos());
+    assert_eq!(quiet.limiter.quota("b").unwrap().fill, 50.0);
+    assert_eq!(quiet.limiter.quota("a").unwrap().fill, 0.0);
+    // Later changes of b reach it without another check, within the interest time.
+    busy.limiter.account("b", 10).unwrap();
+    round(&mut busy, &mut [Some(&mut r)], clock.now_nanos());
+    round(&mut quiet, &mut [Some(&mut r)], clock.now_nanos());
+    assert_eq!(quiet.limiter.quota("b").unwrap().fill, 60.0);
+    assert_eq!(r.stats().interest_answers, 4);
+}
+
+#[test]
 fn limiter_takes_the_max_of_roots() {
     let clock = ManualClock::at(S);
     let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
