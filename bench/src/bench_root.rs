@@ -64,6 +64,12 @@ struct Args {
     /// keys, as behind a load balancer.
     #[arg(long)]
     key_space: Option<u64>,
+    /// Only these protocols (comma-separated: v1, v2, interest), instead of all three.
+    #[arg(long, value_delimiter = ',')]
+    protocols: Vec<String>,
+    /// Only these shard counts (comma-separated: 1, 2), instead of both.
+    #[arg(long, value_delimiter = ',')]
+    shards: Vec<u32>,
     /// First port of the roots.
     #[arg(long, default_value_t = 17_700)]
     port: u16,
@@ -173,9 +179,18 @@ fn main() -> anyhow::Result<()> {
         vec![50, 300]
     };
     let mut grid = Vec::new();
-    for &shards in &[1u32, 2] {
+    let shard_counts = if args.shards.is_empty() { vec![1, 2] } else { args.shards.clone() };
+    for &shards in &shard_counts {
         for &limiters in &limiter_counts {
             for proto in [Proto::V1, Proto::V2, Proto::V2Interest] {
+                let key = match proto {
+                    Proto::V1 => "v1",
+                    Proto::V2 => "v2",
+                    Proto::V2Interest => "interest",
+                };
+                if !args.protocols.is_empty() && !args.protocols.iter().any(|p| p == key) {
+                    continue;
+                }
                 // v1 is for debugging and old limiters: measured unsharded only, unless
                 // the big grid asks for everything.
                 if proto == Proto::V1 && shards > 1 && !args.full {
