@@ -67,7 +67,7 @@ use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// Maps keyed by quota id: the ids are the database's (a limiter can only name ones that
 /// exist), and foldhash's per-process random seed keeps them from being steered into
@@ -259,6 +259,8 @@ pub struct CounterView {
 struct RootCounter {
     bucket: LeakyBucket,
     version: u64,
+    /// Where its latest change sits in the change log (valid while `version` is not 0).
+    log_at: usize,
     /// Admitted inflow: milli-units per second as of `rate_at`.
     rate: f64,
     rate_at: u64,
@@ -276,6 +278,61 @@ struct Change {
     bucket: LeakyBucket,
     limit: u64,
     demand: DemandWindow,
+}
+
+/// Whether a root may drop a counter: drained, and without recent demand (dropping one that
+/// still sees demand would restart its window from zero and let a burst through), or of a
+/// quota that is gone (`limit` 0).
+fn spent(c: &RootCounter, limit: u64, now: u64) -> bool {
+    limit == 0 || (c.bucket.fill_at(now, limit) == 0 && !c.demand.is_recent(now))
+}
+
+/// The change log: each counter's latest change, in version order. A change replaces the
+/// counter's previous entry by a tombstone (O(1), its place is known) and is appended, where
+/// a `BTreeMap` by version took a removal and an insertion deep in a tree of up to a million
+/// entries for every delta, a fifth of a busy root's time. Tombstones are swept out when
+/// they outnumber the live entries.
+#[derive(Debug, Default)]
+struct ChangeLog {
+    entries: Vec<(u64, Option<Change>)>,
+    live: usize,
+}
+
+impl ChangeLog {
+    /// Appends the change of version `v` (above every version in the log); its index.
+    fn push(&mut self, v: u64, c: Change) -> usize {
+        self.entries.push((v, Some(c)));
+        self.live += 1;
+        self.entries.len() - 1
+    }
+
+    /// Tombstones the entry of version `v` at `at`.
+    fn kill(&mut self, at: usize, v: u64) {
+        if let Some(e) = self.entries.get_mut(at).filter(|e| e.0 == v && e.1.is_some()) {
+            e.1 = None;
+            self.live -= 1;
+        }
+    }
+
+    /// The live changes after version `since`, in version order.
+    fn since(&self, since: u64) -> impl Iterator<Item = &Change> {
+        let from = self.entries.partition_point(|e| e.0 <= since);
+        self.entries[from..].iter().filter_map(|e| e.1.as_ref())
+    }
+
+    fn needs_compaction(&self) -> bool {
+        self.entries.len() > 2 * self.live + 4096
+    }
+
+    /// Drops the tombstones; `moved(id, new index)` for every live entry.
+    fn compact(&mut self, mut moved: impl FnMut(QuotaId, usize)) {
+        self.entries.retain(|e| e.1.is_some());
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(c) = &e.1 {
+                moved(c.id, i);
+            }
+        }
+    }
 }
 
 /// An exponentially weighted rate: `amount` arriving at `now` on a meter reading `rate` at
@@ -314,9 +371,14 @@ struct Session {
     addr: Option<IpAddr>,
     /// Admitted amounts above a counter's ceiling, fed in as this session keeps syncing.
     parked: IdMap<u64>,
+    /// A number for this session that never changes (`serial` does at every sync).
+    sid: u64,
     /// The counters this limiter named lately, with when each leaves (ns), if it asks for
     /// answers by interest.
     interest: IdMap<u64>,
+    /// (leaves at, counter) in the order they were named: the front leaves first. A counter
+    /// named again has a later record; the earlier one is then stale.
+    expiry: VecDeque<(u64, QuotaId)>,
 }
 
 /// What one root answers: a [`SyncResponse`] whose quotas are shared with the root's table
@@ -410,7 +472,7 @@ pub struct RootState {
     epoch: Epoch,
     counters: IdMap<RootCounter>,
     /// Latest version of each counter that changed → the counter as of that change.
-    changes: BTreeMap<u64, Change>,
+    changes: ChangeLog,
     version: u64,
     limiters: HashMap<Box<str>, Session>,
     /// Every session by recency, oldest first: who goes when room is needed.
@@ -422,6 +484,15 @@ pub struct RootState {
     parked: usize,
     /// Interest entries over all sessions.
     interest: usize,
+    /// Counters the current incremental sweep has still to look at.
+    sweep_queue: Vec<QuotaId>,
+    /// Per counter, the sessions (`sid`) that have it in their interest.
+    watchers: IdMap<Vec<u64>>,
+    /// Per session by interest (`sid`), the counters of its interest that changed since its
+    /// last answer: filled as counters change, so an answer costs what it carries, not a
+    /// look at every counter of the interest.
+    inboxes: foldhash::HashMap<u64, IdSet>,
+    next_sid: u64,
     stats: RootStats,
 }
 
@@ -436,7 +507,7 @@ impl RootState {
             live: 0,
             epoch: 0,
             counters: IdMap::default(),
-            changes: BTreeMap::new(),
+            changes: ChangeLog::default(),
             version: 0,
             limiters: HashMap::new(),
             recency: BTreeMap::new(),
@@ -444,6 +515,10 @@ impl RootState {
             next_serial: 0,
             parked: 0,
             interest: 0,
+            sweep_queue: Vec::new(),
+            watchers: IdMap::default(),
+            inboxes: foldhash::HashMap::default(),
+            next_sid: 1,
             stats: RootStats::default(),
         }
     }
@@ -509,7 +584,7 @@ impl RootState {
             self.by_epoch.insert(u.epoch, u.id);
             if u.deleted {
                 if let Some(c) = self.counters.remove(&u.id) {
-                    self.changes.remove(&c.version);
+                    self.changes.kill(c.log_at, c.version);
                 }
             }
             let was_live = self.quotas.get(&u.id).is_some_and(|q| !q.deleted);
@@ -532,7 +607,7 @@ impl RootState {
     /// (`sync_from`).
     fn reset(&mut self, id: QuotaId) {
         if let Some(c) = self.counters.remove(&id) {
-            self.changes.remove(&c.version);
+            self.changes.kill(c.log_at, c.version);
         }
         let mut dropped = 0;
         for s in self.limiters.values_mut() {
@@ -583,10 +658,26 @@ impl RootState {
         let limit = self.live_limit(id).unwrap_or(0);
         if let Some(c) = self.counters.get_mut(&id) {
             if c.version != 0 {
-                self.changes.remove(&c.version);
+                self.changes.kill(c.log_at, c.version);
             }
             c.version = v;
-            self.changes.insert(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
+            c.log_at =
+                self.changes.push(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
+            if let Some(ws) = self.watchers.get(&id) {
+                for sid in ws {
+                    if let Some(inbox) = self.inboxes.get_mut(sid) {
+                        inbox.insert(id);
+                    }
+                }
+            }
+        }
+        if self.changes.needs_compaction() {
+            let counters = &mut self.counters;
+            self.changes.compact(|id, at| {
+                if let Some(c) = counters.get_mut(&id) {
+                    c.log_at = at;
+                }
+            });
         }
     }
 
@@ -688,7 +779,8 @@ impl RootState {
                 if self.config.max_limiters == 0 {
                     return Err(SyncError::TooManyLimiters(0));
                 }
-                let s = Session { addr: peer, ..Session::default() };
+                let s = Session { addr: peer, sid: self.next_sid, ..Session::default() };
+                self.next_sid += 1;
                 self.stats.sessions_created += 1;
                 (Box::from(req.limiter.as_str()), s)
             }
@@ -739,8 +831,7 @@ impl RootState {
         let interest = if req.interest { self.note_interest(&mut s, req, now) } else { None };
         if !req.interest && !s.interest.is_empty() {
             // It stopped asking by interest (a reconfigured limiter): free what it named.
-            self.interest -= s.interest.len();
-            s.interest = IdMap::default();
+            self.drop_interest(&mut s);
         }
         // What this limiter admitted beyond a ceiling is parked, not lost: it sees it in the
         // fills it gets back, or it would admit that much again (others do not see it).
@@ -758,35 +849,40 @@ impl RootState {
         let counters = match interest {
             Some(fresh) => {
                 self.stats.interest_answers += 1;
-                let (quotas, counters) = (&self.quotas, &self.counters);
-                let s = self.limiters.get_mut(&*name).expect("the session was just inserted");
-                let mut out = Vec::new();
-                let before = s.interest.len();
-                s.interest.retain(|&id, &mut until| {
-                    if until <= now {
-                        return false;
-                    }
-                    let Some(c) = counters.get(&id) else { return true };
-                    if c.version <= since && !fresh.contains(&id) {
-                        return true;
-                    }
-                    if let Some(q) = quotas.get(&id) {
+                let s = self.limiters.get(&*name).expect("the session was just inserted");
+                let changed = self.inboxes.get_mut(&s.sid).map(std::mem::take).unwrap_or_default();
+                let first_contact = since == 0;
+                let ids: Vec<QuotaId> = if first_contact {
+                    // Its view is from another root, or none: everything it names.
+                    s.interest.keys().copied().collect()
+                } else {
+                    // Changes queued before a counter left the interest (this sync) stay out.
+                    changed
+                        .into_iter()
+                        .filter(|id| s.interest.contains_key(id))
+                        .chain(fresh)
+                        .collect()
+                };
+                let mut out: Vec<(QuotaId, u64, u64)> = ids
+                    .into_iter()
+                    .filter_map(|id| {
+                        let c = self.counters.get(&id)?;
+                        let q = self.quotas.get(&id)?;
                         let mut fill = c.bucket.fill_at(now, q.limits.limit);
                         if let Some(p) = parked_of(id) {
                             fill = fill.saturating_add(p);
                         }
-                        out.push((id, fill, c.demand.rate(now) as u64));
-                    }
-                    true
-                });
-                self.interest -= before - s.interest.len();
+                        Some((id, fill, c.demand.rate(now) as u64))
+                    })
+                    .collect();
                 out.sort_unstable_by_key(|c| c.0);
+                out.dedup_by_key(|c| c.0);
                 out
             }
             None => self
                 .changes
-                .range(since.saturating_add(1)..)
-                .map(|(_, c)| {
+                .since(since)
+                .map(|c| {
                     let mut fill = c.bucket.fill_at(now, c.limit);
                     if let Some(p) = parked_of(c.id) {
                         fill = fill.saturating_add(p);
@@ -831,6 +927,19 @@ impl RootState {
     /// new to it, which its answer carries even if unchanged; `None` when the session's or
     /// the root's interest is full, and the answer must carry every changed counter.
     fn note_interest(&mut self, s: &mut Session, req: &SyncRequest, now: u64) -> Option<IdSet> {
+        self.inboxes.entry(s.sid).or_default();
+        // What left the interest: named last more than the interest time ago.
+        while let Some(&(until, id)) = s.expiry.front() {
+            if until > now {
+                break;
+            }
+            s.expiry.pop_front();
+            if s.interest.get(&id) == Some(&until) {
+                s.interest.remove(&id);
+                self.interest -= 1;
+                self.unwatch(id, s.sid);
+            }
+        }
         let until = now.saturating_add(self.config.interest_ttl_ns.max(1));
         let named = req
             .batches
@@ -845,7 +954,13 @@ impl RootState {
                 continue;
             }
             if let Some(u) = s.interest.get_mut(&id) {
-                *u = until;
+                // Renewed once past half its time, so an id named every round leaves at most
+                // two records in `expiry`: it stays for between half the interest time and
+                // the whole of it after it was last named.
+                if *u < now.saturating_add(self.config.interest_ttl_ns / 2) {
+                    *u = until;
+                    s.expiry.push_back((until, id));
+                }
                 continue;
             }
             if s.interest.len() >= self.config.max_interest_per_limiter
@@ -855,7 +970,9 @@ impl RootState {
                 continue;
             }
             s.interest.insert(id, until);
+            s.expiry.push_back((until, id));
             self.interest += 1;
+            self.watchers.entry(id).or_default().push(s.sid);
             fresh.insert(id);
         }
         if full {
@@ -863,6 +980,28 @@ impl RootState {
             return None;
         }
         Some(fresh)
+    }
+
+    /// Takes session `sid` off counter `id`'s watchers.
+    fn unwatch(&mut self, id: QuotaId, sid: u64) {
+        if let Some(ws) = self.watchers.get_mut(&id) {
+            ws.retain(|&w| w != sid);
+            if ws.is_empty() {
+                self.watchers.remove(&id);
+            }
+        }
+    }
+
+    /// Empties a session's interest (forgotten, or no longer asking by interest).
+    fn drop_interest(&mut self, s: &mut Session) {
+        self.interest -= s.interest.len();
+        let ids: Vec<QuotaId> = s.interest.keys().copied().collect();
+        for id in ids {
+            self.unwatch(id, s.sid);
+        }
+        s.interest = IdMap::default();
+        s.expiry = VecDeque::new();
+        self.inboxes.remove(&s.sid);
     }
 
     /// Refuses a batch `seq` further ahead of a known session's acknowledged one than that
@@ -941,10 +1080,10 @@ impl RootState {
 
     fn forget(&mut self, key: Recency) {
         let Some(name) = self.recency.get(&key).cloned() else { return };
-        if let Some(s) = self.limiters.remove(&name) {
+        if let Some(mut s) = self.limiters.remove(&name) {
             self.unindex(&s);
             self.parked -= s.parked.len();
-            self.interest -= s.interest.len();
+            self.drop_interest(&mut s);
         }
     }
 
@@ -996,16 +1135,40 @@ impl RootState {
         let quotas = &self.quotas;
         let changes = &mut self.changes;
         self.counters.retain(|id, c| {
-            let limit = quotas.get(id).map_or(0, |q| q.limits.limit);
-            // A counter that drained but still sees demand keeps its window: dropping it would
-            // restart the demand from zero and let a burst through.
-            let keep = limit > 0 && (c.bucket.fill_at(now, limit) > 0 || c.demand.is_recent(now));
+            let keep = !spent(c, quotas.get(id).map_or(0, |q| q.limits.limit), now);
             if !keep {
-                changes.remove(&c.version);
+                changes.kill(c.log_at, c.version);
             }
             keep
         });
+        self.sweep_queue.clear();
         self.forget_idle_limiters(now);
+    }
+
+    /// [`sweep`](Self::sweep) in steps, for a server that must not stop answering syncs
+    /// while a million counters are looked at (tens of milliseconds under its lock): each
+    /// call looks at up to `max` counters; a pass starts with a list of every counter's id
+    /// and ends, forgetting idle limiters, when the list is done. `true` when a pass ended.
+    pub fn sweep_step(&mut self, now: u64, max: usize) -> bool {
+        if self.sweep_queue.is_empty() {
+            self.sweep_queue = self.counters.keys().copied().collect();
+        }
+        let take = max.max(1).min(self.sweep_queue.len());
+        let batch = self.sweep_queue.split_off(self.sweep_queue.len() - take);
+        for id in batch {
+            let limit = self.quotas.get(&id).map_or(0, |q| q.limits.limit);
+            if self.counters.get(&id).is_some_and(|c| spent(c, limit, now)) {
+                if let Some(c) = self.counters.remove(&id) {
+                    self.changes.kill(c.log_at, c.version);
+                }
+            }
+        }
+        if !self.sweep_queue.is_empty() {
+            return false;
+        }
+        self.sweep_queue = Vec::new();
+        self.forget_idle_limiters(now);
+        true
     }
 
     fn forget_idle_limiters(&mut self, now: u64) {

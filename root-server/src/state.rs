@@ -25,6 +25,11 @@ use yarl_core::{Clock, Epoch, MonotonicClock, QuotaUpdate, RootConfig, RootState
 /// waits behind a bulk apply.
 const APPLY_CHUNK: usize = 10_000;
 
+/// Steps of one sweep pass (see `spawn_background`).
+const SWEEP_STEPS: u32 = 50;
+/// Counters one sweep step looks at, at most: 1,000,000 counters in 50 steps.
+const SWEEP_STEP: usize = 20_000;
+
 /// Server settings beyond the listening address and database URL.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -170,11 +175,14 @@ impl AppState {
         });
         let st = self.clone();
         let sweeper = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(st.0.settings.sweep_interval);
+            // A pass over every counter once per sweep interval, in 50 steps of at most
+            // SWEEP_STEP counters: syncs wait for one step (a millisecond or two), never for
+            // a whole pass.
+            let mut tick = tokio::time::interval(st.0.settings.sweep_interval / SWEEP_STEPS);
             loop {
                 tick.tick().await;
                 let now = st.now();
-                let _ = st.with_root(move |r| r.sweep(now)).await;
+                let _ = st.with_root(move |r| r.sweep_step(now, SWEEP_STEP)).await;
             }
         });
         Background { handles: vec![poller, sweeper] }

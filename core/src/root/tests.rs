@@ -480,12 +480,14 @@ fn answers_by_interest_carry_only_what_the_limiter_named() {
     assert_eq!(r.stats().interest_answers, 4);
 
     // Named counters leave the interest after the interest time, unless named again.
-    r.sync(&req("other", vec![(3, busy.clone())]), 5 * S).unwrap();
-    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![2]), 5 * S).unwrap();
+    // (A name is renewed once past half its time: 2, named at 1 s until 11 s, again at 7 s.)
+    r.sync(&req("other", vec![(3, busy.clone())]), 7 * S).unwrap();
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![2]), 7 * S).unwrap();
     assert_eq!(ids(&a), vec![1, 2]);
     r.sync(&req("other", vec![(4, busy)]), 13 * S).unwrap();
     let a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), 13 * S).unwrap();
-    assert_eq!(ids(&a), vec![2], "1 was last named at 1 s, 2 at 5 s: 10 s of interest");
+    assert_eq!(ids(&a), vec![2], "1 was last named at 1 s, 2 at 7 s: 10 s of interest");
+    assert_eq!(r.watchers.get(&1), None, "1 left a's interest, and its watchers");
     // Unknown and deleted quotas are not taken in.
     let a = r.sync(&by_interest("a", Some(&a), vec![], vec![99]), 13 * S).unwrap();
     assert_eq!(ids(&a), Vec::<u64>::new());
@@ -515,4 +517,50 @@ fn a_full_interest_falls_back_to_every_changed_counter() {
     let b = r.sync(&by_interest("b", None, vec![], vec![4, 5]), 1_000 * S).unwrap();
     assert_eq!(ids(&b), Vec::<u64>::new(), "drained and swept: no counters, but room again");
     assert_eq!(r.stats().interest_full, 3);
+}
+
+#[test]
+fn the_change_log_stays_small_and_answers_stay_exact() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas((1..=10).map(|i| quota(i, i, 1.0, false)), 0);
+    let mut last = None;
+    for round in 0..2_000u64 {
+        // Counters 1..=10 in turn, many times over: tombstones pile up and get swept.
+        let deltas: Vec<(u64, u64)> = (0..5).map(|k| ((round * 5 + k) % 10 + 1, 1)).collect();
+        let a = r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
+        last = Some(a);
+    }
+    assert!(r.changes.entries.len() <= 2 * r.changes.live + 4097, "{}", r.changes.entries.len());
+    assert_eq!(r.changes.live, 10);
+    // A limiter that saw version V hears of exactly the counters changed after it.
+    let v = last.unwrap().version;
+    r.sync(&req("busy", vec![(2_001, vec![(3, 1), (7, 1)])]), S).unwrap();
+    let other = SyncRequest { root_instance: Some(r.instance()), since: v, ..req("other", vec![]) };
+    assert_eq!(ids(&r.sync(&other, S).unwrap()), vec![3, 7]);
+    let mut first = ids(&r.sync(&req("fresh", vec![]), S).unwrap());
+    first.sort_unstable();
+    assert_eq!(first, (1..=10).collect::<Vec<_>>(), "a first contact gets all of them");
+}
+
+#[test]
+fn a_sweep_in_steps_drops_what_a_whole_sweep_drops() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas((1..=100).map(|i| quota(i, i, 1.0, false)), 0);
+    let deltas: Vec<(u64, u64)> =
+        (1..=100).map(|i| (i, if i == 7 { 500_000 } else { 1_000 })).collect();
+    r.sync(&req("a", vec![(1, deltas)]), S).unwrap();
+    assert_eq!(r.counter_count(), 100);
+    // 10 s later every counter drained but q7 (500 units at 1/s); the demand window (2 s)
+    // is long past.
+    let now = 11 * S;
+    let mut steps = 0;
+    while !r.sweep_step(now, 30) {
+        steps += 1;
+        assert!(steps < 10, "a pass of 100 counters in steps of 30 ends");
+    }
+    assert_eq!(steps, 3, "four calls: 30 + 30 + 30 + 10");
+    assert_eq!(r.counter_count(), 1);
+    assert!(fill(&r, 7, now) > 480.0);
+    // The change log lost the dropped counters too: a first contact hears of q7 alone.
+    assert_eq!(ids(&r.sync(&req("b", vec![]), now).unwrap()), vec![7]);
 }
