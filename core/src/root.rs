@@ -645,17 +645,14 @@ impl RootState {
         )
     }
 
-    /// The most one delta entry may add to the demand meter.
-    fn demand_cap(&self, id: QuotaId) -> u64 {
-        self.quotas.get(&id).map_or(0, |q| {
-            q.limits.high_burst.saturating_add(q.limits.limit).saturating_mul(DEMAND_CAP_FACTOR)
-        })
+    fn bump(&mut self, id: QuotaId) {
+        self.bump_at(id, self.live_limit(id).unwrap_or(0));
     }
 
-    fn bump(&mut self, id: QuotaId) {
+    /// [`bump`](Self::bump) for a caller that has the quota's limit at hand.
+    fn bump_at(&mut self, id: QuotaId, limit: u64) {
         self.version += 1;
         let v = self.version;
-        let limit = self.live_limit(id).unwrap_or(0);
         if let Some(c) = self.counters.get_mut(&id) {
             if c.version != 0 {
                 self.changes.kill(c.log_at, c.version);
@@ -702,23 +699,31 @@ impl RootState {
             self.stats.deltas_foreign += 1;
             return 0;
         }
-        let Some(excess) = self.fill_up(id, amount, now) else {
+        // One look at the quota and one at the counter per delta: this runs for every delta
+        // of every limiter, most of a busy root's work.
+        let Some(q) = self.quotas.get(&id).filter(|q| !q.deleted) else {
             self.stats.deltas_unknown += 1;
             return 0;
         };
-        let rate_tau = self.config.rate_tau_ns;
-        let cap = self.demand_cap(id);
+        let l = q.limits;
+        let ceiling = l.high_burst.saturating_add(limit_over(l.limit, self.config.claim_slack_ns));
+        // The most one delta entry may add to the demand meter.
+        let cap = l.high_burst.saturating_add(l.limit).saturating_mul(DEMAND_CAP_FACTOR);
         let attempted = amount.saturating_add(rejected);
         if attempted > cap {
             self.stats.rejected_capped += 1;
         }
+        let rate_tau = self.config.rate_tau_ns;
         let c = self.counters.entry(id).or_default();
+        c.bucket.advance(now, l.limit);
+        let taken = amount.min(ceiling.saturating_sub(c.bucket.fill));
+        c.bucket.add(taken);
         meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
         c.demand.add(attempted.min(cap), now);
         self.stats.deltas_applied += 1;
         // A delta changes the demand even when the fill stayed at the ceiling.
-        self.bump(id);
-        excess
+        self.bump_at(id, l.limit);
+        amount - taken
     }
 
     fn hint(&mut self, id: QuotaId, fill: u64, now: u64) {
