@@ -62,7 +62,7 @@
 //!   cannot push the others out.
 
 use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
-use crate::quota::{Epoch, QuotaId, QuotaUpdate};
+use crate::quota::{Epoch, Limits, QuotaId, QuotaUpdate};
 use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
 use serde::ser::{SerializeSeq, SerializeStruct};
@@ -638,11 +638,11 @@ impl RootState {
     /// [`RootConfig::claim_slack_ns`] of the limit. See "What a sync may claim".
     fn ceiling(&self, id: QuotaId) -> Option<u64> {
         let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
-        Some(
-            q.limits
-                .high_burst
-                .saturating_add(limit_over(q.limits.limit, self.config.claim_slack_ns)),
-        )
+        Some(self.ceiling_of(&q.limits))
+    }
+
+    fn ceiling_of(&self, l: &Limits) -> u64 {
+        l.high_burst.saturating_add(limit_over(l.limit, self.config.claim_slack_ns))
     }
 
     fn bump(&mut self, id: QuotaId) {
@@ -706,7 +706,7 @@ impl RootState {
             return 0;
         };
         let l = q.limits;
-        let ceiling = l.high_burst.saturating_add(limit_over(l.limit, self.config.claim_slack_ns));
+        let ceiling = self.ceiling_of(&l);
         // The most one delta entry may add to the demand meter.
         let cap = l.high_burst.saturating_add(l.limit).saturating_mul(DEMAND_CAP_FACTOR);
         let attempted = amount.saturating_add(rejected);
