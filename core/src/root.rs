@@ -287,51 +287,122 @@ fn spent(c: &RootCounter, limit: u64, now: u64) -> bool {
     limit == 0 || (c.bucket.fill_at(now, limit) == 0 && !c.demand.is_recent(now))
 }
 
-/// The change log: each counter's latest change, in version order. A change replaces the
-/// counter's previous entry by a tombstone (O(1), its place is known) and is appended, where
-/// a `BTreeMap` by version took a removal and an insertion deep in a tree of up to a million
-/// entries for every delta, a fifth of a busy root's time. Tombstones are swept out when
-/// they outnumber the live entries.
+/// Entries per chunk of the change log.
+const LOG_CHUNK: usize = 4096;
+/// A place in the change log: chunk number above these bits, offset in the chunk below.
+const LOG_SHIFT: u32 = 16;
+const LOG_OFFSET: usize = (1 << LOG_SHIFT) - 1;
+
+/// The change log: each counter's latest change, in version order, in chunks of
+/// [`LOG_CHUNK`]. A change replaces the counter's previous entry by a tombstone (O(1): the
+/// counter knows the place) and is appended, where a `BTreeMap` by version took a removal
+/// and an insertion deep in a tree of up to a million entries for every delta. A chunk is
+/// compacted on its own once half of it is tombstones (a few thousand entries, not the whole
+/// log: one pass over a million entries held every sync back for 50 ms every few seconds),
+/// empty chunks leave from the front, and the few live entries of an old front chunk are
+/// moved to the end so that it can leave too.
 #[derive(Debug, Default)]
 struct ChangeLog {
+    chunks: VecDeque<LogChunk>,
+    /// The number of `chunks[0]`; numbers only grow, so places stay valid when the front goes.
+    first: usize,
+    live: usize,
+}
+
+#[derive(Debug, Default)]
+struct LogChunk {
     entries: Vec<(u64, Option<Change>)>,
     live: usize,
 }
 
 impl ChangeLog {
-    /// Appends the change of version `v` (above every version in the log); its index.
+    /// Appends the change of version `v` (above every version in the log); its place.
     fn push(&mut self, v: u64, c: Change) -> usize {
-        self.entries.push((v, Some(c)));
+        if self.chunks.back().map_or(true, |ch| ch.entries.len() >= LOG_CHUNK) {
+            self.chunks.push_back(LogChunk { entries: Vec::with_capacity(LOG_CHUNK), live: 0 });
+        }
+        let no = self.first + self.chunks.len() - 1;
+        let ch = self.chunks.back_mut().expect("a chunk was pushed above");
+        ch.entries.push((v, Some(c)));
+        ch.live += 1;
         self.live += 1;
-        self.entries.len() - 1
+        no << LOG_SHIFT | (ch.entries.len() - 1)
     }
 
-    /// Tombstones the entry of version `v` at `at`.
-    fn kill(&mut self, at: usize, v: u64) {
-        if let Some(e) = self.entries.get_mut(at).filter(|e| e.0 == v && e.1.is_some()) {
-            e.1 = None;
-            self.live -= 1;
+    fn chunk_mut(&mut self, at: usize) -> Option<&mut LogChunk> {
+        self.chunks.get_mut((at >> LOG_SHIFT).checked_sub(self.first)?)
+    }
+
+    /// Tombstones the entry of version `v` at `at`; whether its chunk (not the newest) is
+    /// now half tombstones and worth compacting.
+    fn kill(&mut self, at: usize, v: u64) -> bool {
+        let newest = self.first + self.chunks.len().saturating_sub(1);
+        let Some(ch) = self.chunk_mut(at) else { return false };
+        let Some(e) = ch.entries.get_mut(at & LOG_OFFSET).filter(|e| e.0 == v && e.1.is_some())
+        else {
+            return false;
+        };
+        e.1 = None;
+        ch.live -= 1;
+        let worth = at >> LOG_SHIFT != newest && ch.live * 2 < ch.entries.len();
+        self.live -= 1;
+        worth
+    }
+
+    /// Drops the tombstones of the chunk of `at`, calling `moved(id, new place)` for each
+    /// live entry, then the empty chunks at the front.
+    fn compact(&mut self, at: usize, mut moved: impl FnMut(QuotaId, usize)) {
+        let no = at >> LOG_SHIFT;
+        if let Some(ch) = self.chunk_mut(at) {
+            ch.entries.retain(|e| e.1.is_some());
+            ch.entries.shrink_to_fit();
+            for (i, e) in ch.entries.iter().enumerate() {
+                if let Some(c) = &e.1 {
+                    moved(c.id, no << LOG_SHIFT | i);
+                }
+            }
         }
+        while self.chunks.len() > 1 && self.chunks.front().is_some_and(|c| c.live == 0) {
+            self.chunks.pop_front();
+            self.first += 1;
+        }
+    }
+
+    /// The live entries of the oldest chunk, when they are few and newer chunks follow:
+    /// moving them to the end lets the chunk go (a counter left alone for long, draining a
+    /// large fill slowly, would otherwise keep every chunk after it).
+    fn stale_front(&self) -> Option<Vec<(usize, u64, Change)>> {
+        let front = self.chunks.front()?;
+        if self.chunks.len() < 3 || front.live == 0 || front.live > LOG_CHUNK / 8 {
+            return None;
+        }
+        let no = self.first;
+        Some(
+            front
+                .entries
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| Some((no << LOG_SHIFT | i, e.0, e.1?)))
+                .collect(),
+        )
     }
 
     /// The live changes after version `since`, in version order.
     fn since(&self, since: u64) -> impl Iterator<Item = &Change> {
-        let from = self.entries.partition_point(|e| e.0 <= since);
-        self.entries[from..].iter().filter_map(|e| e.1.as_ref())
-    }
-
-    fn needs_compaction(&self) -> bool {
-        self.entries.len() > 2 * self.live + 4096
-    }
-
-    /// Drops the tombstones; `moved(id, new index)` for every live entry.
-    fn compact(&mut self, mut moved: impl FnMut(QuotaId, usize)) {
-        self.entries.retain(|e| e.1.is_some());
-        for (i, e) in self.entries.iter().enumerate() {
-            if let Some(c) = &e.1 {
-                moved(c.id, i);
+        // The first chunk that may hold a version above `since`, looking back from the
+        // newest: answers are mostly about the last interval.
+        let mut k = self.chunks.len();
+        while k > 0 {
+            k -= 1;
+            if self.chunks[k].entries.first().is_some_and(|e| e.0 <= since) {
+                break;
             }
         }
+        self.chunks
+            .range(k..)
+            .flat_map(|ch| ch.entries.iter())
+            .filter(move |e| e.0 > since)
+            .filter_map(|e| e.1.as_ref())
     }
 }
 
@@ -584,7 +655,7 @@ impl RootState {
             self.by_epoch.insert(u.epoch, u.id);
             if u.deleted {
                 if let Some(c) = self.counters.remove(&u.id) {
-                    self.changes.kill(c.log_at, c.version);
+                    self.kill_change(c.log_at, c.version);
                 }
             }
             let was_live = self.quotas.get(&u.id).is_some_and(|q| !q.deleted);
@@ -607,7 +678,7 @@ impl RootState {
     /// (`sync_from`).
     fn reset(&mut self, id: QuotaId) {
         if let Some(c) = self.counters.remove(&id) {
-            self.changes.kill(c.log_at, c.version);
+            self.kill_change(c.log_at, c.version);
         }
         let mut dropped = 0;
         for s in self.limiters.values_mut() {
@@ -653,26 +724,42 @@ impl RootState {
     fn bump_at(&mut self, id: QuotaId, limit: u64) {
         self.version += 1;
         let v = self.version;
-        if let Some(c) = self.counters.get_mut(&id) {
-            if c.version != 0 {
-                self.changes.kill(c.log_at, c.version);
-            }
-            c.version = v;
-            c.log_at =
-                self.changes.push(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
-            if let Some(ws) = self.watchers.get(&id) {
-                for sid in ws {
-                    if let Some(inbox) = self.inboxes.get_mut(sid) {
-                        inbox.insert(id);
-                    }
+        let Some(c) = self.counters.get_mut(&id) else { return };
+        let old = (c.version != 0).then_some((c.log_at, c.version));
+        c.version = v;
+        c.log_at = self.changes.push(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
+        if let Some(ws) = self.watchers.get(&id) {
+            for sid in ws {
+                if let Some(inbox) = self.inboxes.get_mut(sid) {
+                    inbox.insert(id);
                 }
             }
         }
-        if self.changes.needs_compaction() {
+        if let Some((at, old_v)) = old {
+            self.kill_change(at, old_v);
+        }
+        if let Some(stale) = self.changes.stale_front() {
+            // Same content, a new version: classic answers send them once more.
+            for (at, old_v, change) in stale {
+                self.version += 1;
+                let v = self.version;
+                let new_at = self.changes.push(v, change);
+                if let Some(c) = self.counters.get_mut(&change.id) {
+                    c.version = v;
+                    c.log_at = new_at;
+                }
+                self.kill_change(at, old_v);
+            }
+        }
+    }
+
+    /// Tombstones a change-log entry, compacting its chunk when it is half tombstones.
+    fn kill_change(&mut self, at: usize, v: u64) {
+        if self.changes.kill(at, v) {
             let counters = &mut self.counters;
-            self.changes.compact(|id, at| {
+            self.changes.compact(at, |id, new_at| {
                 if let Some(c) = counters.get_mut(&id) {
-                    c.log_at = at;
+                    c.log_at = new_at;
                 }
             });
         }
@@ -1138,14 +1225,17 @@ impl RootState {
     /// seconds). Limiters drain their copies at the same rate, so nothing needs telling.
     pub fn sweep(&mut self, now: u64) {
         let quotas = &self.quotas;
-        let changes = &mut self.changes;
+        let mut gone = Vec::new();
         self.counters.retain(|id, c| {
             let keep = !spent(c, quotas.get(id).map_or(0, |q| q.limits.limit), now);
             if !keep {
-                changes.kill(c.log_at, c.version);
+                gone.push((c.log_at, c.version));
             }
             keep
         });
+        for (at, v) in gone {
+            self.kill_change(at, v);
+        }
         self.sweep_queue.clear();
         self.forget_idle_limiters(now);
     }
@@ -1164,7 +1254,7 @@ impl RootState {
             let limit = self.quotas.get(&id).map_or(0, |q| q.limits.limit);
             if self.counters.get(&id).is_some_and(|c| spent(c, limit, now)) {
                 if let Some(c) = self.counters.remove(&id) {
-                    self.changes.kill(c.log_at, c.version);
+                    self.kill_change(c.log_at, c.version);
                 }
             }
         }
