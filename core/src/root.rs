@@ -255,9 +255,24 @@ pub struct CounterView {
     pub drop_probability: f64,
 }
 
+/// A quota as the sync path needs it: what every delta reads (limits, reset epoch, whether
+/// deleted) inline in the map's slot, one cache line with its key, and the stored update
+/// behind it only for the answers' quota pages and the admin API. Reading the limits
+/// through the `Arc` cost a second cache miss for every delta of every limiter.
+#[derive(Debug)]
+struct QuotaEntry {
+    limits: Limits,
+    reset_epoch: Epoch,
+    deleted: bool,
+    update: Arc<QuotaUpdate>,
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct RootCounter {
     bucket: LeakyBucket,
+    /// The rate it drains at: its quota's limit, kept here so that a sweep or an answer
+    /// reads the counter alone (a second lookup, in a million-quota map, is a cache miss).
+    limit: u64,
     version: u64,
     /// Where its latest change sits in the change log (valid while `version` is not 0).
     log_at: usize,
@@ -327,6 +342,13 @@ impl ChangeLog {
         ch.live += 1;
         self.live += 1;
         no << LOG_SHIFT | (ch.entries.len() - 1)
+    }
+
+    /// The live change of version `v` at `at`, if it is still there (not replaced by a newer
+    /// change of its counter, not moved by a compaction).
+    fn get(&self, at: usize, v: u64) -> Option<&Change> {
+        let ch = self.chunks.get((at >> LOG_SHIFT).checked_sub(self.first)?)?;
+        ch.entries.get(at & LOG_OFFSET).filter(|e| e.0 == v)?.1.as_ref()
     }
 
     fn chunk_mut(&mut self, at: usize) -> Option<&mut LogChunk> {
@@ -430,6 +452,44 @@ fn limit_over(limit: u64, ns: u64) -> u64 {
 /// `1 - limit / demand`: 1024 times the capacity is already 99.9 %, so the cap changes
 /// nothing an honest flood shows and keeps a forged one finite.
 const DEMAND_CAP_FACTOR: u64 = 1024;
+
+/// The sessions (`sid`) watching one counter: about three at 300 limiters by interest over
+/// a million counters, held in the map's slot.
+type Watchers = smallvec::SmallVec<[u64; 3]>;
+
+/// Records an inbox may hold beyond twice its session's interest.
+const INBOX_SLACK: usize = 64;
+
+/// The changes of one session's interest since its last answer (answers by interest).
+#[derive(Debug, Default)]
+struct Inbox {
+    /// `(counter, version, place in the change log)` of each change, in the order they
+    /// came: a push per change, where a set cost a lookup, and the answer reads each change
+    /// from the log entry it names, which holds all it needs (fill, limit, demand), where
+    /// looking up the counter and its quota cost two more misses. A counter that changed
+    /// twice has two records; the older one no longer matches the log and is skipped.
+    changes: Vec<(QuotaId, u64, usize)>,
+    /// Records held at most (twice the interest, and some): a session that stops syncing
+    /// stops growing its inbox here, and the whole interest it then answers with is at most
+    /// half as long as the list it replaces.
+    cap: usize,
+    /// More changes came than `cap`: the next answer looks at the whole interest instead.
+    overflow: bool,
+}
+
+impl Inbox {
+    fn push(&mut self, id: QuotaId, v: u64, at: usize) {
+        if self.overflow {
+            return;
+        }
+        if self.changes.len() >= self.cap {
+            self.overflow = true;
+            self.changes = Vec::new();
+            return;
+        }
+        self.changes.push((id, v, at));
+    }
+}
 
 /// The key of a session in the recency index: last seen, then a serial for ties.
 type Recency = (u64, u64);
@@ -536,7 +596,7 @@ impl Serialize for SyncAnswer {
 pub struct RootState {
     config: RootConfig,
     instance: u64,
-    quotas: IdMap<Arc<QuotaUpdate>>,
+    quotas: IdMap<QuotaEntry>,
     by_epoch: BTreeMap<Epoch, QuotaId>,
     /// Quotas in `quotas` that are not tombstones.
     live: usize,
@@ -558,11 +618,11 @@ pub struct RootState {
     /// Counters the current incremental sweep has still to look at.
     sweep_queue: Vec<QuotaId>,
     /// Per counter, the sessions (`sid`) that have it in their interest.
-    watchers: IdMap<Vec<u64>>,
+    watchers: IdMap<Watchers>,
     /// Per session by interest (`sid`), the counters of its interest that changed since its
     /// last answer: filled as counters change, so an answer costs what it carries, not a
     /// look at every counter of the interest.
-    inboxes: foldhash::HashMap<u64, IdSet>,
+    inboxes: foldhash::HashMap<u64, Inbox>,
     next_sid: u64,
     stats: RootStats,
 }
@@ -631,7 +691,7 @@ impl RootState {
 
     /// The stored quota or tombstone with this id.
     pub fn quota(&self, id: QuotaId) -> Option<&QuotaUpdate> {
-        self.quotas.get(&id).map(|q| &**q)
+        self.quotas.get(&id).map(|q| &*q.update)
     }
 
     /// Applies quotas and tombstones read from the database. Older versions than held are
@@ -640,10 +700,10 @@ impl RootState {
     pub fn apply_quotas(&mut self, updates: impl IntoIterator<Item = QuotaUpdate>, now: u64) {
         for u in updates {
             if let Some(old) = self.quotas.get(&u.id) {
-                if old.epoch >= u.epoch {
+                if old.update.epoch >= u.epoch {
                     continue;
                 }
-                self.by_epoch.remove(&old.epoch);
+                self.by_epoch.remove(&old.update.epoch);
                 if let Some(c) = self.counters.get_mut(&u.id) {
                     c.bucket.advance(now, old.limits.limit);
                 }
@@ -665,7 +725,13 @@ impl RootState {
                 _ => {}
             }
             let (id, deleted) = (u.id, u.deleted);
-            self.quotas.insert(u.id, Arc::new(u));
+            let entry = QuotaEntry {
+                limits: u.limits,
+                reset_epoch: u.reset_epoch,
+                deleted: u.deleted,
+                update: Arc::new(u),
+            };
+            self.quotas.insert(id, entry);
             if !deleted && self.counters.contains_key(&id) {
                 // The change log holds the limit it drains at: record the new one.
                 self.bump(id);
@@ -727,14 +793,10 @@ impl RootState {
         let Some(c) = self.counters.get_mut(&id) else { return };
         let old = (c.version != 0).then_some((c.log_at, c.version));
         c.version = v;
-        c.log_at = self.changes.push(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
-        if let Some(ws) = self.watchers.get(&id) {
-            for sid in ws {
-                if let Some(inbox) = self.inboxes.get_mut(sid) {
-                    inbox.insert(id);
-                }
-            }
-        }
+        c.limit = limit;
+        let at = self.changes.push(v, Change { id, bucket: c.bucket, limit, demand: c.demand });
+        c.log_at = at;
+        self.notify(id, v, at);
         if let Some((at, old_v)) = old {
             self.kill_change(at, old_v);
         }
@@ -748,7 +810,40 @@ impl RootState {
                     c.version = v;
                     c.log_at = new_at;
                 }
+                // Its watchers' records name the old place and version, which no longer
+                // match anything: they get the new one.
+                self.notify(change.id, v, new_at);
                 self.kill_change(at, old_v);
+            }
+        }
+    }
+
+    /// Brings the slots of these counters into the cache ahead of the work on them: the
+    /// loads of this loop do not depend on one another, so the CPU has many misses in flight
+    /// at once, where the work itself waits for each in turn.
+    fn warm(&self, ids: impl Iterator<Item = QuotaId> + Clone) {
+        let mut touched = 0u64;
+        for id in ids.clone() {
+            touched ^= self.quotas.get(&id).map_or(0, |q| q.reset_epoch);
+            touched ^= self.counters.get(&id).map_or(0, |c| c.version);
+            touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
+        }
+        // Then the change-log entries they replace (their counters are in the cache now).
+        for id in ids {
+            if let Some(c) = self.counters.get(&id) {
+                touched ^= self.changes.get(c.log_at, c.version).map_or(0, |e| e.limit);
+            }
+        }
+        std::hint::black_box(touched);
+    }
+
+    /// Tells the sessions watching counter `id` that it changed (version `v`, at `at`).
+    fn notify(&mut self, id: QuotaId, v: u64, at: usize) {
+        if let Some(ws) = self.watchers.get(&id) {
+            for sid in ws {
+                if let Some(inbox) = self.inboxes.get_mut(sid) {
+                    inbox.push(id, v, at);
+                }
             }
         }
     }
@@ -770,6 +865,7 @@ impl RootState {
     fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
         let (limit, ceiling) = (self.live_limit(id)?, self.ceiling(id)?);
         let c = self.counters.entry(id).or_default();
+        c.limit = limit;
         c.bucket.advance(now, limit);
         let room = ceiling.saturating_sub(c.bucket.fill);
         let taken = amount.min(room);
@@ -802,6 +898,7 @@ impl RootState {
         }
         let rate_tau = self.config.rate_tau_ns;
         let c = self.counters.entry(id).or_default();
+        c.limit = l.limit;
         c.bucket.advance(now, l.limit);
         let taken = amount.min(ceiling.saturating_sub(c.bucket.fill));
         c.bucket.add(taken);
@@ -820,6 +917,7 @@ impl RootState {
         }
         let fill = fill.min(ceiling);
         let c = self.counters.entry(id).or_default();
+        c.limit = limit;
         c.bucket.advance(now, limit);
         if fill > c.bucket.fill {
             c.bucket.fill = fill;
@@ -879,7 +977,12 @@ impl RootState {
         };
         let s = &mut session.1;
         self.feed_parked(s, now);
+        // Batches up to here were applied, and named, by an earlier sync.
+        let applied_before = s.acked;
 
+        self.warm(
+            req.batches.iter().filter(|b| b.seq > s.acked).flat_map(|b| &b.deltas).map(|d| d.0),
+        );
         let mut acked = s.acked;
         let mut batches: Vec<_> = req.batches.iter().collect();
         batches.sort_by_key(|b| b.seq);
@@ -920,7 +1023,9 @@ impl RootState {
             s.addr = peer;
         }
         let (name, mut s) = session;
-        let interest = if req.interest { self.note_interest(&mut s, req, now) } else { None };
+        let interest =
+            if req.interest { self.note_interest(&mut s, req, applied_before, now) } else { None };
+
         if !req.interest && !s.interest.is_empty() {
             // It stopped asking by interest (a reconfigured limiter): free what it named.
             self.drop_interest(&mut s);
@@ -942,31 +1047,55 @@ impl RootState {
             Some(fresh) => {
                 self.stats.interest_answers += 1;
                 let s = self.limiters.get(&*name).expect("the session was just inserted");
-                let changed = self.inboxes.get_mut(&s.sid).map(std::mem::take).unwrap_or_default();
-                let first_contact = since == 0;
-                let ids: Vec<QuotaId> = if first_contact {
-                    // Its view is from another root, or none: everything it names.
-                    s.interest.keys().copied().collect()
-                } else {
-                    // Changes queued before a counter left the interest (this sync) stay out.
-                    changed
-                        .into_iter()
-                        .filter(|id| s.interest.contains_key(id))
-                        .chain(fresh)
-                        .collect()
+                let inbox = self.inboxes.get_mut(&s.sid).map(|i| {
+                    (std::mem::take(&mut i.changes), std::mem::replace(&mut i.overflow, false))
+                });
+                let (changed, overflow) = inbox.unwrap_or_default();
+                let counters = &self.counters;
+                // From the counter: for what the log does not hold as recorded.
+                let current = |id: QuotaId| {
+                    let c = counters.get(&id)?;
+                    Some((id, c.bucket.fill_at(now, c.limit), c.demand.rate(now) as u64))
                 };
-                let mut out: Vec<(QuotaId, u64, u64)> = ids
-                    .into_iter()
-                    .filter_map(|id| {
-                        let c = self.counters.get(&id)?;
-                        let q = self.quotas.get(&id)?;
-                        let mut fill = c.bucket.fill_at(now, q.limits.limit);
-                        if let Some(p) = parked_of(id) {
-                            fill = fill.saturating_add(p);
+                let mut out: Vec<(QuotaId, u64, u64)> = if since == 0 || overflow {
+                    // Its view is from another root, or none, or too much changed to list:
+                    // everything it names.
+                    s.interest.keys().filter_map(|&id| current(id)).collect()
+                } else {
+                    let mut out = Vec::with_capacity(changed.len() + fresh.len());
+                    // The entries, all at once first (see `warm`).
+                    let mut touched = 0u64;
+                    for &(_, v, at) in &changed {
+                        touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
+                    }
+                    std::hint::black_box(touched);
+                    for (id, v, at) in changed {
+                        // Changes queued before a counter left the interest (this sync) stay out.
+                        if !s.interest.contains_key(&id) {
+                            continue;
                         }
-                        Some((id, fill, c.demand.rate(now) as u64))
-                    })
-                    .collect();
+                        if let Some(c) = self.changes.get(at, v) {
+                            out.push((
+                                id,
+                                c.bucket.fill_at(now, c.limit),
+                                c.demand.rate(now) as u64,
+                            ));
+                        } else if counters.get(&id).is_some_and(|c| c.version == v) {
+                            // Moved by a compaction: still its latest change.
+                            out.extend(current(id));
+                        }
+                        // Otherwise a later change of it is further on, or it is gone.
+                    }
+                    out.extend(fresh.into_iter().filter_map(current));
+                    out
+                };
+                if let Some(p) = &own_parked {
+                    for c in &mut out {
+                        if let Some(&parked) = p.get(&c.0) {
+                            c.1 = c.1.saturating_add(parked);
+                        }
+                    }
+                }
                 out.sort_unstable_by_key(|c| c.0);
                 out.dedup_by_key(|c| c.0);
                 out
@@ -992,7 +1121,7 @@ impl RootState {
                 more = true;
                 break;
             }
-            quotas.push(Arc::clone(&self.quotas[id]));
+            quotas.push(Arc::clone(&self.quotas[id].update));
             epoch = e;
         }
         if !more {
@@ -1018,9 +1147,20 @@ impl RootState {
     /// holds) to the session's interest until `now` + the interest time. Returns the ones
     /// new to it, which its answer carries even if unchanged; `None` when the session's or
     /// the root's interest is full, and the answer must carry every changed counter.
-    fn note_interest(&mut self, s: &mut Session, req: &SyncRequest, now: u64) -> Option<IdSet> {
-        self.inboxes.entry(s.sid).or_default();
+    fn note_interest(
+        &mut self,
+        s: &mut Session,
+        req: &SyncRequest,
+        applied_before: u64,
+        now: u64,
+    ) -> Option<IdSet> {
         // What left the interest: named last more than the interest time ago.
+        let leaving = s.expiry.iter().take_while(|e| e.0 <= now);
+        let mut touched = 0u64;
+        for &(_, id) in leaving {
+            touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
+        }
+        std::hint::black_box(touched);
         while let Some(&(until, id)) = s.expiry.front() {
             if until > now {
                 break;
@@ -1036,6 +1176,10 @@ impl RootState {
         let named = req
             .batches
             .iter()
+            // A batch resent because its answer was lost was named when it was applied:
+            // naming it again would make a slow root slower (a limiter resends up to
+            // dozens of batches when answers time out).
+            .filter(|b| b.seq > applied_before)
             .flat_map(|b| b.deltas.iter().map(|d| d.0))
             .chain(req.hints.iter().map(|h| h.0))
             .chain(req.watch.iter().copied());
@@ -1067,6 +1211,8 @@ impl RootState {
             self.watchers.entry(id).or_default().push(s.sid);
             fresh.insert(id);
         }
+        let inbox = self.inboxes.entry(s.sid).or_default();
+        inbox.cap = s.interest.len().saturating_mul(2).saturating_add(INBOX_SLACK);
         if full {
             self.stats.interest_full += 1;
             return None;
@@ -1077,7 +1223,7 @@ impl RootState {
     /// Takes session `sid` off counter `id`'s watchers.
     fn unwatch(&mut self, id: QuotaId, sid: u64) {
         if let Some(ws) = self.watchers.get_mut(&id) {
-            ws.retain(|&w| w != sid);
+            ws.retain(|w| *w != sid);
             if ws.is_empty() {
                 self.watchers.remove(&id);
             }
@@ -1224,10 +1370,9 @@ impl RootState {
     /// Drops drained counters without recent demand, and forgotten limiters; call it now and then (e.g. every few
     /// seconds). Limiters drain their copies at the same rate, so nothing needs telling.
     pub fn sweep(&mut self, now: u64) {
-        let quotas = &self.quotas;
         let mut gone = Vec::new();
-        self.counters.retain(|id, c| {
-            let keep = !spent(c, quotas.get(id).map_or(0, |q| q.limits.limit), now);
+        self.counters.retain(|_, c| {
+            let keep = !spent(c, c.limit, now);
             if !keep {
                 gone.push((c.log_at, c.version));
             }
@@ -1251,8 +1396,7 @@ impl RootState {
         let take = max.max(1).min(self.sweep_queue.len());
         let batch = self.sweep_queue.split_off(self.sweep_queue.len() - take);
         for id in batch {
-            let limit = self.quotas.get(&id).map_or(0, |q| q.limits.limit);
-            if self.counters.get(&id).is_some_and(|c| spent(c, limit, now)) {
+            if self.counters.get(&id).is_some_and(|c| spent(c, c.limit, now)) {
                 if let Some(c) = self.counters.remove(&id) {
                     self.kill_change(c.log_at, c.version);
                 }

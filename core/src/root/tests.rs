@@ -572,3 +572,90 @@ fn a_sweep_in_steps_drops_what_a_whole_sweep_drops() {
     // The change log lost the dropped counters too: a first contact hears of q7 alone.
     assert_eq!(ids(&r.sync(&req("b", vec![]), now).unwrap()), vec![7]);
 }
+
+#[test]
+fn answers_by_interest_stay_exact_through_compactions_moves_and_an_overflow() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas((1..=11).map(|i| quota(i, i, 1.0, false)), 0);
+    // As in the change-log test: 11 changes once and its log entry gets moved to the end.
+    r.sync(&req("slow", vec![(1, vec![(11, 5_000_000)])]), S).unwrap();
+    let mut a = r.sync(&by_interest("a", None, vec![], (1..=11).collect()), S).unwrap();
+    assert_eq!(ids(&a), vec![11], "the only counter there is yet");
+    let exact = |r: &RootState, a: &SyncResponse| {
+        for &(id, f, _) in &a.counters {
+            let c = &r.counters[&id];
+            assert_eq!(f, c.bucket.fill_at(S, c.limit), "counter {id}");
+        }
+    };
+    for round in 0..4_000u64 {
+        // Three counters of 1..=10 per round, many times over: chunks get compacted (moving
+        // entries that inbox records name) and emptied.
+        let changed: Vec<u64> = (0..3).map(|k| (round * 3 + k) % 10 + 1).collect();
+        let deltas = changed.iter().map(|&id| (id, 1)).collect();
+        r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
+        a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), S).unwrap();
+        exact(&r, &a);
+        let got = ids(&a);
+        for id in &changed {
+            assert!(got.contains(id), "round {round}: {id} changed, {got:?} answered");
+        }
+        // 11 may come again when its entry is moved (same content, a new version).
+        assert!(got.iter().all(|id| changed.contains(id) || *id == 11), "round {round}: {got:?}");
+    }
+    assert!(r.changes.chunks.len() <= 3, "{} chunks", r.changes.chunks.len());
+
+    // `a` stops syncing while its counters keep changing: its inbox stops at its cap (twice
+    // its interest and some) and its next answer is its whole interest, exact.
+    for round in 4_000..4_100u64 {
+        let deltas = (0..3).map(|k| ((round * 3 + k) % 10 + 1, 1)).collect();
+        r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
+    }
+    let inbox = &r.inboxes[&r.limiters["a"].sid];
+    assert!(inbox.overflow && inbox.changes.is_empty(), "{} records", inbox.changes.len());
+    a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), S).unwrap();
+    assert_eq!(ids(&a), (1..=11).collect::<Vec<_>>());
+    exact(&r, &a);
+    // And then only what changes again.
+    r.sync(&req("busy", vec![(4_101, vec![(4, 1)])]), S).unwrap();
+    a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), S).unwrap();
+    assert_eq!(ids(&a), vec![4]);
+}
+
+#[test]
+fn a_resent_batch_is_not_named_again() {
+    let config = RootConfig { interest_ttl_ns: 10 * S, ..RootConfig::default() };
+    let mut r = RootState::new(config);
+    r.apply_quotas((1..=3).map(|i| quota(i, i, 1.0, false)), 0);
+    let a = r.sync(&by_interest("a", None, vec![(1, vec![(1, 1_000)])], vec![]), S).unwrap();
+    assert_eq!(ids(&a), vec![1]);
+    // Its answer was lost: at 9 s the batch comes again with a new one. Counter 1 is not
+    // named again (it was named at 1 s and leaves at 11 s); 2 is.
+    let again = by_interest("a", None, vec![(1, vec![(1, 1_000)]), (2, vec![(2, 1_000)])], vec![]);
+    let a = r.sync(&SyncRequest { root_instance: a.root_instance.into(), ..again }, 9 * S).unwrap();
+    assert_eq!(r.stats().duplicate_batches, 1);
+    assert_eq!(r.limiters["a"].interest.get(&1), Some(&(11 * S)), "not renewed by the resend");
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), 12 * S).unwrap();
+    assert_eq!(r.limiters["a"].interest.len(), 1, "1 left at 11 s, 2 stays");
+    assert!(r.limiters["a"].interest.contains_key(&2));
+    assert_eq!(ids(&a), Vec::<u64>::new());
+}
+
+#[test]
+fn a_change_moved_to_the_end_of_the_log_still_reaches_its_watchers() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas((1..=11).map(|i| quota(i, i, 1.0, false)), 0);
+    r.sync(&req("slow", vec![(1, vec![(11, 5_000_000)])]), S).unwrap();
+    let b = r.sync(&by_interest("b", None, vec![], vec![11]), S).unwrap();
+    assert_eq!(ids(&b), vec![11]);
+    // 11 changes after b's answer, then the log moves on far enough for 11's entry to be
+    // moved to the end (a new version) before b syncs again.
+    r.sync(&req("slow", vec![(2, vec![(11, 1_000_000)])]), S).unwrap();
+    let moved_from = r.counters[&11].version;
+    for round in 0..4_000u64 {
+        let deltas = (0..3).map(|k| ((round * 3 + k) % 10 + 1, 1)).collect();
+        r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
+    }
+    assert!(r.counters[&11].version > moved_from, "11's entry was moved");
+    let b = r.sync(&by_interest("b", Some(&b), vec![], vec![]), S).unwrap();
+    assert_eq!(b.counters, vec![(11, 6_000_000, 0)]);
+}

@@ -1,0 +1,145 @@
+//! The root's work per sync, without HTTP: 300 limiters, each syncing once per (virtual)
+//! second with 1,000 changed counters drawn at random from 1,000,000 quotas — the load of
+//! issue 12's target, `make bench-root`'s 300-limiter point, on `RootState` alone.
+//!
+//! Each measured iteration is one limiter's sync (its deltas applied, its answer built), the
+//! clock moving on by 1/300 s; the incremental sweep runs as `yarl-root` runs it (20,000
+//! counters every 0.1 s), so its cost is in the figure too. Before measuring, 12 virtual
+//! seconds of the same load fill the counters, the change log and (by interest) every
+//! limiter's interest, which holds 10 s of what it named.
+//!
+//! Run: `cargo bench -p yarl-core --bench root`.
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::time::{Duration, Instant};
+use yarl_core::proto::{DeltaBatch, SyncRequest, PROTOCOL_VERSION};
+use yarl_core::{Limits, QuotaUpdate, RootConfig, RootState};
+
+const QUOTAS: u64 = 1_000_000;
+const LIMITERS: u64 = 300;
+const CHANGED: usize = 1_000;
+const SECOND: u64 = 1_000_000_000;
+
+struct Cluster {
+    root: RootState,
+    rng: fastrand::Rng,
+    now: u64,
+    turn: u64,
+    /// Per limiter: `(root_instance, since, next seq)`.
+    links: Vec<(Option<u64>, u64, u64)>,
+    interest: bool,
+}
+
+impl Cluster {
+    fn new(interest: bool) -> Self {
+        let mut root = RootState::new(RootConfig::default());
+        let limits = Limits::from_units(100.0, 150.0, 300.0).expect("valid limits");
+        root.apply_quotas(
+            (1..=QUOTAS).map(|id| QuotaUpdate {
+                id,
+                name: format!("q{id}"),
+                epoch: id,
+                deleted: false,
+                reset_epoch: 0,
+                limits,
+                parent: None,
+            }),
+            1,
+        );
+        Cluster {
+            root,
+            rng: fastrand::Rng::with_seed(7),
+            now: SECOND,
+            turn: 0,
+            links: vec![(None, 0, 1); LIMITERS as usize],
+            interest,
+        }
+    }
+
+    fn request(&mut self) -> SyncRequest {
+        let i = (self.turn % LIMITERS) as usize;
+        let mut ids: Vec<u64> = (0..CHANGED).map(|_| self.rng.u64(1..=QUOTAS)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let (instance, since, seq) = self.links[i];
+        self.links[i].2 += 1;
+        SyncRequest {
+            v: PROTOCOL_VERSION,
+            limiter: format!("bench-{i}"),
+            root_instance: instance,
+            since,
+            epoch: QUOTAS,
+            batches: vec![DeltaBatch {
+                seq,
+                deltas: ids.into_iter().map(|id| (id, 1000 * self.rng.u64(1..=3), 0)).collect(),
+                epoch: Some(QUOTAS),
+            }],
+            hints: vec![],
+            seen_epoch: Some(QUOTAS),
+            interest: self.interest,
+            watch: vec![],
+        }
+    }
+
+    /// One sync, and the sweep's step when one is due; the counters answered.
+    fn sync(&mut self, req: &SyncRequest) -> usize {
+        let i = (self.turn % LIMITERS) as usize;
+        self.turn += 1;
+        self.now += SECOND / LIMITERS;
+        let answer = self.root.sync_from(req, None, self.now).expect("a valid sync");
+        self.links[i].0 = Some(answer.root_instance);
+        self.links[i].1 = answer.version;
+        if self.turn % (LIMITERS / 10) == 0 {
+            self.root.sweep_step(self.now, 20_000);
+        }
+        answer.counters.len()
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("root");
+    g.sample_size(20);
+    for interest in [true, false] {
+        let name = if interest {
+            "sync/300 limiters x 1000 of 1M, by interest"
+        } else {
+            "sync/300 limiters x 1000 of 1M, every change"
+        };
+        // Built on first use, so that a filter (`cargo bench --bench root -- interest`)
+        // skips the other variant's set-up.
+        let mut cluster: Option<Cluster> = None;
+        g.bench_function(name, |b| {
+            let cl = cluster.get_or_insert_with(|| {
+                let mut cl = Cluster::new(interest);
+                let mut answered = 0;
+                for _ in 0..12 * LIMITERS {
+                    let req = cl.request();
+                    answered = cl.sync(&req);
+                }
+                println!(
+                    "\n{name}: {} counters held, {answered} in the last answer after 12 s",
+                    cl.root.counter_count(),
+                );
+                cl
+            });
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let req = cl.request();
+                    let t = Instant::now();
+                    black_box(cl.sync(&req));
+                    took += t.elapsed();
+                }
+                took
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);
