@@ -23,7 +23,8 @@
 //! | `GET /healthz`, `GET /metrics` | none read | — | — | none |
 //!
 //! A declared `Content-Length` over the limit is refused before reading; a request that
-//! waits longer than `Settings::queue_wait` for its turn gets `503` with `Retry-After`.
+//! waits longer than `Settings::queue_wait` (a sync: `Settings::sync_queue_wait`) for its
+//! turn gets `503` with `Retry-After`.
 //! The accept loop ([`serve`]) adds the connection cap, the header and idle timeout, TLS
 //! ([`tls`]) and the bounded graceful shutdown.
 //!

@@ -51,6 +51,12 @@ pub struct Settings {
     pub admin_concurrency: usize,
     /// How long a request waits for its turn before `503`.
     pub queue_wait: Duration,
+    /// The same for a sync: shorter than a limiter's timeout (the agent's default is
+    /// 500 ms), so that a root with more syncs than it can serve refuses what it could not
+    /// answer in time, at once, instead of working on requests whose limiters have given up
+    /// (and which they send again, with the next batch, an interval later): under overload
+    /// it keeps answering what it can in time rather than nothing.
+    pub sync_queue_wait: Duration,
 }
 
 impl Default for Settings {
@@ -67,6 +73,7 @@ impl Default for Settings {
             sync_memory_kib: 256 * 1024,
             admin_concurrency: 32,
             queue_wait: Duration::from_secs(2),
+            sync_queue_wait: Duration::from_millis(250),
         }
     }
 }
@@ -112,8 +119,12 @@ impl AppState {
     pub fn new(store: Arc<dyn QuotaStore>, settings: Settings) -> Self {
         let wait = settings.queue_wait;
         let guards = Guards {
-            sync: Gate::new("sync", settings.sync_concurrency.max(1), wait),
-            sync_memory: Gate::new("sync", settings.sync_memory_kib.max(1) as usize, wait),
+            sync: Gate::new("sync", settings.sync_concurrency.max(1), settings.sync_queue_wait),
+            sync_memory: Gate::new(
+                "sync",
+                settings.sync_memory_kib.max(1) as usize,
+                settings.sync_queue_wait,
+            ),
             admin: Gate::new("admin", settings.admin_concurrency.max(1), wait),
             batch: Gate::new("batch", 1, wait.max(Duration::from_secs(10))),
         };
