@@ -322,7 +322,14 @@ struct ChangeLog {
     /// The number of `chunks[0]`; numbers only grow, so places stay valid when the front goes.
     first: usize,
     live: usize,
+    /// Emptied buffers of a whole chunk's size, for the next new chunks: a fresh one is
+    /// half a megabyte the allocator often maps anew, and the kernel zeroing those pages
+    /// (under the root's lock) was 6 % of a busy root's time.
+    spare: Vec<Vec<(u64, Option<Change>)>>,
 }
+
+/// Spare chunk buffers kept, at most.
+const LOG_SPARE: usize = 2;
 
 #[derive(Debug, Default)]
 struct LogChunk {
@@ -334,7 +341,8 @@ impl ChangeLog {
     /// Appends the change of version `v` (above every version in the log); its place.
     fn push(&mut self, v: u64, c: Change) -> usize {
         if self.chunks.back().map_or(true, |ch| ch.entries.len() >= LOG_CHUNK) {
-            self.chunks.push_back(LogChunk { entries: Vec::with_capacity(LOG_CHUNK), live: 0 });
+            let entries = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(LOG_CHUNK));
+            self.chunks.push_back(LogChunk { entries, live: 0 });
         }
         let no = self.first + self.chunks.len() - 1;
         let ch = self.chunks.back_mut().expect("a chunk was pushed above");
@@ -376,17 +384,30 @@ impl ChangeLog {
     fn compact(&mut self, at: usize, mut moved: impl FnMut(QuotaId, usize)) {
         let no = at >> LOG_SHIFT;
         if let Some(ch) = self.chunk_mut(at) {
-            ch.entries.retain(|e| e.1.is_some());
-            ch.entries.shrink_to_fit();
+            // The live entries into a buffer of their size (memory follows what is live);
+            // a whole chunk's buffer is kept for a new chunk.
+            let live: Vec<_> = ch.entries.iter().filter(|e| e.1.is_some()).copied().collect();
+            let old = std::mem::replace(&mut ch.entries, live);
             for (i, e) in ch.entries.iter().enumerate() {
                 if let Some(c) = &e.1 {
                     moved(c.id, no << LOG_SHIFT | i);
                 }
             }
+            self.recycle(old);
         }
         while self.chunks.len() > 1 && self.chunks.front().is_some_and(|c| c.live == 0) {
-            self.chunks.pop_front();
+            if let Some(ch) = self.chunks.pop_front() {
+                self.recycle(ch.entries);
+            }
             self.first += 1;
+        }
+    }
+
+    /// Keeps a chunk's buffer for a new chunk, if it is a whole one and room is left.
+    fn recycle(&mut self, mut buf: Vec<(u64, Option<Change>)>) {
+        if buf.capacity() == LOG_CHUNK && self.spare.len() < LOG_SPARE {
+            buf.clear();
+            self.spare.push(buf);
         }
     }
 
@@ -526,7 +547,9 @@ pub struct SyncAnswer {
     pub acked_seq: u64,
     /// The root's counter version now.
     pub version: u64,
-    /// Counters changed since `since`: `[id, fill, demand]`.
+    /// Counters changed since `since`: `[id, fill, demand]`, in no particular order, and
+    /// an id may appear twice (with the same values) until [`SyncAnswer::tidy`] runs:
+    /// that work is left for after the root's lock.
     pub counters: Vec<(QuotaId, u64, u64)>,
     /// Quotas and tombstones above the limiter's epoch, in epoch order.
     pub quotas: Vec<Arc<QuotaUpdate>>,
@@ -541,8 +564,16 @@ pub struct SyncAnswer {
 }
 
 impl SyncAnswer {
-    /// The owned wire message.
-    pub fn into_response(self) -> SyncResponse {
+    /// Sorts the counters by id and drops repeated ids (v2 encodes each id as the
+    /// difference to the previous one).
+    pub fn tidy(&mut self) {
+        self.counters.sort_unstable_by_key(|c| c.0);
+        self.counters.dedup_by_key(|c| c.0);
+    }
+
+    /// The owned wire message, tidied.
+    pub fn into_response(mut self) -> SyncResponse {
+        self.tidy();
         SyncResponse {
             v: self.v,
             root_instance: self.root_instance,
@@ -1023,8 +1054,12 @@ impl RootState {
             s.addr = peer;
         }
         let (name, mut s) = session;
-        let interest =
-            if req.interest { self.note_interest(&mut s, req, applied_before, now) } else { None };
+        let mut left = IdSet::default();
+        let interest = if req.interest {
+            self.note_interest(&mut s, req, applied_before, now, &mut left)
+        } else {
+            None
+        };
 
         if !req.interest && !s.interest.is_empty() {
             // It stopped asking by interest (a reconfigured limiter): free what it named.
@@ -1070,8 +1105,10 @@ impl RootState {
                     }
                     std::hint::black_box(touched);
                     for (id, v, at) in changed {
-                        // Changes queued before a counter left the interest (this sync) stay out.
-                        if !s.interest.contains_key(&id) {
+                        // Changes queued before a counter left the interest (this sync) stay
+                        // out. A small set: a lookup in the session's interest, thousands of
+                        // ids, was a cache miss for every record.
+                        if left.contains(&id) {
                             continue;
                         }
                         if let Some(c) = self.changes.get(at, v) {
@@ -1096,8 +1133,7 @@ impl RootState {
                         }
                     }
                 }
-                out.sort_unstable_by_key(|c| c.0);
-                out.dedup_by_key(|c| c.0);
+                // Sorted and deduplicated by `SyncAnswer::tidy`, after the lock.
                 out
             }
             None => self
@@ -1146,19 +1182,37 @@ impl RootState {
     /// Adds the counters `req` names (its batches' deltas, hints and `watch`, those this root
     /// holds) to the session's interest until `now` + the interest time. Returns the ones
     /// new to it, which its answer carries even if unchanged; `None` when the session's or
-    /// the root's interest is full, and the answer must carry every changed counter.
+    /// the root's interest is full, and the answer must carry every changed counter. Adds
+    /// the ids that left the interest to `left`: since the session's last answer, only this
+    /// call takes ids out, so these are the only ones its inbox may hold and must not.
     fn note_interest(
         &mut self,
         s: &mut Session,
         req: &SyncRequest,
         applied_before: u64,
         now: u64,
+        left: &mut IdSet,
     ) -> Option<IdSet> {
-        // What left the interest: named last more than the interest time ago.
+        let named = req
+            .batches
+            .iter()
+            // A batch resent because its answer was lost was named when it was applied:
+            // naming it again would make a slow root slower (a limiter resends up to
+            // dozens of batches when answers time out).
+            .filter(|b| b.seq > applied_before)
+            .flat_map(|b| b.deltas.iter().map(|d| d.0))
+            .chain(req.hints.iter().map(|h| h.0))
+            .chain(req.watch.iter().copied());
+        // What left the interest: named last more than the interest time ago. Their slots
+        // and the session's map slots of every named id, all at once first (see `warm`):
+        // a session's interest is thousands of ids, rarely in the cache.
         let leaving = s.expiry.iter().take_while(|e| e.0 <= now);
         let mut touched = 0u64;
         for &(_, id) in leaving {
             touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
+        }
+        for id in named.clone() {
+            touched ^= s.interest.get(&id).copied().unwrap_or(0);
         }
         std::hint::black_box(touched);
         while let Some(&(until, id)) = s.expiry.front() {
@@ -1170,19 +1224,10 @@ impl RootState {
                 s.interest.remove(&id);
                 self.interest -= 1;
                 self.unwatch(id, s.sid);
+                left.insert(id);
             }
         }
         let until = now.saturating_add(self.config.interest_ttl_ns.max(1));
-        let named = req
-            .batches
-            .iter()
-            // A batch resent because its answer was lost was named when it was applied:
-            // naming it again would make a slow root slower (a limiter resends up to
-            // dozens of batches when answers time out).
-            .filter(|b| b.seq > applied_before)
-            .flat_map(|b| b.deltas.iter().map(|d| d.0))
-            .chain(req.hints.iter().map(|h| h.0))
-            .chain(req.watch.iter().copied());
         let mut fresh = IdSet::default();
         let mut full = false;
         for id in named {

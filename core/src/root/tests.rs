@@ -659,3 +659,44 @@ fn a_change_moved_to_the_end_of_the_log_still_reaches_its_watchers() {
     let b = r.sync(&by_interest("b", Some(&b), vec![], vec![]), S).unwrap();
     assert_eq!(b.counters, vec![(11, 6_000_000, 0)]);
 }
+
+#[test]
+fn the_change_log_reuses_whole_chunk_buffers_and_keeps_places_exact() {
+    let change = |id: u64| Change {
+        id,
+        bucket: LeakyBucket::default(),
+        limit: id,
+        demand: DemandWindow::default(),
+    };
+    let mut log = ChangeLog::default();
+    let mut at: Vec<usize> =
+        (0..LOG_CHUNK as u64 * 3).map(|v| log.push(v + 1, change(v))).collect();
+    assert!(log.spare.is_empty());
+    // Kill most of the first chunk: it compacts into a buffer of its live size and gives
+    // its whole one back.
+    let mut compacted = false;
+    for v in 0..LOG_CHUNK as u64 - 10 {
+        if log.kill(at[v as usize], v + 1) {
+            log.compact(at[v as usize], |id, new_at| at[id as usize] = new_at);
+            compacted = true;
+        }
+    }
+    assert!(compacted);
+    assert_eq!(log.spare.len(), 1, "the compacted chunk's buffer is kept");
+    assert!(log.chunks[0].entries.capacity() < LOG_CHUNK);
+    // The survivors are found at their new places, and the next chunk takes the buffer.
+    for v in LOG_CHUNK as u64 - 10..LOG_CHUNK as u64 * 3 {
+        assert_eq!(log.get(at[v as usize], v + 1).map(|c| c.id), Some(v));
+    }
+    let p = log.push(LOG_CHUNK as u64 * 3 + 1, change(7));
+    assert!(log.spare.is_empty());
+    assert_eq!(log.get(p, LOG_CHUNK as u64 * 3 + 1).map(|c| c.id), Some(7));
+    assert_eq!(log.chunks.back().map(|c| c.entries.capacity()), Some(LOG_CHUNK));
+    // Never more spares than LOG_SPARE, however many chunks empty at once.
+    for v in 0..LOG_CHUNK as u64 * 3 {
+        if log.kill(at[v as usize], v + 1) {
+            log.compact(at[v as usize], |id, new_at| at[id as usize] = new_at);
+        }
+    }
+    assert!(log.spare.len() <= LOG_SPARE);
+}
