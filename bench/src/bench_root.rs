@@ -12,8 +12,9 @@
 //! what is measured. One more limiter, the probe, is a real `Limiter` holding every quota
 //! with a real `SyncEngine`: its decode + merge time per answer is the limiter's own cost.
 //!
-//! Figures: root CPU per sync and in cores (from `/proc/PID/stat`), sustained syncs per
-//! second per core, p50/p99 sync latency (a timed-out call counts at the timeout), bytes per
+//! Figures: root CPU per sync and in cores (from `/proc/PID/stat`), the share of the time
+//! each root's state lock was held (its serial part: near 1, a root is full whatever its
+//! cores, and latency grows with the queue), sustained syncs per second per core, p50/p99 sync latency (a timed-out call counts at the timeout), bytes per
 //! request and answer, counters per answer. The load generator shares the machine's cores
 //! with the roots; its own CPU is printed too.
 
@@ -214,9 +215,9 @@ fn main() -> anyhow::Result<()> {
         cores
     );
     println!(
-        "| protocol | shards | limiters | syncs/s done in time (wanted) | syncs/s answered by the roots | root CPU per sync | root CPU (cores, per root) | syncs/s per core | p50 | p99 | failed | request | answer | counters per answer | limiter decode+merge per answer | load generator CPU (cores) |"
+        "| protocol | shards | limiters | syncs/s done in time (wanted) | syncs/s answered by the roots | root CPU per sync | root CPU (cores, per root) | lock busy (per root) | syncs/s per core | p50 | p99 | failed | request | answer | counters per answer | limiter decode+merge per answer | load generator CPU (cores) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in grid {
         let row = rt.block_on(run_point(&args, &db, p)).with_context(|| format!("{p:?}"))?;
         println!("{row}");
@@ -422,7 +423,7 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
 
     tokio::time::sleep(interval * 3).await;
     let pids: Vec<u32> = roots.iter().map(Child::id).collect();
-    let answered0 = answered(&client, urls).await;
+    let scraped0 = scrape(&client, urls).await;
     let cpu0: Vec<f64> = pids.iter().map(|&p| cpu_secs(p)).collect();
     let self0 = cpu_secs(std::process::id());
     let t0 = Instant::now();
@@ -434,7 +435,12 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
     let own = cpu_secs(std::process::id()) - self0;
     // Syncs the roots answered, including those whose caller had given up: under overload
     // the roots keep working on requests that time out at the limiter.
-    let done = answered(&client, urls).await.saturating_sub(answered0);
+    let scraped = scrape(&client, urls).await;
+    let done: u64 = scraped.iter().zip(&scraped0).map(|(a, b)| a.0.saturating_sub(b.0)).sum();
+    // The share of the time each root's state lock was held: the serial part of its work,
+    // which bounds what one root can serve whatever its cores.
+    let busy: Vec<String> =
+        scraped.iter().zip(&scraped0).map(|(a, b)| format!("{:.2}", (a.1 - b.1) / wall)).collect();
     shared.stop.store(true, Relaxed);
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -457,7 +463,7 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
     let syncs = s.ok as f64 / wall;
     let wanted = (p.limiters as u64 + 1) * u64::from(p.shards);
     Ok(format!(
-        "| {} | {} | {} | {:.0} ({}) | {:.0} | {:.2} ms | {} | {:.0} | {:.1} ms | {:.1} ms | {} | {} | {} | {:.0} | {} | {:.2} |",
+        "| {} | {} | {} | {:.0} ({}) | {:.0} | {:.2} ms | {} | {} | {:.0} | {:.1} ms | {:.1} ms | {} | {} | {} | {:.0} | {} | {:.2} |",
         p.proto.name(),
         p.shards,
         p.limiters,
@@ -466,6 +472,7 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
         done as f64 / wall,
         if done > 0 { total_cpu * 1000.0 / done as f64 } else { f64::NAN },
         per_root.join(" / "),
+        busy.join(" / "),
         if total_cpu > 0.0 { done as f64 / total_cpu } else { 0.0 },
         pct(0.50),
         pct(0.99),
@@ -482,19 +489,27 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
     ))
 }
 
-/// Syncs the roots at `urls` applied so far (`yarl_root_syncs_applied_total`).
-async fn answered(client: &reqwest::Client, urls: &[String]) -> u64 {
-    let mut total = 0;
+/// What each root at `urls` reports so far: syncs applied (`yarl_root_syncs_applied_total`)
+/// and seconds its state lock was held (`yarl_root_state_lock_held_seconds_total`).
+async fn scrape(client: &reqwest::Client, urls: &[String]) -> Vec<(u64, f64)> {
+    let mut out = Vec::with_capacity(urls.len());
     for u in urls {
-        let Ok(r) = client.get(format!("{u}/metrics")).send().await else { continue };
-        let text = r.text().await.unwrap_or_default();
-        total += text
-            .lines()
-            .find_map(|l| l.strip_prefix("yarl_root_syncs_applied_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0) as u64;
+        let text = match client.get(format!("{u}/metrics")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        out.push((
+            value("yarl_root_syncs_applied_total") as u64,
+            value("yarl_root_state_lock_held_seconds_total"),
+        ));
     }
-    total
+    out
 }
 
 fn bytes(n: u64) -> String {

@@ -47,6 +47,10 @@ struct Args {
     /// limiters' sync timeout (nginx `yarl_sync_timeout`, 500ms by default).
     #[arg(long, env = "YARL_SYNC_QUEUE_WAIT", default_value = "250ms", value_parser = parse_interval)]
     sync_queue_wait: Duration,
+    /// Syncs decoded and applied at once (default: one per core, at least 2). Their apply
+    /// step takes one lock in turn, so more than the cores only adds waiting threads.
+    #[arg(long, env = "YARL_SYNC_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    sync_concurrency: Option<u16>,
     /// File holding the bearer token the admin routes require.
     #[arg(long, env = "YARL_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
@@ -164,13 +168,15 @@ async fn main() -> anyhow::Result<()> {
         _ => None,
     };
     let root = yarl_core::RootConfig { shard: args.shard, ..yarl_core::RootConfig::default() };
+    let defaults = Settings::default();
     let settings = Settings {
         root,
         poll_interval: args.poll_interval,
         sync_queue_wait: args.sync_queue_wait,
+        sync_concurrency: args.sync_concurrency.map_or(defaults.sync_concurrency, usize::from),
         admin_token: read_token(&args.admin_token_file, "admin")?,
         sync_token: read_token(&args.sync_token_file, "sync")?,
-        ..Settings::default()
+        ..defaults
     };
     let store = db::open(&args.db)
         .await

@@ -19,6 +19,10 @@ pub struct Metrics {
     sync_refused: AtomicU64,
     sync_buckets: [AtomicU64; BUCKETS.len()],
     sync_sum_ns: AtomicU64,
+    /// Time spent waiting for, and holding, the root state's lock (every holder: syncs,
+    /// sweeps, quota applies, scrapes).
+    lock_wait_ns: AtomicU64,
+    lock_held_ns: AtomicU64,
     pub(crate) db_errors: AtomicU64,
     pub(crate) db_down: AtomicBool,
     pub(crate) polls: AtomicU64,
@@ -70,6 +74,13 @@ impl Metrics {
             }
         }
         self.sync_sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Records one hold of the root state's lock: `waited` for it, then `held` it.
+    pub(crate) fn lock_used(&self, waited: Duration, held: Duration) {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.lock_wait_ns.fetch_add(ns(waited), Relaxed);
+        self.lock_held_ns.fetch_add(ns(held), Relaxed);
     }
 
     pub(crate) fn render(&self, s: &Snapshot, store: &str) -> String {
@@ -235,6 +246,22 @@ impl Metrics {
             self.sync_sum_ns.load(Relaxed) as f64 / 1e9
         );
         let _ = writeln!(o, "yarl_root_sync_duration_seconds_count {total}");
+        let secs = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(
+            o,
+            "# HELP yarl_root_state_lock_held_seconds_total Time the root state's lock was held \
+             (syncs, sweeps, quota applies, scrapes). Its rate is the busy fraction of the \
+             root's serial part: near 1, this root is at capacity however many cores it has \
+             (add a shard).\n\
+             # TYPE yarl_root_state_lock_held_seconds_total counter\n\
+             yarl_root_state_lock_held_seconds_total {}\n\
+             # HELP yarl_root_state_lock_wait_seconds_total Time spent waiting for the root \
+             state's lock, summed over its holders.\n\
+             # TYPE yarl_root_state_lock_wait_seconds_total counter\n\
+             yarl_root_state_lock_wait_seconds_total {}",
+            secs(&self.lock_held_ns),
+            secs(&self.lock_wait_ns)
+        );
         let _ = writeln!(
             o,
             "# HELP yarl_root_refused_total Requests refused, by route, reason and status.\n\

@@ -14,10 +14,10 @@ use crate::db::{QuotaStore, StoreError, Written};
 use crate::error::ApiError;
 use crate::guard::Gate;
 use crate::metrics::{Metrics, Snapshot};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use yarl_core::{Clock, Epoch, MonotonicClock, QuotaUpdate, RootConfig, RootState};
 
@@ -43,7 +43,10 @@ pub struct Settings {
     pub sync_token: Option<String>,
     /// The core's limits.
     pub root: RootConfig,
-    /// Sync requests decoded and applied at once (each on a blocking thread).
+    /// Sync requests decoded and applied at once (each on a blocking thread). The apply
+    /// step runs under the root's lock, one at a time: one per core keeps a decode or an
+    /// encode beside each apply, where more threads only queue on the lock (and a holder
+    /// preempted by them stalls every sync).
     pub sync_concurrency: usize,
     /// KiB of sync bodies (and what decoding them allocates) held at once.
     pub sync_memory_kib: u32,
@@ -67,7 +70,7 @@ impl Default for Settings {
             admin_token: None,
             sync_token: None,
             root: RootConfig::default(),
-            sync_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get() * 2),
+            sync_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             // Room for one full 64 MiB sync (body and decoded entries, 160 MiB) beside any
             // number of ordinary ones.
             sync_memory_kib: 256 * 1024,
@@ -102,6 +105,33 @@ pub(crate) struct Inner {
     cursor: tokio::sync::Mutex<Epoch>,
     /// Clock time of the last logged database error (rate limit: one per poll interval).
     last_db_log: AtomicU64,
+}
+
+/// The root state, locked; records its wait and hold times when dropped.
+pub(crate) struct RootGuard<'a> {
+    guard: MutexGuard<'a, RootState>,
+    asked: Instant,
+    locked: Instant,
+    metrics: &'a Metrics,
+}
+
+impl std::ops::Deref for RootGuard<'_> {
+    type Target = RootState;
+    fn deref(&self) -> &RootState {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for RootGuard<'_> {
+    fn deref_mut(&mut self) -> &mut RootState {
+        &mut self.guard
+    }
+}
+
+impl Drop for RootGuard<'_> {
+    fn drop(&mut self) {
+        self.metrics.lock_used(self.locked - self.asked, self.locked.elapsed());
+    }
 }
 
 /// Cheap to clone; handed to every handler.
@@ -158,6 +188,15 @@ impl AppState {
         self.0.epoch.load(Relaxed)
     }
 
+    /// Locks the root state, blocking: only on a blocking thread. The time waited and held
+    /// go to the metrics (the held time is the root's serial work, what bounds its
+    /// capacity).
+    pub(crate) fn lock_root(&self) -> RootGuard<'_> {
+        let asked = Instant::now();
+        let guard = self.0.root.lock();
+        RootGuard { guard, asked, locked: Instant::now(), metrics: &self.0.metrics }
+    }
+
     /// Runs `f` on the root state on a blocking thread: the lock may be held by a large
     /// sync for a while, and an async worker must never wait for it.
     pub(crate) async fn with_root<T: Send + 'static>(
@@ -165,7 +204,7 @@ impl AppState {
         f: impl FnOnce(&mut RootState) -> T + Send + 'static,
     ) -> Result<T, ApiError> {
         let st = self.clone();
-        tokio::task::spawn_blocking(move || f(&mut st.0.root.lock()))
+        tokio::task::spawn_blocking(move || f(&mut st.lock_root()))
             .await
             .map_err(|e| ApiError::Internal(format!("root worker: {e}")))
     }

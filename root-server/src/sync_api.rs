@@ -101,24 +101,23 @@ impl SyncEncoding {
     }
 
     pub fn encode(self, mut answer: SyncAnswer) -> Result<Vec<u8>, ApiError> {
+        // Ids sorted (each costs v2 one or two bytes as a difference to the previous) and
+        // each once.
+        answer.tidy();
         match self {
             SyncEncoding::JsonV1 => serde_json::to_vec(&answer)
                 .map_err(|e| ApiError::Internal(format!("sync answer: {e}"))),
-            SyncEncoding::BinaryV2 => {
-                // Ids sorted: each costs one or two bytes as a difference to the previous.
-                answer.counters.sort_unstable_by_key(|c| c.0);
-                Ok(v2::encode_response_parts(v2::ResponseParts {
-                    root_instance: answer.root_instance,
-                    acked_seq: answer.acked_seq,
-                    version: answer.version,
-                    epoch: answer.epoch,
-                    more: answer.more,
-                    counters: &answer.counters,
-                    quotas: &answer.quotas,
-                    shard: answer.shard,
-                    root_epoch: Some(answer.root_epoch),
-                }))
-            }
+            SyncEncoding::BinaryV2 => Ok(v2::encode_response_parts(v2::ResponseParts {
+                root_instance: answer.root_instance,
+                acked_seq: answer.acked_seq,
+                version: answer.version,
+                epoch: answer.epoch,
+                more: answer.more,
+                counters: &answer.counters,
+                quotas: &answer.quotas,
+                shard: answer.shard,
+                root_epoch: Some(answer.root_epoch),
+            })),
         }
     }
 }
@@ -152,7 +151,7 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
         let req = encoding.decode(&body, max_entries)?;
         drop(body);
         let now = work.now();
-        let answer = work.0.root.lock().sync_from(&req, peer, now).map_err(ApiError::Sync)?;
+        let answer = work.lock_root().sync_from(&req, peer, now).map_err(ApiError::Sync)?;
         drop(req);
         let bytes = encoding.encode(answer)?;
         Ok::<_, ApiError>((bytes, started.elapsed()))

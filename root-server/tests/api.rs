@@ -405,7 +405,7 @@ async fn sync_route() {
     assert!((4990..=5000).contains(&fill), "{v}");
     // The same batch again (a retry after a lost answer) is not counted twice.
     let inst = v["root_instance"].clone();
-    let (s, v) = call(&st, POST, "/v1/sync", Some(&req(1, inst)), None).await;
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&req(1, inst.clone())), None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["acked_seq"], 1);
     let (_, m) = call(&st, GET, "/metrics", None, None).await;
@@ -424,6 +424,20 @@ async fn sync_route() {
     ] {
         assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
     }
+    // The syncs held the root's lock for some time (a counter that only grows).
+    let held = |m: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("yarl_root_state_lock_held_seconds_total "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no lock time in the metrics:\n{m}"))
+    };
+    let before = held(m);
+    assert!(before > 0.0, "{m}");
+    assert!(m.contains("yarl_root_state_lock_wait_seconds_total "), "{m}");
+    let (s, _) = call(&st, POST, "/v1/sync", Some(&req(2, inst.clone())), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, m2) = call(&st, GET, "/metrics", None, None).await;
+    assert!(held(m2.as_str().unwrap()) > before);
 
     for (body, status, msg) in [
         ("{\"v\":1,", StatusCode::BAD_REQUEST, "bad JSON"),
