@@ -12,13 +12,48 @@ use yarl_core::root::RootStats;
 const BUCKETS: [f64; 12] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
+/// A latency histogram over [`BUCKETS`].
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (b, &le) in self.buckets.iter().zip(BUCKETS.iter()) {
+            if secs <= le {
+                b.fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    fn render(&self, o: &mut String, name: &str, help: &str) {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, le) in self.buckets.iter().zip(BUCKETS) {
+            let _ = writeln!(o, "{name}_bucket{{le=\"{le}\"}} {}", b.load(Relaxed));
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(o, "{name}_sum {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(o, "{name}_count {count}");
+    }
+}
+
 /// Counters the server keeps besides the root state's own.
 #[derive(Debug, Default)]
 pub struct Metrics {
     sync_ok: AtomicU64,
     sync_refused: AtomicU64,
-    sync_buckets: [AtomicU64; BUCKETS.len()],
-    sync_sum_ns: AtomicU64,
+    /// Decode, apply and encode of answered syncs.
+    sync_work: Histogram,
+    /// Arrival to the start of decoding (body read, then the memory and concurrency
+    /// gates) of answered syncs: where the time goes when a root is near full.
+    sync_wait: Histogram,
     /// Time spent waiting for, and holding, the root state's lock (every holder: syncs,
     /// sweeps, quota applies, scrapes).
     lock_wait_ns: AtomicU64,
@@ -63,17 +98,12 @@ impl Metrics {
         .fetch_add(1, Relaxed);
     }
 
-    /// Records one answered sync request that took `took` (request parsing to answer
-    /// serialised).
-    pub(crate) fn sync_done(&self, took: Duration) {
+    /// Records one answered sync request: `waited` from its arrival to the start of its
+    /// decoding, then `took` to decode, apply and encode it.
+    pub(crate) fn sync_done(&self, waited: Duration, took: Duration) {
         self.sync_ok.fetch_add(1, Relaxed);
-        let secs = took.as_secs_f64();
-        for (b, &le) in self.sync_buckets.iter().zip(BUCKETS.iter()) {
-            if secs <= le {
-                b.fetch_add(1, Relaxed);
-            }
-        }
-        self.sync_sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.sync_wait.observe(waited);
+        self.sync_work.observe(took);
     }
 
     /// Records one hold of the root state's lock: `waited` for it, then `held` it.
@@ -226,26 +256,17 @@ impl Metrics {
              yarl_root_sync_requests_total{{result=\"ok\"}} {ok}\n\
              yarl_root_sync_requests_total{{result=\"refused\"}} {refused}"
         );
-        let _ = writeln!(
-            o,
-            "# HELP yarl_root_sync_duration_seconds Time to decode, apply and encode an answered sync request.\n\
-             # TYPE yarl_root_sync_duration_seconds histogram"
+        self.sync_work.render(
+            &mut o,
+            "yarl_root_sync_duration_seconds",
+            "Time to decode, apply and encode an answered sync request (without its wait).",
         );
-        for (b, le) in self.sync_buckets.iter().zip(BUCKETS) {
-            let _ = writeln!(
-                o,
-                "yarl_root_sync_duration_seconds_bucket{{le=\"{le}\"}} {}",
-                b.load(Relaxed)
-            );
-        }
-        let total = ok;
-        let _ = writeln!(o, "yarl_root_sync_duration_seconds_bucket{{le=\"+Inf\"}} {total}");
-        let _ = writeln!(
-            o,
-            "yarl_root_sync_duration_seconds_sum {}",
-            self.sync_sum_ns.load(Relaxed) as f64 / 1e9
+        self.sync_wait.render(
+            &mut o,
+            "yarl_root_sync_wait_seconds",
+            "Time from an answered sync request's arrival to the start of its decoding: \
+             reading its body and waiting for its turn. Grows first when a root is near full.",
         );
-        let _ = writeln!(o, "yarl_root_sync_duration_seconds_count {total}");
         let secs = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e9;
         let _ = writeln!(
             o,

@@ -129,6 +129,7 @@ pub(crate) fn memory_cost(len: u64, max_entries: usize, encoding: SyncEncoding) 
 }
 
 pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let (parts, body): (_, Body) = req.into_parts();
     let encoding = SyncEncoding::from_content_type(parts.headers.get(header::CONTENT_TYPE))?;
@@ -141,23 +142,24 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
     let body = read_body(&parts.headers, body, limit, SYNC_BODY_TIMEOUT).await?;
 
     let work = st.clone();
-    let (bytes, took) = tokio::task::spawn_blocking(move || {
+    let (bytes, waited, took) = tokio::task::spawn_blocking(move || {
         // The permits live as long as the work, not the request: a limiter that gives up
         // (its timeout) drops the request, but the decode, apply and encode it started go
         // on, and must keep counting against the memory and concurrency bounds, or an
         // overloaded root would pile up abandoned work without limit.
         let _held = (memory, slot);
         let started = Instant::now();
+        let waited = started - arrived;
         let req = encoding.decode(&body, max_entries)?;
         drop(body);
         let now = work.now();
         let answer = work.lock_root().sync_from(&req, peer, now).map_err(ApiError::Sync)?;
         drop(req);
         let bytes = encoding.encode(answer)?;
-        Ok::<_, ApiError>((bytes, started.elapsed()))
+        Ok::<_, ApiError>((bytes, waited, started.elapsed()))
     })
     .await
     .map_err(|e| ApiError::Internal(format!("sync worker: {e}")))??;
-    st.0.metrics.sync_done(took);
+    st.0.metrics.sync_done(waited, took);
     Ok(([(header::CONTENT_TYPE, encoding.content_type())], bytes).into_response())
 }

@@ -420,6 +420,8 @@ async fn sync_route() {
         "yarl_root_counters 1",
         "yarl_root_db_errors_total 0",
         "yarl_root_sync_duration_seconds_count 2",
+        "yarl_root_sync_wait_seconds_count 2",
+        "yarl_root_sync_wait_seconds_bucket{le=\"+Inf\"} 2",
         "yarl_root_info{db=\"sqlite\"} 1",
     ] {
         assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
