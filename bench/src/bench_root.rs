@@ -44,9 +44,15 @@ struct Args {
     /// Changed counters per limiter per interval.
     #[arg(long, default_value_t = 1_000)]
     counters: usize,
-    /// Seconds measured per grid point (after a warm-up of 3 intervals).
+    /// Seconds measured per grid point, after the warm-up.
     #[arg(long, default_value_t = 8)]
     seconds: u64,
+    /// Seconds of warm-up before measuring (default: 3 intervals; 12 s for answers by
+    /// interest, the root's interest time of 10 s and two intervals, until the maps a root
+    /// keeps per session have grown to their steady size: their growth, a few resizes of
+    /// million-entry tables under the root's lock, is a start-up cost, not a per-sync one).
+    #[arg(long)]
+    warm_up: Option<u64>,
     /// Sync interval, ms.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
@@ -204,13 +210,14 @@ fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "bench-root: {} quotas, {} changed counters per limiter per {} ms drawn from {}, {} s \
-         measured per point, timeout {} ms, {} cores shared by the roots and this load \
-         generator\n",
+         measured per point after a warm-up of {}, timeout {} ms, {} cores shared by the \
+         roots and this load generator\n",
         args.quotas,
         args.counters,
         args.interval_ms,
         args.key_space.map_or("all of them".to_owned(), |k| format!("the first {k}")),
         args.seconds,
+        args.warm_up.map_or("3 intervals (12 s by interest)".to_owned(), |s| format!("{s} s")),
         args.timeout_ms,
         cores
     );
@@ -421,7 +428,14 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
         })
     };
 
-    tokio::time::sleep(interval * 3).await;
+    let warm_up = args.warm_up.map_or_else(
+        || match p.proto {
+            Proto::V2Interest => (interval * 2).max(Duration::from_secs(12)),
+            Proto::V1 | Proto::V2 => interval * 3,
+        },
+        Duration::from_secs,
+    );
+    tokio::time::sleep(warm_up).await;
     let pids: Vec<u32> = roots.iter().map(Child::id).collect();
     let scraped0 = scrape(&client, urls).await;
     let cpu0: Vec<f64> = pids.iter().map(|&p| cpu_secs(p)).collect();
