@@ -1085,7 +1085,7 @@ impl RootState {
                 let inbox = self.inboxes.get_mut(&s.sid).map(|i| {
                     (std::mem::take(&mut i.changes), std::mem::replace(&mut i.overflow, false))
                 });
-                let (changed, overflow) = inbox.unwrap_or_default();
+                let (mut changed, overflow) = inbox.unwrap_or_default();
                 let counters = &self.counters;
                 // From the counter: for what the log does not hold as recorded.
                 let current = |id: QuotaId| {
@@ -1104,7 +1104,7 @@ impl RootState {
                         touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
                     }
                     std::hint::black_box(touched);
-                    for (id, v, at) in changed {
+                    for &(id, v, at) in &changed {
                         // Changes queued before a counter left the interest (this sync) stay
                         // out. A small set: a lookup in the session's interest, thousands of
                         // ids, was a cache miss for every record.
@@ -1131,6 +1131,16 @@ impl RootState {
                         if let Some(&parked) = p.get(&c.0) {
                             c.1 = c.1.saturating_add(parked);
                         }
+                    }
+                }
+                // The list goes back to the inbox, emptied: grown anew every interval it
+                // cost a dozen reallocations and copies of up to tens of kilobytes, on fresh
+                // pages, under the lock. Not one far larger than the inbox may hold now.
+                let sid = s.sid;
+                if let Some(i) = self.inboxes.get_mut(&sid) {
+                    if i.changes.is_empty() && changed.capacity() <= i.cap.saturating_mul(2) {
+                        changed.clear();
+                        i.changes = changed;
                     }
                 }
                 // Sorted and deduplicated by `SyncAnswer::tidy`, after the lock.
