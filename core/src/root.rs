@@ -155,11 +155,20 @@ impl DemandWindow {
     /// Milli-units per second over the last [`DEMAND_BUCKETS`] full buckets before `now`.
     fn rate(&self, now: u64) -> f64 {
         let b = now / DEMAND_BUCKET_NS;
-        let first = b.saturating_sub(DEMAND_BUCKETS);
-        let sum: u64 = (first..b)
-            .filter(|&k| k <= self.head && k + (DEMAND_SLOTS as u64) > self.head)
-            .map(|k| self.buckets[(k % DEMAND_SLOTS as u64) as usize])
-            .fold(0u64, u64::saturating_add);
+        // The full buckets before `now` the window still holds: from `first` (or the
+        // oldest held, `head - DEMAND_SLOTS + 1`) up to `b` (or `head`), walked with one
+        // remainder, not one per bucket (a division each: this runs for every counter of
+        // every answer).
+        let lo = b
+            .saturating_sub(DEMAND_BUCKETS)
+            .max((self.head + 1).saturating_sub(DEMAND_SLOTS as u64));
+        let hi = b.min(self.head + 1);
+        let mut sum = 0u64;
+        let mut i = (lo % DEMAND_SLOTS as u64) as usize;
+        for _ in lo..hi {
+            sum = sum.saturating_add(self.buckets[i]);
+            i = if i + 1 == DEMAND_SLOTS { 0 } else { i + 1 };
+        }
         sum as f64 * NANOS_PER_SEC as f64 / (DEMAND_BUCKETS * DEMAND_BUCKET_NS) as f64
     }
 

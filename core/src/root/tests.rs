@@ -700,3 +700,28 @@ fn the_change_log_reuses_whole_chunk_buffers_and_keeps_places_exact() {
     }
     assert!(log.spare.len() <= LOG_SPARE);
 }
+
+proptest::proptest! {
+    /// The demand rate read with one remainder equals the bucket-by-bucket definition.
+    #[test]
+    fn demand_rate_matches_its_definition(
+        adds in proptest::collection::vec((0u64..40, 0u64..5_000_000), 0..30),
+        // Also read before the newest bucket (the definition holds there too).
+        later in -40i64..40,
+    ) {
+        let mut w = DemandWindow::default();
+        let mut t = 0;
+        for (step, amount) in adds {
+            t += step * DEMAND_BUCKET_NS / 3;
+            w.add(amount, t);
+        }
+        let now = t.saturating_add_signed(later * DEMAND_BUCKET_NS as i64 / 3);
+        let b = now / DEMAND_BUCKET_NS;
+        let sum: u64 = (b.saturating_sub(DEMAND_BUCKETS)..b)
+            .filter(|&k| k <= w.head && k + (DEMAND_SLOTS as u64) > w.head)
+            .map(|k| w.buckets[(k % DEMAND_SLOTS as u64) as usize])
+            .fold(0u64, u64::saturating_add);
+        let want = sum as f64 * NANOS_PER_SEC as f64 / (DEMAND_BUCKETS * DEMAND_BUCKET_NS) as f64;
+        proptest::prop_assert_eq!(w.rate(now), want);
+    }
+}
