@@ -77,6 +77,9 @@ struct Args {
     /// Only these shard counts (comma-separated: 1, 2), instead of both.
     #[arg(long, value_delimiter = ',')]
     shards: Vec<u32>,
+    /// Stripes of each root (`yarl-root --stripes`; comma-separated: each is a grid point).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    stripes: Vec<u32>,
     /// First port of the roots.
     #[arg(long, default_value_t = 17_700)]
     port: u16,
@@ -151,6 +154,7 @@ impl Proto {
 struct Point {
     proto: Proto,
     shards: u32,
+    stripes: u32,
     limiters: usize,
 }
 
@@ -203,7 +207,9 @@ fn main() -> anyhow::Result<()> {
                 if proto == Proto::V1 && shards > 1 && !args.full {
                     continue;
                 }
-                grid.push(Point { proto, shards, limiters });
+                for &stripes in &args.stripes {
+                    grid.push(Point { proto, shards, stripes, limiters });
+                }
             }
         }
     }
@@ -222,9 +228,9 @@ fn main() -> anyhow::Result<()> {
         cores
     );
     println!(
-        "| protocol | shards | limiters | syncs/s done in time (wanted) | syncs/s answered by the roots | root CPU per sync | root CPU (cores, per root) | lock busy (per root) | syncs/s per core | p50 | p99 | failed | request | answer | counters per answer | limiter decode+merge per answer | load generator CPU (cores) |"
+        "| protocol | shards | stripes | limiters | syncs/s done in time (wanted) | syncs/s answered by the roots | root CPU per sync | root CPU (cores, per root) | lock busy (per stripe, per root) | syncs/s per core | p50 | p99 | failed | request | answer | counters per answer | limiter decode+merge per answer | load generator CPU (cores) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in grid {
         let row = rt.block_on(run_point(&args, &db, p)).with_context(|| format!("{p:?}"))?;
         println!("{row}");
@@ -243,7 +249,7 @@ async fn quota_db(args: &Args) -> anyhow::Result<PathBuf> {
         let _ = std::fs::remove_file(format!("{}{ext}", tmp.display()));
     }
     let started = Instant::now();
-    let mut root = spawn_root(args, &tmp, args.port, None)?;
+    let mut root = spawn_root(args, &tmp, args.port, None, 1)?;
     let url = format!("http://127.0.0.1:{}", args.port);
     wait_ready(&url, 0).await?;
     let client = reqwest::Client::new();
@@ -289,9 +295,17 @@ async fn quota_db(args: &Args) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn spawn_root(args: &Args, db: &Path, port: u16, shard: Option<Shard>) -> anyhow::Result<Child> {
+fn spawn_root(
+    args: &Args,
+    db: &Path,
+    port: u16,
+    shard: Option<Shard>,
+    stripes: u32,
+) -> anyhow::Result<Child> {
     let mut c = Command::new(&args.root_bin);
-    c.arg("--listen")
+    c.arg("--stripes")
+        .arg(stripes.to_string())
+        .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--db")
         .arg(format!("sqlite://{}", db.display()))
@@ -380,7 +394,7 @@ async fn run_point(args: &Args, db: &Path, p: Point) -> anyhow::Result<String> {
     for k in 0..p.shards {
         let port = args.port + 1 + k as u16;
         let shard = (p.shards > 1).then_some(Shard { index: k, count: p.shards });
-        roots.push(spawn_root(args, db, port, shard)?);
+        roots.push(spawn_root(args, db, port, shard, p.stripes)?);
         urls.push(format!("http://127.0.0.1:{port}"));
     }
     let result = async {
@@ -451,10 +465,13 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
     // the roots keep working on requests that time out at the limiter.
     let scraped = scrape(&client, urls).await;
     let done: u64 = scraped.iter().zip(&scraped0).map(|(a, b)| a.0.saturating_sub(b.0)).sum();
-    // The share of the time each root's state lock was held: the serial part of its work,
-    // which bounds what one root can serve whatever its cores.
-    let busy: Vec<String> =
-        scraped.iter().zip(&scraped0).map(|(a, b)| format!("{:.2}", (a.1 - b.1) / wall)).collect();
+    // The share of the time each root's state locks were held, per stripe: the serial part
+    // of its work, which bounds what one root can serve whatever its cores.
+    let busy: Vec<String> = scraped
+        .iter()
+        .zip(&scraped0)
+        .map(|(a, b)| format!("{:.2}", (a.1 - b.1) / wall / f64::from(p.stripes)))
+        .collect();
     shared.stop.store(true, Relaxed);
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -477,9 +494,10 @@ async fn drive(args: &Args, p: Point, urls: &[String], roots: &[Child]) -> anyho
     let syncs = s.ok as f64 / wall;
     let wanted = (p.limiters as u64 + 1) * u64::from(p.shards);
     Ok(format!(
-        "| {} | {} | {} | {:.0} ({}) | {:.0} | {:.2} ms | {} | {} | {:.0} | {:.1} ms | {:.1} ms | {} | {} | {} | {:.0} | {} | {:.2} |",
+        "| {} | {} | {} | {} | {:.0} ({}) | {:.0} | {:.2} ms | {} | {} | {:.0} | {:.1} ms | {:.1} ms | {} | {} | {} | {:.0} | {} | {:.2} |",
         p.proto.name(),
         p.shards,
+        p.stripes,
         p.limiters,
         syncs,
         wanted,

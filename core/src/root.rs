@@ -75,6 +75,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 type IdMap<V> = foldhash::HashMap<QuotaId, V>;
 type IdSet = foldhash::HashSet<QuotaId>;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Limits of one root.
@@ -251,6 +252,25 @@ pub struct RootStats {
     /// Syncs that asked for interest but got every changed counter: the session's or the
     /// root's interest was full.
     pub interest_full: u64,
+}
+
+impl RootStats {
+    /// Adds the counter-level totals of another stripe of the same root (`self` being the
+    /// lead's): deltas, hints, claims and resets happen in one stripe each, while syncs,
+    /// sessions and batches are seen by every stripe and counted once, by the lead.
+    pub fn add_stripe(&mut self, o: &RootStats) {
+        self.deltas_applied += o.deltas_applied;
+        self.deltas_unknown += o.deltas_unknown;
+        self.deltas_foreign += o.deltas_foreign;
+        self.hints_applied += o.hints_applied;
+        self.claims_parked += o.claims_parked;
+        self.claims_dropped += o.claims_dropped;
+        self.rejected_capped += o.rejected_capped;
+        self.hints_capped += o.hints_capped;
+        self.resets += o.resets;
+        self.dropped_before_reset += o.dropped_before_reset;
+        self.interest_full = self.interest_full.max(o.interest_full);
+    }
 }
 
 /// A counter's live view for the admin API.
@@ -483,6 +503,28 @@ fn limit_over(limit: u64, ns: u64) -> u64 {
 /// nothing an honest flood shows and keeps a forged one finite.
 const DEMAND_CAP_FACTOR: u64 = 1024;
 
+/// Most stripes of one root ([`RootState::striped`]).
+pub const MAX_STRIPES: u32 = 64;
+
+/// The stripe (of `count`) that holds the counter of quota `id` within one root. Not
+/// [`Shard::of`]: a root of shard `i/n` holds only ids whose shard hash is `i` mod `n`, and
+/// striping it by the same hash would put all of them on one stripe. The high half of a
+/// differently seeded splitmix64 spreads them evenly whatever the shard.
+pub fn stripe_of(id: QuotaId, count: u32) -> u32 {
+    if count <= 1 {
+        return 0;
+    }
+    let mut z = id ^ 0x2545_f491_4f6c_dd1d;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    ((z >> 32) % u64::from(count)) as u32
+}
+
+fn in_stripe(stripe: Option<(u32, u32)>, id: QuotaId) -> bool {
+    stripe.map_or(true, |(index, count)| stripe_of(id, count) == index)
+}
+
 /// The sessions (`sid`) watching one counter: about three at 300 limiters by interest over
 /// a million counters, held in the map's slot.
 type Watchers = smallvec::SmallVec<[u64; 3]>;
@@ -580,6 +622,26 @@ impl SyncAnswer {
         self.counters.dedup_by_key(|c| c.0);
     }
 
+    /// One answer from the answers of a root's stripes, in stripe order (the lead first),
+    /// to a sync that read `version` ([`RootState::version`]) before it went to the first
+    /// stripe: every change up to it is in the stripes' answers or was in an earlier one,
+    /// where a version read afterwards could name a change a stripe logged after the sync
+    /// had been there. `None` for no answers.
+    pub fn join(parts: Vec<SyncAnswer>, version: u64) -> Option<SyncAnswer> {
+        let mut parts = parts.into_iter();
+        let mut lead = parts.next()?;
+        let mut rest = parts.peekable();
+        if rest.peek().is_none() {
+            return Some(lead);
+        }
+        lead.version = version;
+        for p in rest {
+            lead.acked_seq = lead.acked_seq.min(p.acked_seq);
+            lead.counters.extend(p.counters);
+        }
+        Some(lead)
+    }
+
     /// The owned wire message, tidied.
     pub fn into_response(mut self) -> SyncResponse {
         self.tidy();
@@ -644,7 +706,12 @@ pub struct RootState {
     counters: IdMap<RootCounter>,
     /// Latest version of each counter that changed → the counter as of that change.
     changes: ChangeLog,
-    version: u64,
+    /// The version of the latest change, shared by the stripes of one root
+    /// ([`RootState::striped`]): an answer's version must order changes of every stripe.
+    version: Arc<AtomicU64>,
+    /// `(index, count)` when this state is one stripe of a root: it holds the counters of
+    /// [`stripe_of`] `index`, and only stripe 0 (the lead) keeps the quota pages.
+    stripe: Option<(u32, u32)>,
     limiters: HashMap<Box<str>, Session>,
     /// Every session by recency, oldest first: who goes when room is needed.
     recency: BTreeMap<Recency, Box<str>>,
@@ -679,7 +746,8 @@ impl RootState {
             epoch: 0,
             counters: IdMap::default(),
             changes: ChangeLog::default(),
-            version: 0,
+            version: Arc::new(AtomicU64::new(0)),
+            stripe: None,
             limiters: HashMap::new(),
             recency: BTreeMap::new(),
             by_addr: HashMap::new(),
@@ -692,6 +760,60 @@ impl RootState {
             next_sid: 1,
             stats: RootStats::default(),
         }
+    }
+
+    /// One root's state split into `count` stripes (1 to [`MAX_STRIPES`]) by a hash of the
+    /// counter's id, for a server that puts each behind a lock of its own so that syncs
+    /// apply on several cores at once: each sync goes to every stripe in turn, and each
+    /// stripe applies the deltas, hints and interest of its own counters. The stripes
+    /// share the instance id and the version counter; stripe 0, the lead, also keeps every
+    /// quota and answers the quota pages, the others keep only their counters' quotas.
+    /// Each stripe holds every session, with `1/count` of the parked and interest budgets.
+    /// Join the stripes' answers with [`SyncAnswer::join`]; apply quotas to the lead last
+    /// (see [`RootState::apply_quota_arcs`]).
+    pub fn striped(config: RootConfig, count: u32) -> Vec<RootState> {
+        let count = count.clamp(1, MAX_STRIPES);
+        if count == 1 {
+            return vec![RootState::new(config)];
+        }
+        let share = |n: usize| n.div_ceil(count as usize);
+        let mut part = config.clone();
+        part.max_parked = share(config.max_parked);
+        part.max_parked_per_limiter = share(config.max_parked_per_limiter);
+        part.max_interest = share(config.max_interest);
+        part.max_interest_per_limiter = share(config.max_interest_per_limiter);
+        let lead = RootState::new(part.clone());
+        (0..count)
+            .map(|index| RootState {
+                instance: lead.instance,
+                version: Arc::clone(&lead.version),
+                stripe: Some((index, count)),
+                ..RootState::new(part.clone())
+            })
+            .collect()
+    }
+
+    /// The version of the latest change (of every stripe): read before a sync goes to the
+    /// stripes, it is the version to answer (see [`SyncAnswer::join`]).
+    pub fn version(&self) -> u64 {
+        self.version.load(Relaxed)
+    }
+
+    /// Versions are taken and their changes logged under the one lock of their stripe: a
+    /// version read before a sync visits a stripe therefore names only changes that the
+    /// stripe's log holds by the time the sync gets there.
+    fn next_version(&mut self) -> u64 {
+        self.version.fetch_add(1, Relaxed) + 1
+    }
+
+    /// Whether this state holds the counter of `id` as a stripe (always when not striped).
+    fn mine(&self, id: QuotaId) -> bool {
+        in_stripe(self.stripe, id)
+    }
+
+    /// Whether this state keeps every quota and answers the quota pages.
+    fn is_lead(&self) -> bool {
+        self.stripe.map_or(true, |(index, _)| index == 0)
     }
 
     /// This root process's instance id.
@@ -738,7 +860,23 @@ impl RootState {
     /// ignored; a deleted quota's counter is dropped; a changed limit drains the counter at
     /// the old rate up to `now` first.
     pub fn apply_quotas(&mut self, updates: impl IntoIterator<Item = QuotaUpdate>, now: u64) {
+        self.apply_quota_arcs(updates.into_iter().map(Arc::new), now);
+    }
+
+    /// [`apply_quotas`](Self::apply_quotas) with updates shared between the stripes of a
+    /// root. Apply them to every other stripe before the lead: a limiter learns a quota
+    /// from the lead's pages, and its deltas must find the quota at their stripe.
+    pub fn apply_quota_arcs(
+        &mut self,
+        updates: impl IntoIterator<Item = Arc<QuotaUpdate>>,
+        now: u64,
+    ) {
+        let lead = self.is_lead();
         for u in updates {
+            self.epoch = self.epoch.max(u.epoch);
+            if !lead && !self.mine(u.id) {
+                continue;
+            }
             if let Some(old) = self.quotas.get(&u.id) {
                 if old.update.epoch >= u.epoch {
                     continue;
@@ -751,8 +889,9 @@ impl RootState {
                     self.reset(u.id);
                 }
             }
-            self.epoch = self.epoch.max(u.epoch);
-            self.by_epoch.insert(u.epoch, u.id);
+            if lead {
+                self.by_epoch.insert(u.epoch, u.id);
+            }
             if u.deleted {
                 if let Some(c) = self.counters.remove(&u.id) {
                     self.kill_change(c.log_at, c.version);
@@ -769,7 +908,7 @@ impl RootState {
                 limits: u.limits,
                 reset_epoch: u.reset_epoch,
                 deleted: u.deleted,
-                update: Arc::new(u),
+                update: u,
             };
             self.quotas.insert(id, entry);
             if !deleted && self.counters.contains_key(&id) {
@@ -793,8 +932,11 @@ impl RootState {
             }
         }
         self.parked -= dropped;
-        // Limiters empty their own copy when they apply the same quota version.
-        self.stats.resets += 1;
+        // Limiters empty their own copy when they apply the same quota version. Counted by
+        // the stripe that holds the counter.
+        if self.mine(id) {
+            self.stats.resets += 1;
+        }
     }
 
     /// The epoch of quota `id`'s last reset (0 if none).
@@ -828,8 +970,7 @@ impl RootState {
 
     /// [`bump`](Self::bump) for a caller that has the quota's limit at hand.
     fn bump_at(&mut self, id: QuotaId, limit: u64) {
-        self.version += 1;
-        let v = self.version;
+        let v = self.next_version();
         let Some(c) = self.counters.get_mut(&id) else { return };
         let old = (c.version != 0).then_some((c.log_at, c.version));
         c.version = v;
@@ -843,8 +984,7 @@ impl RootState {
         if let Some(stale) = self.changes.stale_front() {
             // Same content, a new version: classic answers send them once more.
             for (at, old_v, change) in stale {
-                self.version += 1;
-                let v = self.version;
+                let v = self.next_version();
                 let new_at = self.changes.push(v, change);
                 if let Some(c) = self.counters.get_mut(&change.id) {
                     c.version = v;
@@ -1020,8 +1160,14 @@ impl RootState {
         // Batches up to here were applied, and named, by an earlier sync.
         let applied_before = s.acked;
 
+        let stripe = self.stripe;
         self.warm(
-            req.batches.iter().filter(|b| b.seq > s.acked).flat_map(|b| &b.deltas).map(|d| d.0),
+            req.batches
+                .iter()
+                .filter(|b| b.seq > s.acked)
+                .flat_map(|b| &b.deltas)
+                .map(|d| d.0)
+                .filter(|&id| in_stripe(stripe, id)),
         );
         let mut acked = s.acked;
         let mut batches: Vec<_> = req.batches.iter().collect();
@@ -1032,6 +1178,10 @@ impl RootState {
                 continue;
             }
             for &(id, amount, rejected) in &b.deltas {
+                if !in_stripe(stripe, id) {
+                    // Another stripe's, and counted there.
+                    continue;
+                }
                 if b.epoch.is_some_and(|e| e < self.reset_epoch(id)) {
                     self.stats.dropped_before_reset += 1;
                     continue;
@@ -1045,6 +1195,9 @@ impl RootState {
         }
         let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
         for &(id, fill) in &req.hints {
+            if !in_stripe(stripe, id) {
+                continue;
+            }
             if !self.holds(id) {
                 self.stats.deltas_foreign += 1;
                 continue;
@@ -1171,6 +1324,7 @@ impl RootState {
         let mut quotas = Vec::new();
         let mut more = false;
         let mut epoch = self.epoch;
+        // The other stripes keep no pages (`by_epoch` is empty there).
         for (&e, id) in self.by_epoch.range(req.epoch.saturating_add(1)..) {
             if quotas.len() == self.config.page_size {
                 more = true;
@@ -1188,7 +1342,7 @@ impl RootState {
             v: PROTOCOL_VERSION,
             root_instance: self.instance,
             acked_seq: acked,
-            version: self.version,
+            version: self.version.load(Relaxed),
             counters,
             quotas,
             epoch,
@@ -1212,6 +1366,7 @@ impl RootState {
         now: u64,
         left: &mut IdSet,
     ) -> Option<IdSet> {
+        let stripe = self.stripe;
         let named = req
             .batches
             .iter()
@@ -1221,7 +1376,8 @@ impl RootState {
             .filter(|b| b.seq > applied_before)
             .flat_map(|b| b.deltas.iter().map(|d| d.0))
             .chain(req.hints.iter().map(|h| h.0))
-            .chain(req.watch.iter().copied());
+            .chain(req.watch.iter().copied())
+            .filter(move |&id| in_stripe(stripe, id));
         // What left the interest: named last more than the interest time ago. Their slots
         // and the session's map slots of every named id, all at once first (see `warm`):
         // a session's interest is thousands of ids, rarely in the cache.

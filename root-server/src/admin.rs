@@ -196,11 +196,10 @@ pub(crate) async fn get(
     let q = st.0.store.get(name.clone()).await.map_err(|e| refused(&st, e.into()))?;
     let q = q.ok_or(ApiError::Store { source: StoreError::NotFound(name), batch: false })?;
     let (id, now) = (q.id, st.now());
-    let counter = st.with_root(move |r| r.counter(id, now)).await?.map(|c| CounterJson {
-        fill: c.fill,
-        rate: c.rate,
-        drop_probability: c.drop_probability,
-    });
+    let counter = st
+        .with_stripe(st.stripe_of(id), move |r| r.counter(id, now))
+        .await?
+        .map(|c| CounterJson { fill: c.fill, rate: c.rate, drop_probability: c.drop_probability });
     Ok(Json(QuotaWithCounter { quota: q.into(), counter }))
 }
 

@@ -51,6 +51,10 @@ struct Args {
     /// step takes one lock in turn, so more than the cores only adds waiting threads.
     #[arg(long, env = "YARL_SYNC_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..=1024))]
     sync_concurrency: Option<u16>,
+    /// States the counters are split into, each behind its own lock, so that syncs apply
+    /// on that many cores at once (1 to 64; default: one per core, at most 4).
+    #[arg(long, env = "YARL_STRIPES", value_parser = clap::value_parser!(u32).range(1..=64))]
+    stripes: Option<u32>,
     /// File holding the bearer token the admin routes require.
     #[arg(long, env = "YARL_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
@@ -174,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
         poll_interval: args.poll_interval,
         sync_queue_wait: args.sync_queue_wait,
         sync_concurrency: args.sync_concurrency.map_or(defaults.sync_concurrency, usize::from),
+        stripes: args.stripes.unwrap_or(defaults.stripes),
         admin_token: read_token(&args.admin_token_file, "admin")?,
         sync_token: read_token(&args.sync_token_file, "sync")?,
         ..defaults

@@ -84,6 +84,8 @@ pub(crate) struct Snapshot {
     pub counters: usize,
     pub parked: usize,
     pub epoch: u64,
+    /// States the counters are split into (`--stripes`).
+    pub stripes: usize,
 }
 
 impl Metrics {
@@ -242,6 +244,11 @@ impl Metrics {
         gauge("yarl_root_parked_claims", "Parked claims held.", s.parked as u64);
         gauge("yarl_root_epoch", "Highest quota epoch held.", s.epoch);
         gauge(
+            "yarl_root_state_stripes",
+            "States the counters are split into, each behind its own lock (--stripes).",
+            s.stripes as u64,
+        );
+        gauge(
             "yarl_root_db_up",
             "1 if the last quota database operation succeeded.",
             u64::from(!self.db_down.load(Relaxed)),
@@ -270,14 +277,15 @@ impl Metrics {
         let secs = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e9;
         let _ = writeln!(
             o,
-            "# HELP yarl_root_state_lock_held_seconds_total Time the root state's lock was held \
-             (syncs, sweeps, quota applies, scrapes). Its rate is the busy fraction of the \
-             root's serial part: near 1, this root is at capacity however many cores it has \
-             (add a shard).\n\
+            "# HELP yarl_root_state_lock_held_seconds_total Time the root state's locks were \
+             held (syncs, sweeps, quota applies, scrapes), summed over its stripes. Its rate \
+             divided by yarl_root_state_stripes is the busy fraction of the root's serial \
+             part: near 1, this root is at capacity however many cores it has (add stripes \
+             up to its cores, then a shard).\n\
              # TYPE yarl_root_state_lock_held_seconds_total counter\n\
              yarl_root_state_lock_held_seconds_total {}\n\
              # HELP yarl_root_state_lock_wait_seconds_total Time spent waiting for the root \
-             state's lock, summed over its holders.\n\
+             state's locks, summed over their holders.\n\
              # TYPE yarl_root_state_lock_wait_seconds_total counter\n\
              yarl_root_state_lock_wait_seconds_total {}",
             secs(&self.lock_held_ns),

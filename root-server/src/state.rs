@@ -1,5 +1,14 @@
-//! The shared server state: the core's [`RootState`] behind a lock, the quota store, and
-//! the background tasks that keep the two in step.
+//! The shared server state: the core's [`RootState`] in stripes, each behind a lock of its
+//! own, the quota store, and the background tasks that keep the two in step.
+//!
+//! # Stripes
+//!
+//! Applying a sync is serial work on one state (most of a busy root's CPU), so a root with
+//! one lock uses one core for it however many it has. `--stripes N` splits the counters
+//! into `N` states by a hash of their id ([`RootState::striped`]); a sync visits them in
+//! order, one lock at a time, so while one sync works on stripe 1 the next works on stripe
+//! 0. Never two locks at once: no order to get wrong. Quotas go to the lead (stripe 0)
+//! last, so a limiter never learns a quota before the stripe that counts it knows it.
 //!
 //! # How quotas get from the database into memory
 //!
@@ -19,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
+use yarl_core::root::{SyncAnswer, MAX_STRIPES};
 use yarl_core::{Clock, Epoch, MonotonicClock, QuotaUpdate, RootConfig, RootState};
 
 /// Rows per poll query, and updates applied per lock acquisition: bounds how long a sync
@@ -48,6 +58,9 @@ pub struct Settings {
     /// encode beside each apply, where more threads only queue on the lock (and a holder
     /// preempted by them stalls every sync).
     pub sync_concurrency: usize,
+    /// States the counters are split into, each behind its own lock (1 to 64; see the
+    /// module docs).
+    pub stripes: u32,
     /// KiB of sync bodies (and what decoding them allocates) held at once.
     pub sync_memory_kib: u32,
     /// Admin requests (other than batches) handled at once.
@@ -71,6 +84,10 @@ impl Default for Settings {
             sync_token: None,
             root: RootConfig::default(),
             sync_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+            // One per core up to 4: each sync visits every stripe, and past a few the
+            // fixed cost of a visit (its session's bookkeeping) outgrows what the split
+            // saves; a root with more cores serves more with a shard.
+            stripes: std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4) as u32),
             // Room for one full 64 MiB sync (body and decoded entries, 160 MiB) beside any
             // number of ordinary ones.
             sync_memory_kib: 256 * 1024,
@@ -91,7 +108,8 @@ pub(crate) struct Guards {
 }
 
 pub(crate) struct Inner {
-    pub root: Mutex<RootState>,
+    /// The stripes, the lead first.
+    pub root: Vec<Mutex<RootState>>,
     pub guards: Guards,
     /// The root's epoch, readable without the lock (`/healthz` must answer while a large
     /// sync holds it).
@@ -159,7 +177,10 @@ impl AppState {
             batch: Gate::new("batch", 1, wait.max(Duration::from_secs(10))),
         };
         AppState(Arc::new(Inner {
-            root: Mutex::new(RootState::new(settings.root.clone())),
+            root: RootState::striped(settings.root.clone(), settings.stripes.clamp(1, MAX_STRIPES))
+                .into_iter()
+                .map(Mutex::new)
+                .collect(),
             guards,
             epoch: AtomicU64::new(0),
             store,
@@ -188,25 +209,71 @@ impl AppState {
         self.0.epoch.load(Relaxed)
     }
 
-    /// Locks the root state, blocking: only on a blocking thread. The time waited and held
-    /// go to the metrics (the held time is the root's serial work, what bounds its
-    /// capacity).
-    pub(crate) fn lock_root(&self) -> RootGuard<'_> {
+    /// Locks stripe `i` of the root state (0, the lead, holds the quotas), blocking: only on
+    /// a blocking thread. The time waited and held go to the metrics (the held time is the
+    /// root's serial work, what bounds its capacity).
+    pub(crate) fn lock_stripe(&self, i: usize) -> RootGuard<'_> {
         let asked = Instant::now();
-        let guard = self.0.root.lock();
+        let guard = self.0.root[i].lock();
         RootGuard { guard, asked, locked: Instant::now(), metrics: &self.0.metrics }
     }
 
-    /// Runs `f` on the root state on a blocking thread: the lock may be held by a large
-    /// sync for a while, and an async worker must never wait for it.
-    pub(crate) async fn with_root<T: Send + 'static>(
+    /// The stripe that holds the counter of quota `id`.
+    pub(crate) fn stripe_of(&self, id: u64) -> usize {
+        yarl_core::root::stripe_of(id, self.0.root.len() as u32) as usize
+    }
+
+    /// Applies one sync at every stripe in turn (see the module docs) and joins the answers.
+    pub(crate) fn sync(
         &self,
+        req: &yarl_core::proto::SyncRequest,
+        peer: Option<std::net::IpAddr>,
+        now: u64,
+    ) -> Result<SyncAnswer, yarl_core::proto::SyncError> {
+        let mut version = 0;
+        let mut parts = Vec::with_capacity(self.0.root.len());
+        for i in 0..self.0.root.len() {
+            let mut stripe = self.lock_stripe(i);
+            if i == 0 {
+                // Before this sync changes anything anywhere: see `SyncAnswer::join`.
+                version = stripe.version();
+            }
+            // A refusal comes from the lead, before anything is applied: every stripe holds
+            // the same sessions. Were a later stripe to refuse, the batches it applied stay
+            // acknowledged there and are skipped when the limiter sends them again.
+            parts.push(stripe.sync_from(req, peer, now)?);
+        }
+        Ok(SyncAnswer::join(parts, version).expect("a root has at least one stripe"))
+    }
+
+    /// Runs `f` on stripe `i` of the root state on a blocking thread: the lock may be held
+    /// by a large sync for a while, and an async worker must never wait for it.
+    pub(crate) async fn with_stripe<T: Send + 'static>(
+        &self,
+        i: usize,
         f: impl FnOnce(&mut RootState) -> T + Send + 'static,
     ) -> Result<T, ApiError> {
         let st = self.clone();
-        tokio::task::spawn_blocking(move || f(&mut st.lock_root()))
+        tokio::task::spawn_blocking(move || f(&mut st.lock_stripe(i)))
             .await
             .map_err(|e| ApiError::Internal(format!("root worker: {e}")))
+    }
+
+    /// Runs `f` on every stripe, the lead last, each under its lock in turn, on a blocking
+    /// thread; their results in stripe order.
+    async fn with_stripes<T: Send + 'static>(
+        &self,
+        f: impl Fn(&mut RootState) -> T + Send + 'static,
+    ) -> Result<Vec<T>, ApiError> {
+        let st = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out: Vec<T> =
+                (0..st.0.root.len()).rev().map(|i| f(&mut st.lock_stripe(i))).collect();
+            out.reverse();
+            out
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("root worker: {e}")))
     }
 
     /// Starts the poller and the sweeper; they stop when the returned value is dropped.
@@ -232,7 +299,7 @@ impl AppState {
             loop {
                 tick.tick().await;
                 let now = st.now();
-                let _ = st.with_root(move |r| r.sweep_step(now, SWEEP_STEP)).await;
+                let _ = st.with_stripes(move |r| r.sweep_step(now, SWEEP_STEP)).await;
             }
         });
         Background { handles: vec![poller, sweeper] }
@@ -263,15 +330,17 @@ impl AppState {
     async fn apply(&self, updates: impl Iterator<Item = QuotaUpdate>) {
         let mut updates = updates.peekable();
         while updates.peek().is_some() {
-            let chunk: Vec<QuotaUpdate> = updates.by_ref().take(APPLY_CHUNK).collect();
+            let chunk: Vec<Arc<QuotaUpdate>> =
+                updates.by_ref().take(APPLY_CHUNK).map(Arc::new).collect();
             let now = self.now();
-            let epoch = self
-                .with_root(move |r| {
-                    r.apply_quotas(chunk, now);
+            // The lead last (`with_stripes`): see the module docs.
+            let epochs = self
+                .with_stripes(move |r| {
+                    r.apply_quota_arcs(chunk.iter().cloned(), now);
                     r.epoch()
                 })
                 .await;
-            if let Ok(e) = epoch {
+            if let Some(&e) = epochs.as_ref().ok().and_then(|e| e.first()) {
                 self.0.epoch.fetch_max(e, Relaxed);
             }
         }
@@ -325,15 +394,36 @@ impl AppState {
     }
 
     pub(crate) async fn snapshot(&self) -> Result<Snapshot, ApiError> {
-        self.with_root(|root| Snapshot {
-            stats: root.stats(),
-            limiters: root.limiter_count(),
-            quotas: root.quota_count(),
-            counters: root.counter_count(),
-            parked: root.parked_count(),
-            epoch: root.epoch(),
-        })
-        .await
+        let parts = self
+            .with_stripes(|r| {
+                (
+                    r.stats(),
+                    r.limiter_count(),
+                    r.quota_count(),
+                    r.counter_count(),
+                    r.parked_count(),
+                    r.epoch(),
+                )
+            })
+            .await?;
+        let (stats, limiters, quotas, _, _, epoch) = parts[0];
+        let mut snap = Snapshot {
+            stats,
+            limiters,
+            quotas,
+            counters: 0,
+            parked: 0,
+            epoch,
+            stripes: parts.len(),
+        };
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                snap.stats.add_stripe(&p.0);
+            }
+            snap.counters += p.3;
+            snap.parked += p.4;
+        }
+        Ok(snap)
     }
 }
 

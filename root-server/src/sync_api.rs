@@ -10,8 +10,9 @@
 //! 3. **Decode, apply, encode** on a blocking thread, never on the async workers that
 //!    answer everyone else: [`SyncEncoding::decode`] (the only step that depends on the
 //!    content type: JSON for protocol v1, binary for v2), then the core's
-//!    `RootState::sync_from` under the lock, then the answer is encoded after the lock is
-//!    released (quotas are shared with the root's table, not copied under the lock).
+//!    `RootState::sync_from` under the lock of each stripe in turn, then the answer is
+//!    encoded after the locks are released (quotas are shared with the root's table, not
+//!    copied under a lock).
 
 use crate::error::ApiError;
 use crate::guard::{declared_length, read_body};
@@ -153,7 +154,7 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
         let req = encoding.decode(&body, max_entries)?;
         drop(body);
         let now = work.now();
-        let answer = work.lock_root().sync_from(&req, peer, now).map_err(ApiError::Sync)?;
+        let answer = work.sync(&req, peer, now).map_err(ApiError::Sync)?;
         drop(req);
         let bytes = encoding.encode(answer)?;
         Ok::<_, ApiError>((bytes, waited, started.elapsed()))

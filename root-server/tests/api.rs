@@ -516,3 +516,80 @@ async fn reset_empties_the_counter_and_keeps_the_quota() {
         assert!(err(&v).contains(msg), "{path}: {v}");
     }
 }
+
+/// `--stripes 3`: concurrent syncs of several limiters through the router land in the right
+/// stripes, answers carry every stripe's counters and the lead's quotas, and the admin API,
+/// resets and metrics see one root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_striped_root_serves_as_one_root() {
+    let (store, _, _d) = sqlite_store().await;
+    let st = state(store, Settings { stripes: 3, ..Settings::default() }).await;
+    // Slow leaks: the fills stay what was sent for the length of the test.
+    for i in 1..=30 {
+        let (s, v) =
+            call(&st, PUT, &format!("/v1/quotas/q{i}"), Some(&quota(0.001, 1e6, 2e6, None)), None)
+                .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    // Four limiters, five rounds each, all at once; each round adds (limiter + 1) units to
+    // every quota.
+    let rounds = 5u64;
+    let runs = (0..4u64).map(|l| {
+        let st = st.clone();
+        tokio::spawn(async move {
+            let mut last = Value::Null;
+            for seq in 1..=rounds {
+                let deltas: Vec<[u64; 3]> = (1..=30).map(|id| [id, (l + 1) * 1000, 0]).collect();
+                let body = json!({"v":1,"limiter":format!("l{l}"),
+                    "root_instance": last["root_instance"], "since": last["version"].as_u64().unwrap_or(0),
+                    "epoch": last["epoch"].as_u64().unwrap_or(0),
+                    "batches":[{"seq":seq,"deltas":deltas}]})
+                .to_string();
+                let (s, v) = call(&st, POST, "/v1/sync", Some(&body), None).await;
+                assert_eq!(s, StatusCode::OK, "{v}");
+                assert_eq!(v["acked_seq"], seq, "{v}");
+                if seq == 1 {
+                    assert_eq!(v["quotas"].as_array().map(Vec::len), Some(30), "from the lead");
+                    assert_eq!(v["epoch"], 30);
+                }
+                last = v;
+            }
+            last
+        })
+    });
+    for run in runs.collect::<Vec<_>>() {
+        run.await.unwrap();
+    }
+    // 5 rounds × (1 + 2 + 3 + 4) units on every quota, each counted once, in its stripe.
+    for i in 1..=30 {
+        let (_, v) = call(&st, GET, &format!("/v1/quotas/q{i}"), None, None).await;
+        let fill = v["counter"]["fill"].as_f64().unwrap();
+        assert!((49.9..=50.0).contains(&fill), "q{i}: {v}");
+    }
+    // A first contact gets every counter, from all three stripes.
+    let (_, v) = call(&st, POST, "/v1/sync", Some(r#"{"v":1,"limiter":"new"}"#), None).await;
+    let mut ids: Vec<u64> =
+        v["counters"].as_array().unwrap().iter().map(|c| c[0].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=30).collect::<Vec<_>>(), "{v}");
+    // A reset reaches the stripe of its counter.
+    let (s, _) = call(&st, POST, "/v1/quotas/q7:reset", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = call(&st, GET, "/v1/quotas/q7", None, None).await;
+    assert_eq!(v["counter"]["fill"], 0.0, "{v}");
+
+    let (_, m) = call(&st, GET, "/metrics", None, None).await;
+    let m = m.as_str().unwrap();
+    for line in [
+        "yarl_root_state_stripes 3",
+        "yarl_root_sync_requests_total{result=\"ok\"} 21",
+        "yarl_root_syncs_applied_total 21",
+        "yarl_root_deltas_applied_total 600",
+        "yarl_root_limiters 5",
+        "yarl_root_quotas 30",
+        "yarl_root_counters 29",
+        "yarl_root_resets_total 1",
+    ] {
+        assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
+    }
+}

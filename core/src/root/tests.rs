@@ -725,3 +725,160 @@ proptest::proptest! {
         proptest::prop_assert_eq!(w.rate(now), want);
     }
 }
+
+/// One sync through every stripe of a root, as the server does it.
+fn sync_striped(stripes: &mut [RootState], req: &SyncRequest, now: u64) -> SyncResponse {
+    let version = stripes[0].version();
+    let parts: Vec<SyncAnswer> =
+        stripes.iter_mut().map(|s| s.sync_from(req, None, now).unwrap()).collect();
+    SyncAnswer::join(parts, version).unwrap().into_response()
+}
+
+fn apply_striped(stripes: &mut [RootState], updates: &[QuotaUpdate], now: u64) {
+    let arcs: Vec<Arc<QuotaUpdate>> = updates.iter().cloned().map(Arc::new).collect();
+    // The lead last (see `apply_quota_arcs`).
+    for s in stripes.iter_mut().rev() {
+        s.apply_quota_arcs(arcs.iter().cloned(), now);
+    }
+}
+
+/// Drives one root and the same root in `count` stripes with the same syncs (classic and
+/// by interest, resent batches, hints, parked claims, a reset and a deletion) and checks
+/// that the striped answers say what the single root's say.
+fn striped_matches_single(seed: u64, count: u32) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut single = RootState::new(RootConfig::default());
+    let mut stripes = RootState::striped(RootConfig::default(), count);
+    assert_eq!(stripes.len(), count as usize);
+    // Tight quotas: deltas meet the ceilings and park.
+    let mut quotas: Vec<QuotaUpdate> = (1..=60).map(|id| quota_b(id, 10.0, 15.0, 30.0)).collect();
+    single.apply_quotas(quotas.clone(), 0);
+    apply_striped(&mut stripes, &quotas, 0);
+    // A change first: an answer's version is read before the sync, and version 0 would
+    // ask the next sync of "a" for its whole interest (correct, but not what one root says).
+    let warm = req("warm", vec![(1, vec![(60, 1)])]);
+    single.sync(&warm, 0).unwrap();
+    sync_striped(&mut stripes, &warm, 0);
+    let names = ["a", "b", "c", "d", "e"];
+    // Per limiter: the last answers (single, striped) and the next batch number.
+    let mut last: Vec<Option<(SyncResponse, SyncResponse)>> = vec![None; names.len()];
+    let mut seq = vec![0u64; names.len()];
+    // Per limiter: the batches not yet acknowledged, `(seq, [(id, amount)])`.
+    type Batches = Vec<(u64, Vec<(u64, u64)>)>;
+    let mut pending: Vec<Batches> = vec![Vec::new(); names.len()];
+    let total = 60;
+    for round in 0..total {
+        let now = S + round * S / 10;
+        if round == total / 2 {
+            // A reset of quota 5 and the deletion of quota 6.
+            let mut reset = quotas[4].clone();
+            reset.epoch = 100;
+            reset.reset_epoch = 100;
+            let mut gone = quotas[5].clone();
+            gone.epoch = 101;
+            gone.deleted = true;
+            quotas.push(reset.clone());
+            single.apply_quotas([reset.clone(), gone.clone()], now);
+            apply_striped(&mut stripes, &[reset, gone], now);
+        }
+        for (l, name) in names.iter().enumerate() {
+            let deltas: Vec<(u64, u64)> =
+                (0..rng.usize(0..12)).map(|_| (rng.u64(1..=62), rng.u64(1..4_000))).collect();
+            seq[l] += 1;
+            pending[l].push((seq[l], deltas));
+            let interest = l % 2 == 0;
+            let hints =
+                if round % 7 == 3 { vec![(rng.u64(1..=62), rng.u64(0..40_000))] } else { vec![] };
+            let watch = if interest && round % 5 == 0 { vec![rng.u64(1..=62)] } else { vec![] };
+            let mk = |prev: Option<&SyncResponse>| {
+                let mut r = req(name, pending[l].clone());
+                r.interest = interest;
+                r.root_instance = prev.map(|p| p.root_instance);
+                r.since = prev.map_or(0, |p| p.version);
+                r.epoch = prev.map_or(0, |p| p.epoch);
+                r.hints = hints.clone();
+                r.watch = watch.clone();
+                r
+            };
+            let (a, b) = match &last[l] {
+                Some((a, b)) => {
+                    let (ra, rb) = (mk(Some(a)), mk(Some(b)));
+                    (single.sync(&ra, now).unwrap(), sync_striped(&mut stripes, &rb, now))
+                }
+                None => {
+                    let r = mk(None);
+                    (single.sync(&r, now).unwrap(), sync_striped(&mut stripes, &r, now))
+                }
+            };
+            assert_eq!(a.acked_seq, b.acked_seq);
+            assert_eq!((a.epoch, a.more, a.root_epoch), (b.epoch, b.more, b.root_epoch));
+            assert_eq!(a.quotas, b.quotas);
+            if interest {
+                assert_eq!(a.counters, b.counters, "seed {seed} round {round} {name}");
+            } else {
+                // A striped answer may carry a change again (its version is read before the
+                // sync), never another value and never less.
+                for c in &a.counters {
+                    assert!(b.counters.contains(c), "seed {seed} round {round} {name}: {c:?}");
+                }
+                for c in &b.counters {
+                    let want = single.counter(c.0, now).map(|v| (v.fill * 1000.0).round() as u64);
+                    let fill = c.1.saturating_sub(single_parked(&single, name, c.0));
+                    assert_eq!(Some(fill), want, "seed {seed} round {round} {name}: {c:?}");
+                }
+            }
+            // Every third answer is lost: the batches go again with the next.
+            if rng.usize(0..3) > 0 {
+                pending[l].clear();
+                last[l] = Some((a, b));
+            }
+        }
+    }
+    let now = S + total * S / 10;
+    for id in 1..=62 {
+        let part = &stripes[stripe_of(id, count) as usize];
+        assert_eq!(single.counter(id, now), part.counter(id, now), "counter {id}");
+    }
+    let mut stats = stripes[0].stats();
+    for s in &stripes[1..] {
+        stats.add_stripe(&s.stats());
+    }
+    assert_eq!(single.stats(), stats);
+    assert!(stats.claims_parked > 0 && stats.resets == 1 && stats.hints_applied > 0);
+    assert_eq!(single.quota_count(), stripes[0].quota_count());
+    assert_eq!(single.limiter_count(), stripes[0].limiter_count());
+    let held: usize = stripes.iter().map(RootState::counter_count).sum();
+    assert_eq!(single.counter_count(), held);
+    let parked: usize = stripes.iter().map(RootState::parked_count).sum();
+    assert_eq!(single.parked_count(), parked);
+}
+
+/// What `limiter` has parked for `id` at the single root (its answers include it).
+fn single_parked(r: &RootState, limiter: &str, id: u64) -> u64 {
+    r.limiters.get(limiter).and_then(|s| s.parked.get(&id)).copied().unwrap_or(0)
+}
+
+#[test]
+fn a_striped_root_answers_as_one_root() {
+    for (seed, count) in [(1, 2), (2, 3), (3, 4), (4, 2)] {
+        striped_matches_single(seed, count);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+    #[test]
+    fn a_striped_root_answers_as_one_root_for_any_workload(seed: u64, count in 2u32..5) {
+        striped_matches_single(seed, count);
+    }
+}
+
+#[test]
+fn stripes_split_counters_evenly_within_a_shard() {
+    // Ids of shard 0/2 spread over both stripes of its root.
+    let mut n = [0u32; 2];
+    for id in (1..=100_000u64).filter(|&id| Shard::of(id, 2) == 0) {
+        n[stripe_of(id, 2) as usize] += 1;
+    }
+    assert!(n.iter().all(|&c| (24_000..26_000).contains(&c)), "{n:?}");
+}
