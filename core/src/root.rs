@@ -388,6 +388,14 @@ impl ChangeLog {
         ch.entries.get(at & LOG_OFFSET).filter(|e| e.0 == v)?.1.as_ref()
     }
 
+    /// What the log holds of the change of version `v` recorded at `at`: `Some(None)` when
+    /// it was tombstoned in place (a later change of its counter is further on), `None`
+    /// when it is no longer at `at` (its chunk was compacted or left: look at the counter).
+    fn find(&self, at: usize, v: u64) -> Option<Option<&Change>> {
+        let ch = self.chunks.get((at >> LOG_SHIFT).checked_sub(self.first)?)?;
+        ch.entries.get(at & LOG_OFFSET).filter(|e| e.0 == v).map(|e| e.1.as_ref())
+    }
+
     fn chunk_mut(&mut self, at: usize) -> Option<&mut LogChunk> {
         self.chunks.get_mut((at >> LOG_SHIFT).checked_sub(self.first)?)
     }
@@ -1273,17 +1281,23 @@ impl RootState {
                         if left.contains(&id) {
                             continue;
                         }
-                        if let Some(c) = self.changes.get(at, v) {
-                            out.push((
+                        match self.changes.find(at, v) {
+                            Some(Some(c)) => out.push((
                                 id,
                                 c.bucket.fill_at(now, c.limit),
                                 c.demand.rate(now) as u64,
-                            ));
-                        } else if counters.get(&id).is_some_and(|c| c.version == v) {
-                            // Moved by a compaction: still its latest change.
-                            out.extend(current(id));
+                            )),
+                            // Tombstoned in place: a later change of it is further on (a
+                            // counter that changed twice since the last answer), or it is
+                            // gone. No lookup of the counter (a cache miss per record).
+                            Some(None) => {}
+                            None => {
+                                if counters.get(&id).is_some_and(|c| c.version == v) {
+                                    // Moved by a compaction: still its latest change.
+                                    out.extend(current(id));
+                                }
+                            }
                         }
-                        // Otherwise a later change of it is further on, or it is gone.
                     }
                     out.extend(fresh.into_iter().filter_map(current));
                     out
