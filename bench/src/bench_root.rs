@@ -2,8 +2,8 @@
 //!
 //! Loads a million quotas into a SQLite database through the batch API (once; the file is
 //! kept for later runs), then for each point of a grid (protocol v1, v2 and v2 with answers
-//! by interest, 1 or 2 shards,
-//! N limiters) starts real release `yarl-root` processes on loopback and plays N limiters
+//! by interest, 1 or 2 shards, roots of 1 or 2 stripes (`yarl-root --stripes`, each with
+//! its default syncs in flight), N limiters) starts real release `yarl-root` processes on loopback and plays N limiters
 //! against them for a bounded time. Each simulated limiter syncs once per interval with
 //! every root, exactly as `SyncEngine` does: one numbered batch of deltas per round (its
 //! share of 1,000 changed counters, drawn at random from all quotas), split by shard, kept
@@ -13,8 +13,8 @@
 //! with a real `SyncEngine`: its decode + merge time per answer is the limiter's own cost.
 //!
 //! Figures: root CPU per sync and in cores (from `/proc/PID/stat`), the share of the time
-//! each root's state lock was held (its serial part: near 1, a root is full whatever its
-//! cores, and latency grows with the queue), sustained syncs per second per core, p50/p99 sync latency (a timed-out call counts at the timeout), bytes per
+//! each root's state locks were held, per stripe (its serial part: near 1, a root is full
+//! whatever its cores, and latency grows with the queue), sustained syncs per second per core, p50/p99 sync latency (a timed-out call counts at the timeout), bytes per
 //! request and answer, counters per answer. The load generator shares the machine's cores
 //! with the roots; its own CPU is printed too.
 
@@ -78,7 +78,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     shards: Vec<u32>,
     /// Stripes of each root (`yarl-root --stripes`; comma-separated: each is a grid point).
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
     stripes: Vec<u32>,
     /// First port of the roots.
     #[arg(long, default_value_t = 17_700)]

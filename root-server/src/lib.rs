@@ -45,7 +45,7 @@ mod sync_api;
 pub mod tls;
 
 pub use error::ApiError;
-pub use state::{AppState, Background, Settings};
+pub use state::{default_stripes, default_sync_concurrency, AppState, Background, Settings};
 pub use sync_api::SYNC_BODY_TIMEOUT;
 
 use axum::extract::State;

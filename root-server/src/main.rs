@@ -47,8 +47,8 @@ struct Args {
     /// limiters' sync timeout (nginx `yarl_sync_timeout`, 500ms by default).
     #[arg(long, env = "YARL_SYNC_QUEUE_WAIT", default_value = "250ms", value_parser = parse_interval)]
     sync_queue_wait: Duration,
-    /// Syncs decoded and applied at once (default: one per core, at least 2). Their apply
-    /// step takes one lock in turn, so more than the cores only adds waiting threads.
+    /// Syncs decoded and applied at once (default: one per core plus one per stripe, at
+    /// least 2; with one stripe, one per core).
     #[arg(long, env = "YARL_SYNC_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..=1024))]
     sync_concurrency: Option<u16>,
     /// States the counters are split into, each behind its own lock, so that syncs apply
@@ -172,16 +172,18 @@ async fn main() -> anyhow::Result<()> {
         _ => None,
     };
     let root = yarl_core::RootConfig { shard: args.shard, ..yarl_core::RootConfig::default() };
-    let defaults = Settings::default();
+    let stripes = args.stripes.unwrap_or_else(yarl_root::default_stripes);
     let settings = Settings {
         root,
         poll_interval: args.poll_interval,
         sync_queue_wait: args.sync_queue_wait,
-        sync_concurrency: args.sync_concurrency.map_or(defaults.sync_concurrency, usize::from),
-        stripes: args.stripes.unwrap_or(defaults.stripes),
+        sync_concurrency: args
+            .sync_concurrency
+            .map_or_else(|| yarl_root::default_sync_concurrency(stripes), usize::from),
+        stripes,
         admin_token: read_token(&args.admin_token_file, "admin")?,
         sync_token: read_token(&args.sync_token_file, "sync")?,
-        ..defaults
+        ..Settings::default()
     };
     let store = db::open(&args.db)
         .await

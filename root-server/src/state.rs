@@ -53,10 +53,8 @@ pub struct Settings {
     pub sync_token: Option<String>,
     /// The core's limits.
     pub root: RootConfig,
-    /// Sync requests decoded and applied at once (each on a blocking thread). The apply
-    /// step runs under the root's lock, one at a time: one per core keeps a decode or an
-    /// encode beside each apply, where more threads only queue on the lock (and a holder
-    /// preempted by them stalls every sync).
+    /// Sync requests decoded and applied at once (each on a blocking thread); see
+    /// [`default_sync_concurrency`].
     pub sync_concurrency: usize,
     /// States the counters are split into, each behind its own lock (1 to 64; see the
     /// module docs).
@@ -83,11 +81,8 @@ impl Default for Settings {
             admin_token: None,
             sync_token: None,
             root: RootConfig::default(),
-            sync_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
-            // One per core up to 4: each sync visits every stripe, and past a few the
-            // fixed cost of a visit (its session's bookkeeping) outgrows what the split
-            // saves; a root with more cores serves more with a shard.
-            stripes: std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4) as u32),
+            sync_concurrency: default_sync_concurrency(default_stripes()),
+            stripes: default_stripes(),
             // Room for one full 64 MiB sync (body and decoded entries, 160 MiB) beside any
             // number of ordinary ones.
             sync_memory_kib: 256 * 1024,
@@ -96,6 +91,28 @@ impl Default for Settings {
             sync_queue_wait: Duration::from_millis(250),
         }
     }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// One stripe per core up to 4: each sync visits every stripe, and past a few the fixed
+/// cost of a visit (the session's bookkeeping) outgrows what the split saves; a root with
+/// more cores serves more with a shard.
+pub fn default_stripes() -> u32 {
+    cores().clamp(1, 4) as u32
+}
+
+/// Syncs in flight for a root of `stripes` stripes: one per core, plus one per stripe, at
+/// least 2. Each stripe applies one sync at a time; a sync waiting for one stripe while
+/// another works on the next is what keeps them all busy (at 300 limiters by interest with
+/// 2 stripes on 2 cores, p99 15-18 ms with 4 in flight against 25-37 ms with 2), and with
+/// one stripe more threads than cores only queue on its lock (and a holder preempted by
+/// them stalls every sync).
+pub fn default_sync_concurrency(stripes: u32) -> usize {
+    let stripes = if stripes > 1 { stripes as usize } else { 0 };
+    (cores() + stripes).max(2)
 }
 
 /// The concurrency gates of the route groups.
