@@ -534,8 +534,15 @@ fn in_stripe(stripe: Option<(u32, u32)>, id: QuotaId) -> bool {
 }
 
 /// The sessions (`sid`) watching one counter: about three at 300 limiters by interest over
-/// a million counters, held in the map's slot.
-type Watchers = smallvec::SmallVec<[u64; 3]>;
+/// a million counters, held in the map's slot. Six fit in the slot's 32 bytes (three did
+/// as `u64`): with three on average, a third of the counters spilled to the heap, and that
+/// list was a cache miss of its own for every delta (to notify) and for every id that left
+/// an interest (to unwatch); with six, one in thirty spills.
+type Watchers = smallvec::SmallVec<[Sid; 6]>;
+
+/// A session's number: its index in [`RootState::inboxes`], reused once it is forgotten,
+/// so it stays small (below `max_limiters`) and an inbox is found without a hash lookup.
+type Sid = u32;
 
 /// Records an inbox may hold beyond twice its session's interest.
 const INBOX_SLACK: usize = 64;
@@ -582,8 +589,9 @@ struct Session {
     addr: Option<IpAddr>,
     /// Admitted amounts above a counter's ceiling, fed in as this session keeps syncing.
     parked: IdMap<u64>,
-    /// A number for this session that never changes (`serial` does at every sync).
-    sid: u64,
+    /// A number for this session that never changes (`serial` does at every sync); another
+    /// session gets it once this one is forgotten.
+    sid: Sid,
     /// The counters this limiter named lately, with when each leaves (ns), if it asks for
     /// answers by interest.
     interest: IdMap<u64>,
@@ -734,11 +742,12 @@ pub struct RootState {
     sweep_queue: Vec<QuotaId>,
     /// Per counter, the sessions (`sid`) that have it in their interest.
     watchers: IdMap<Watchers>,
-    /// Per session by interest (`sid`), the counters of its interest that changed since its
-    /// last answer: filled as counters change, so an answer costs what it carries, not a
-    /// look at every counter of the interest.
-    inboxes: foldhash::HashMap<u64, Inbox>,
-    next_sid: u64,
+    /// Per session (by `sid`), the counters of its interest that changed since its last
+    /// answer: filled as counters change, so an answer costs what it carries, not a look at
+    /// every counter of the interest. Empty for a session not asking by interest.
+    inboxes: Vec<Inbox>,
+    /// Numbers of forgotten sessions, for the next new ones.
+    free_sids: Vec<Sid>,
     stats: RootStats,
 }
 
@@ -764,8 +773,8 @@ impl RootState {
             interest: 0,
             sweep_queue: Vec::new(),
             watchers: IdMap::default(),
-            inboxes: foldhash::HashMap::default(),
-            next_sid: 1,
+            inboxes: Vec::new(),
+            free_sids: Vec::new(),
             stats: RootStats::default(),
         }
     }
@@ -1028,8 +1037,8 @@ impl RootState {
     /// Tells the sessions watching counter `id` that it changed (version `v`, at `at`).
     fn notify(&mut self, id: QuotaId, v: u64, at: usize) {
         if let Some(ws) = self.watchers.get(&id) {
-            for sid in ws {
-                if let Some(inbox) = self.inboxes.get_mut(sid) {
+            for &sid in ws {
+                if let Some(inbox) = self.inboxes.get_mut(sid as usize) {
                     inbox.push(id, v, at);
                 }
             }
@@ -1157,8 +1166,7 @@ impl RootState {
                 if self.config.max_limiters == 0 {
                     return Err(SyncError::TooManyLimiters(0));
                 }
-                let s = Session { addr: peer, sid: self.next_sid, ..Session::default() };
-                self.next_sid += 1;
+                let s = Session { addr: peer, sid: self.new_sid(), ..Session::default() };
                 self.stats.sessions_created += 1;
                 (Box::from(req.limiter.as_str()), s)
             }
@@ -1252,7 +1260,7 @@ impl RootState {
             Some(fresh) => {
                 self.stats.interest_answers += 1;
                 let s = self.limiters.get(&*name).expect("the session was just inserted");
-                let inbox = self.inboxes.get_mut(&s.sid).map(|i| {
+                let inbox = self.inboxes.get_mut(s.sid as usize).map(|i| {
                     (std::mem::take(&mut i.changes), std::mem::replace(&mut i.overflow, false))
                 });
                 let (mut changed, overflow) = inbox.unwrap_or_default();
@@ -1313,7 +1321,7 @@ impl RootState {
                 // cost a dozen reallocations and copies of up to tens of kilobytes, on fresh
                 // pages, under the lock. Not one far larger than the inbox may hold now.
                 let sid = s.sid;
-                if let Some(i) = self.inboxes.get_mut(&sid) {
+                if let Some(i) = self.inboxes.get_mut(sid as usize) {
                     if i.changes.is_empty() && changed.capacity() <= i.cap.saturating_mul(2) {
                         changed.clear();
                         i.changes = changed;
@@ -1445,7 +1453,7 @@ impl RootState {
             self.watchers.entry(id).or_default().push(s.sid);
             fresh.insert(id);
         }
-        let inbox = self.inboxes.entry(s.sid).or_default();
+        let inbox = &mut self.inboxes[s.sid as usize];
         inbox.cap = s.interest.len().saturating_mul(2).saturating_add(INBOX_SLACK);
         if full {
             self.stats.interest_full += 1;
@@ -1455,7 +1463,7 @@ impl RootState {
     }
 
     /// Takes session `sid` off counter `id`'s watchers.
-    fn unwatch(&mut self, id: QuotaId, sid: u64) {
+    fn unwatch(&mut self, id: QuotaId, sid: Sid) {
         if let Some(ws) = self.watchers.get_mut(&id) {
             ws.retain(|w| *w != sid);
             if ws.is_empty() {
@@ -1473,7 +1481,9 @@ impl RootState {
         }
         s.interest = IdMap::default();
         s.expiry = VecDeque::new();
-        self.inboxes.remove(&s.sid);
+        if let Some(i) = self.inboxes.get_mut(s.sid as usize) {
+            *i = Inbox::default();
+        }
     }
 
     /// Refuses a batch `seq` further ahead of a known session's acknowledged one than that
@@ -1555,8 +1565,21 @@ impl RootState {
         if let Some(mut s) = self.limiters.remove(&name) {
             self.unindex(&s);
             self.parked -= s.parked.len();
+            // No counter names it any more: its number may go to a new session.
             self.drop_interest(&mut s);
+            self.free_sids.push(s.sid);
         }
+    }
+
+    /// A number for a new session, with an empty inbox.
+    fn new_sid(&mut self) -> Sid {
+        if let Some(sid) = self.free_sids.pop() {
+            return sid;
+        }
+        self.inboxes.push(Inbox::default());
+        // Below `max_limiters` sessions are held at once (`make_room` runs first), and a
+        // `u32` limit far above any table size a root is configured with.
+        Sid::try_from(self.inboxes.len() - 1).expect("fewer than 2^32 sessions at once")
     }
 
     /// Makes room for one more session from `peer`: the least recently seen session of that

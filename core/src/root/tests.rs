@@ -493,6 +493,34 @@ fn answers_by_interest_carry_only_what_the_limiter_named() {
     assert_eq!(ids(&a), Vec::<u64>::new());
 }
 
+/// A forgotten session's number goes to the next new session, which must inherit neither
+/// its inbox nor its place among any counter's watchers.
+#[test]
+fn a_reused_session_number_starts_with_nothing_of_its_former_session() {
+    let mut r = RootState::new(RootConfig { max_limiters: 2, ..RootConfig::default() });
+    r.apply_quotas((1..=4).map(|i| quota(i, i, 1.0, false)), 0);
+    let a = r.sync(&by_interest("a", None, vec![], vec![1, 2]), S).unwrap();
+    let a_sid = r.limiters["a"].sid;
+    // A change of 1 waits in `a`'s inbox when `a` is forgotten to make room.
+    r.sync(&req("other", vec![(1, vec![(1, 5_000)])]), 2 * S).unwrap();
+    assert_eq!(r.inboxes[a_sid as usize].changes.len(), 1);
+    let b = r.sync(&by_interest("b", None, vec![], vec![3]), 3 * S).unwrap();
+    assert_eq!(r.limiter_count(), 2, "`a`, the quietest, went");
+    assert!(!r.limiters.contains_key("a"));
+    assert_eq!(r.limiters["b"].sid, a_sid, "`b` took the freed number");
+    assert_eq!(ids(&b), Vec::<u64>::new(), "3 has no counter yet");
+    assert!(!r.watchers.contains_key(&1) && !r.watchers.contains_key(&2));
+    // 1 and 2 change again: nothing of them reaches `b`, which only named 3.
+    r.sync(&req("other", vec![(2, vec![(1, 1_000), (2, 1_000), (3, 1_000)])]), 4 * S).unwrap();
+    let b = r.sync(&by_interest("b", Some(&b), vec![], vec![]), 4 * S).unwrap();
+    assert_eq!(ids(&b), vec![3]);
+    // `a` comes back as a new session with a new number, and hears of what it names anew.
+    let a = r.sync(&by_interest("a", Some(&a), vec![], vec![2]), 5 * S).unwrap();
+    assert_ne!(r.limiters["a"].sid, r.limiters["b"].sid);
+    assert_eq!(ids(&a), vec![2]);
+    assert!(r.inboxes.len() <= 3, "numbers are reused: {} inboxes", r.inboxes.len());
+}
+
 #[test]
 fn a_full_interest_falls_back_to_every_changed_counter() {
     let config =
@@ -610,7 +638,7 @@ fn answers_by_interest_stay_exact_through_compactions_moves_and_an_overflow() {
         let deltas = (0..3).map(|k| ((round * 3 + k) % 10 + 1, 1)).collect();
         r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
     }
-    let inbox = &r.inboxes[&r.limiters["a"].sid];
+    let inbox = &r.inboxes[r.limiters["a"].sid as usize];
     assert!(inbox.overflow && inbox.changes.is_empty(), "{} records", inbox.changes.len());
     a = r.sync(&by_interest("a", Some(&a), vec![], vec![]), S).unwrap();
     assert_eq!(ids(&a), (1..=11).collect::<Vec<_>>());
