@@ -202,6 +202,10 @@ struct RoundSlot {
 
 const NO_ENTRY: u32 = u32::MAX;
 
+/// Slots brought into the cache at a time before a loop works on them
+/// (`CounterAccess::warm`): 16 KiB, well inside a core's first-level cache.
+const WARM_CHUNK: usize = 128;
+
 impl Default for RoundSlot {
     fn default() -> Self {
         RoundSlot { entry: NO_ENTRY, seen: None, demand: 0 }
@@ -421,19 +425,22 @@ impl SyncEngine {
                 } as f64
                     * 1e-9;
                 self.limiter.with_counters(|c| {
-                    for s in dirty {
-                        let (v, r) = (c.take_local(s), c.take_rejected(s));
-                        // What the request path compares its count with for an early
-                        // round; early rounds leave it, so a surge that lasts keeps
-                        // asking for them until the next regular round measures it.
-                        if !early {
-                            c.set_own_rate(s, v.saturating_add(r) as f64 / since);
-                        }
-                        match (v > 0 || r > 0, c.id_of(s)) {
-                            (true, Some(id)) => round.entries.push((s, id, v, r)),
-                            // Only checked (answers by interest): named, not counted.
-                            (false, Some(id)) if interest => watched.push(id),
-                            _ => {}
+                    for chunk in dirty.chunks(WARM_CHUNK) {
+                        c.warm(chunk.iter().copied());
+                        for &s in chunk {
+                            let (v, r) = (c.take_local(s), c.take_rejected(s));
+                            // What the request path compares its count with for an early
+                            // round; early rounds leave it, so a surge that lasts keeps
+                            // asking for them until the next regular round measures it.
+                            if !early {
+                                c.set_own_rate(s, v.saturating_add(r) as f64 / since);
+                            }
+                            match (v > 0 || r > 0, c.id_of(s)) {
+                                (true, Some(id)) => round.entries.push((s, id, v, r)),
+                                // Only checked (answers by interest): named, not counted.
+                                (false, Some(id)) if interest => watched.push(id),
+                                _ => {}
+                            }
                         }
                     }
                 });
@@ -595,30 +602,39 @@ impl SyncEngine {
         let limiter = &self.limiter;
         let shard = link.shard;
         self.limiter.with_counters(|c| {
-            for &(id, fill, demand) in &resp.counters {
-                if shards > 1 && Shard::of(id, shards) != shard {
-                    continue;
-                }
-                let Some(s) = c.slot_of(id) else { continue };
-                if root_epoch.is_some_and(|re| re < limiter.version_of(s)) {
-                    // The root has not seen the version held here (maybe a reset): its
-                    // fill may hold counts the reset dropped. Other roots have it.
-                    continue;
-                }
-                let rs = round.slots.entry(s).or_default();
-                if rs.seen.is_none() {
-                    rs.seen = c.base(s);
-                }
-                c.merge_report(s, fill, now);
-                rs.demand = rs.demand.max(demand);
-                active.insert(s);
-                let k = rs.entry as usize;
-                if rs.entry != NO_ENTRY && !round.reported[k] && round.entries[k].1 == id {
-                    // The root's fill includes this round's batch: take it out of
-                    // `inflight` now, or the estimate counts it twice until the slowest
-                    // root answers.
-                    c.sub_inflight(s, round.entries[k].2);
-                    round.reported[k] = true;
+            let mut slots = Vec::with_capacity(WARM_CHUNK);
+            for chunk in resp.counters.chunks(WARM_CHUNK) {
+                // Each id's slot first, all at once (see `CounterAccess::warm`).
+                slots.clear();
+                slots.extend(chunk.iter().map(|&(id, ..)| {
+                    if shards > 1 && Shard::of(id, shards) != shard {
+                        return None;
+                    }
+                    c.slot_of(id)
+                }));
+                c.warm(slots.iter().flatten().copied());
+                for (&(id, fill, demand), &slot) in chunk.iter().zip(&slots) {
+                    let Some(s) = slot else { continue };
+                    if root_epoch.is_some_and(|re| re < limiter.version_of(s)) {
+                        // The root has not seen the version held here (maybe a reset): its
+                        // fill may hold counts the reset dropped. Other roots have it.
+                        continue;
+                    }
+                    let rs = round.slots.entry(s).or_default();
+                    if rs.seen.is_none() {
+                        rs.seen = c.base(s);
+                    }
+                    c.merge_report(s, fill, now);
+                    rs.demand = rs.demand.max(demand);
+                    active.insert(s);
+                    let k = rs.entry as usize;
+                    if rs.entry != NO_ENTRY && !round.reported[k] && round.entries[k].1 == id {
+                        // The root's fill includes this round's batch: take it out of
+                        // `inflight` now, or the estimate counts it twice until the slowest
+                        // root answers.
+                        c.sub_inflight(s, round.entries[k].2);
+                        round.reported[k] = true;
+                    }
                 }
             }
         });
@@ -640,6 +656,10 @@ impl SyncEngine {
         self.limiter.with_counters(|c| {
             // Fold this round's batch into the local view.
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
+                if k % WARM_CHUNK == 0 {
+                    let next = round.entries[k..].iter().take(WARM_CHUNK);
+                    c.warm(next.map(|e| e.0));
+                }
                 // A slot deleted (and reused) while the round was in flight is not this entry's.
                 if c.id_of(s) != Some(id) {
                     continue;
