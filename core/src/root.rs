@@ -1206,7 +1206,7 @@ impl RootState {
                     continue;
                 }
                 // One lookup of the quota for both the reset check and the delta (a probe of
-                // a million-entry map each, 3 % of a busy root's time for the second).
+                // a million-entry map each; the second was 1.5 % of a busy root's samples).
                 let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
                 if b.epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
                     self.stats.dropped_before_reset += 1;
