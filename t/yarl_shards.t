@@ -68,6 +68,11 @@ $t->put_quota('parent', 1, 100, 200, undef, 'S0');
 $t->put_quota('child', 1, 100, 200, 'parent', 'S0');
 ok($t->wait_quota($t->port(8080), 'child', 10), 'quotas arrive (from either root)');
 ok($t->wait_quota($t->port(8080), 'parent', 10), 'the parent too');
+# S1 reads them from the shared database at its next poll (1 s): a delta reaching a root
+# before it knows the quota is dropped as unknown, so the traffic waits for both.
+ok($t->wait_for(sub {
+	!grep { ($t->root_metrics($_)->{yarl_root_quotas} // 0) < 2 } qw(S0 S1)
+}, 10), 'both roots hold both quotas');
 
 my $passed = grep { status_of(http_get($t->port(8080), '/index.html')) == 200 } 1 .. 20;
 is($passed, 20, 'requests pass');
