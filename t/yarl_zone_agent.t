@@ -47,6 +47,20 @@ my $threads = 0;
 $threads += $_ for values %$per;
 is($threads, 1, 'one sync thread among the 4 workers');
 
+# The agent yields to the requests of its worker: it runs niced by 10.
+my ($host) = grep { $per->{$_} } keys %$per;
+my $first_line = sub {
+	open(my $fh, '<', $_[0]) or return '';
+	return <$fh> // '';
+};
+my ($tid) = grep { $first_line->("/proc/$host/task/$_/comm") eq "yarl-sync\n" }
+	map { m{/(\d+)$} } glob("/proc/$host/task/*");
+# Field 19 of stat, the 17th after the command's closing parenthesis.
+my $nice = sub { (split ' ', ($first_line->($_[0]) =~ /\) (.*)/)[0] // '')[16] };
+my $want = $nice->("/proc/$host/stat") + 10;
+is($nice->("/proc/$host/task/$tid/stat"), $want > 19 ? 19 : $want,
+	'the sync thread runs 10 nicer than its worker');
+
 # Sync requests the root receives from this nginx per interval.
 my $syncs = sub { $t->root_metrics()->{'yarl_root_sync_requests_total{result="ok"}'} // 0 };
 my ($s0, $t0) = ($syncs->(), time());
