@@ -73,6 +73,23 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 /// exist), and foldhash's per-process random seed keeps them from being steered into
 /// collisions; SipHash cost a third of a busy root's time in lookups.
 type IdMap<V> = foldhash::HashMap<QuotaId, V>;
+
+/// How long deltas of a quota this root has not read yet wait for it: a few of the
+/// server's database polls (1 s).
+pub const HOLD_NS: u64 = 10 * NANOS_PER_SEC;
+
+/// Deltas held for one quota not read yet ([`RootStats::deltas_held`]).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    admitted: u64,
+    rejected: u64,
+    /// The lowest quota epoch of the batches they came in (for the reset check).
+    epoch: Epoch,
+    /// When the first came.
+    since: u64,
+    /// Delta entries summed here.
+    entries: u64,
+}
 type IdSet = foldhash::HashSet<QuotaId>;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -102,6 +119,9 @@ pub struct RootConfig {
     pub max_parked_per_limiter: usize,
     /// Most parked claims over all sessions.
     pub max_parked: usize,
+    /// Most quotas whose deltas are held until this root reads the quota (see
+    /// [`RootStats::deltas_held`]).
+    pub max_held: usize,
     /// A known session's batch `seq` may run ahead of its acknowledged one by this much plus
     /// one per [`RootConfig::seq_min_interval_ns`] since its last sync.
     pub seq_ahead_slack: u64,
@@ -193,6 +213,8 @@ impl Default for RootConfig {
             claim_slack_ns: NANOS_PER_SEC / 4,
             max_parked_per_limiter: 65_536,
             max_parked: 1_000_000,
+            // A few seconds of new quotas' counts from every limiter; about 3 MiB.
+            max_held: 65_536,
             // After a root outage a limiter resends up to 30 batches at once.
             seq_ahead_slack: 64,
             // Half the shortest interval anyone runs (50 ms): twice the honest rate.
@@ -214,8 +236,14 @@ pub struct RootStats {
     pub syncs: u64,
     /// Delta entries added to counters.
     pub deltas_applied: u64,
-    /// Delta entries for quotas this root does not know (dropped).
+    /// Delta entries for quotas this root does not know (dropped), including held ones
+    /// whose quota did not arrive in time.
     pub deltas_unknown: u64,
+    /// Delta entries held for a quota this root has not read yet: an id above every id it
+    /// knows, so most likely created through another root of the same database moments
+    /// ago. Applied when the quota arrives within [`HOLD_NS`]; dropped (and counted
+    /// unknown) after, or when [`RootConfig::max_held`] quotas are held already.
+    pub deltas_held: u64,
     /// Delta entries and hints for counters of another shard (skipped): a limiter
     /// configured with another shard map.
     pub deltas_foreign: u64,
@@ -261,6 +289,7 @@ impl RootStats {
     pub fn add_stripe(&mut self, o: &RootStats) {
         self.deltas_applied += o.deltas_applied;
         self.deltas_unknown += o.deltas_unknown;
+        self.deltas_held += o.deltas_held;
         self.deltas_foreign += o.deltas_foreign;
         self.hints_applied += o.hints_applied;
         self.claims_parked += o.claims_parked;
@@ -736,6 +765,12 @@ pub struct RootState {
     next_serial: u64,
     /// Parked claims over all sessions.
     parked: usize,
+    /// Deltas held for quotas not read yet, by quota id ([`RootStats::deltas_held`]).
+    held: IdMap<Held>,
+    /// The highest quota id read (live or deleted): deltas of a higher one are held.
+    highest_id: QuotaId,
+    /// When `held` was last cleared of expired entries.
+    held_swept: u64,
     /// Interest entries over all sessions.
     interest: usize,
     /// Counters the current incremental sweep has still to look at.
@@ -770,6 +805,9 @@ impl RootState {
             by_addr: HashMap::new(),
             next_serial: 0,
             parked: 0,
+            held: IdMap::default(),
+            highest_id: 0,
+            held_swept: 0,
             interest: 0,
             sweep_queue: Vec::new(),
             watchers: IdMap::default(),
@@ -796,6 +834,7 @@ impl RootState {
         let share = |n: usize| n.div_ceil(count as usize);
         let mut part = config.clone();
         part.max_parked = share(config.max_parked);
+        part.max_held = share(config.max_held);
         part.max_parked_per_limiter = share(config.max_parked_per_limiter);
         part.max_interest = share(config.max_interest);
         part.max_interest_per_limiter = share(config.max_interest_per_limiter);
@@ -891,6 +930,7 @@ impl RootState {
         let lead = self.is_lead();
         for u in updates {
             self.epoch = self.epoch.max(u.epoch);
+            self.highest_id = self.highest_id.max(u.id);
             if !lead && !self.mine(u.id) {
                 continue;
             }
@@ -920,7 +960,7 @@ impl RootState {
                 (true, true) => self.live -= 1,
                 _ => {}
             }
-            let (id, deleted) = (u.id, u.deleted);
+            let (id, deleted, limits, reset_epoch) = (u.id, u.deleted, u.limits, u.reset_epoch);
             let entry = QuotaEntry {
                 limits: u.limits,
                 reset_epoch: u.reset_epoch,
@@ -931,6 +971,9 @@ impl RootState {
             if !deleted && self.counters.contains_key(&id) {
                 // The change log holds the limit it drains at: record the new one.
                 self.bump(id);
+            }
+            if let Some(h) = self.held.remove(&id) {
+                self.release_held(id, h, (!deleted).then_some((limits, reset_epoch)), now);
             }
         }
     }
@@ -1208,6 +1251,10 @@ impl RootState {
                 // One lookup of the quota for both the reset check and the delta (a probe of
                 // a million-entry map each; the second was 1.5 % of a busy root's samples).
                 let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
+                if quota.is_none() && id > self.highest_id && self.holds(id) {
+                    self.hold(id, amount, rejected, b.epoch, now);
+                    continue;
+                }
                 if b.epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
                     self.stats.dropped_before_reset += 1;
                     continue;
@@ -1518,6 +1565,62 @@ impl RootState {
     }
 
     /// Parks what a claim could not put into a counter with the session that claimed it.
+    /// Holds a delta of quota `id`, not read yet, until it is ([`RootStats::deltas_held`]).
+    fn hold(&mut self, id: QuotaId, amount: u64, rejected: u64, epoch: Option<Epoch>, now: u64) {
+        if now.saturating_sub(self.held_swept) >= HOLD_NS / 4 {
+            self.held_swept = now;
+            let before = self.held.len();
+            let mut expired = 0;
+            self.held.retain(|_, h| {
+                let keep = now.saturating_sub(h.since) <= HOLD_NS;
+                if !keep {
+                    expired += h.entries;
+                }
+                keep
+            });
+            debug_assert!(self.held.len() <= before);
+            self.stats.deltas_unknown += expired;
+        }
+        let full = self.held.len() >= self.config.max_held;
+        let h = match self.held.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(_) if full => {
+                self.stats.deltas_unknown += 1;
+                return;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Held {
+                admitted: 0,
+                rejected: 0,
+                epoch: Epoch::MAX,
+                since: now,
+                entries: 0,
+            }),
+        };
+        h.admitted = h.admitted.saturating_add(amount);
+        h.rejected = h.rejected.saturating_add(rejected);
+        h.epoch = h.epoch.min(epoch.unwrap_or(Epoch::MAX));
+        h.entries += 1;
+        self.stats.deltas_held += 1;
+    }
+
+    /// Applies what was held for quota `id` now that it was read (`quota`: its limits and
+    /// reset epoch, `None` if it arrived deleted), unless it waited too long or predates
+    /// a reset. Admitted counts beyond the ceiling are dropped: no session to park them
+    /// with.
+    fn release_held(&mut self, id: QuotaId, h: Held, quota: Option<(Limits, Epoch)>, now: u64) {
+        match quota {
+            Some((limits, reset_epoch))
+                if now.saturating_sub(h.since) <= HOLD_NS && h.epoch >= reset_epoch =>
+            {
+                let excess = self.add(id, Some(limits), h.admitted, h.rejected, now);
+                if excess > 0 {
+                    self.stats.claims_dropped += 1;
+                }
+            }
+            _ => self.stats.deltas_unknown += h.entries,
+        }
+    }
+
     fn park(&mut self, s: &mut Session, id: QuotaId, excess: u64) {
         if let Some(p) = s.parked.get_mut(&id) {
             *p = p.saturating_add(excess);

@@ -131,6 +131,12 @@ impl Metrics {
             s.stats.deltas_unknown,
         );
         counter(
+            "yarl_root_deltas_held_total",
+            "Delta entries held for a quota above every id this root has read (created \
+             through another root moments ago): applied if it arrives within 10 s.",
+            s.stats.deltas_held,
+        );
+        counter(
             "yarl_root_deltas_foreign_total",
             "Delta entries and hints for counters of another shard (skipped): a limiter with \
              another shard map.",

@@ -156,10 +156,14 @@ fn hints_merge_by_max_and_are_idempotent() {
 #[test]
 fn unknown_and_deleted_quotas_take_no_memory() {
     let mut r = root();
+    // Ids above every id read are held a while (a quota created through another root),
+    // then dropped; ids below are dropped at once.
+    r.apply_quotas([quota(20_000, 3, 1.0, true)], 0);
     let deltas: Vec<_> = (1000..11_000).map(|id| (id, 1)).collect();
     r.sync(&req("a", vec![(1, deltas)]), S).unwrap();
     assert_eq!(r.counter_count(), 0);
     assert_eq!(r.stats().deltas_unknown, 10_000);
+    assert_eq!(r.stats().deltas_held, 0);
     r.sync(&req("a", vec![(2, vec![(1, 1_000)])]), S).unwrap();
     assert_eq!(r.counter_count(), 1);
     r.apply_quotas([quota(1, 9, 1.0, true)], S);
@@ -909,4 +913,71 @@ fn stripes_split_counters_evenly_within_a_shard() {
         n[stripe_of(id, 2) as usize] += 1;
     }
     assert!(n.iter().all(|&c| (24_000..26_000).contains(&c)), "{n:?}");
+}
+
+#[test]
+fn deltas_of_a_quota_not_read_yet_count_once_it_is() {
+    // Quota 3 was created through another root of the same database; this one reads it at
+    // its next poll, after limiters already counted on it here.
+    let mut r = root();
+    r.sync(&req("a", vec![(1, vec![(3, 4_000)])]), S).unwrap();
+    r.sync(&req("b", vec![(1, vec![(3, 1_000)])]), S).unwrap();
+    assert!(r.counter(3, S).is_none());
+    assert_eq!((r.stats().deltas_held, r.stats().deltas_unknown), (2, 0));
+    r.apply_quotas([quota(3, 3, 0.001, false)], S + S / 2);
+    assert_eq!(fill(&r, 3, S + S / 2), 5.0);
+    // Once read, its deltas go straight in.
+    r.sync(&req("a", vec![(2, vec![(3, 1_000)])]), 2 * S).unwrap();
+    assert_eq!(fill(&r, 3, 2 * S), 6.0);
+    assert_eq!(r.stats().deltas_held, 2);
+}
+
+#[test]
+fn held_deltas_expire_and_are_bounded() {
+    let mut r = RootState::new(RootConfig { max_held: 2, ..RootConfig::default() });
+    r.apply_quotas([quota(1, 1, 1.0, false)], 0);
+    r.sync(&req("a", vec![(1, vec![(5, 1_000), (6, 1_000), (7, 1_000)])]), S).unwrap();
+    assert_eq!((r.stats().deltas_held, r.stats().deltas_unknown), (2, 1), "room for two");
+    // Quota 5 arrives too late: its held count is dropped.
+    let late = S + HOLD_NS + 1;
+    r.apply_quotas([quota(5, 5, 0.001, false)], late);
+    assert_eq!(fill(&r, 5, late), 0.0);
+    assert_eq!(r.stats().deltas_unknown, 2);
+    // The next hold clears what expired (quota 6's), so new ids find room again.
+    r.sync(&req("a", vec![(2, vec![(8, 1_000), (9, 1_000)])]), late).unwrap();
+    assert_eq!((r.stats().deltas_held, r.stats().deltas_unknown), (4, 3));
+    r.apply_quotas([quota(8, 8, 0.001, false), quota(9, 9, 0.001, true)], late);
+    assert_eq!(fill(&r, 8, late), 1.0);
+    assert!(r.counter(9, late).is_none(), "a quota read as deleted gets nothing");
+    assert_eq!(r.stats().deltas_unknown, 4);
+}
+
+#[test]
+fn held_deltas_from_before_a_reset_stay_out() {
+    let mut r = root();
+    let mut q = req("a", vec![(1, vec![(3, 2_000)])]);
+    q.batches[0].epoch = Some(4);
+    r.sync(&q, S).unwrap();
+    // Read already reset at epoch 5 (created, counted on, reset, all before the poll).
+    r.apply_quotas([QuotaUpdate { reset_epoch: 5, ..quota(3, 6, 0.001, false) }], S);
+    assert_eq!(fill(&r, 3, S), 0.0);
+    assert_eq!(r.stats().deltas_unknown, 1);
+}
+
+#[test]
+fn a_striped_root_holds_each_new_quotas_deltas_in_its_stripe() {
+    let mut stripes = RootState::striped(RootConfig::default(), 3);
+    apply_striped(&mut stripes, &[quota(1, 1, 1.0, false)], 0);
+    let deltas: Vec<_> = (2..=20).map(|id| (id, id * 1_000)).collect();
+    sync_striped(&mut stripes, &req("a", vec![(1, deltas)]), S);
+    let held: u64 = stripes.iter().map(|s| s.stats().deltas_held).sum();
+    assert_eq!(held, 19, "each delta held once, by its own stripe");
+    let news: Vec<_> = (2..=20).map(|id| quota(id, id, 0.001, false)).collect();
+    apply_striped(&mut stripes, &news, S);
+    for id in 2..=20 {
+        let s = stripes
+            .iter()
+            .find(|s| s.counter_count() > 0 && s.counter(id, S).is_some_and(|c| c.fill > 0.0));
+        assert_eq!(s.map(|s| fill(s, id, S)), Some(id as f64), "quota {id}");
+    }
 }
