@@ -270,6 +270,7 @@ sub has_root {
 sub run_root {
 	my ($self, $name, @extra) = @_;
 	my @db = grep({ $_ eq '--db' } @extra) ? () : ('--db', "sqlite://$self->{dir}/yarl_$name.db");
+	my @poll = grep({ $_ eq '--poll-interval' } @extra) ? () : ('--poll-interval', '200ms');
 	$name //= 'A';
 	BAIL_OUT('TEST_YARL_ROOT is not set or not executable') unless has_root();
 	my $port = $self->port("ROOT_$name");
@@ -278,7 +279,7 @@ sub run_root {
 		open STDOUT, '>>', "$self->{dir}/root_$name.log";
 		open STDERR, '>>', "$self->{dir}/root_$name.log";
 		exec($ENV{TEST_YARL_ROOT}, '--listen', "127.0.0.1:$port",
-			@db, '--poll-interval', '200ms', @extra)
+			@db, @poll, @extra)
 			or POSIX::_exit(127);
 	}
 	$self->{roots}{$name} = $pid;
