@@ -30,6 +30,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
 use ngx::ngx_log_error;
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use yarl_core::{Limiter, Outcome};
 
@@ -62,7 +63,36 @@ impl YarlStatus {
 pub struct Ctx {
     status: YarlStatus,
     /// The rejecting quota, else the last name that matched a quota.
-    quota: Option<Box<str>>,
+    quota: Option<QuotaName>,
+}
+
+/// A quota name kept for the rest of the request (`$yarl_quota`).
+#[derive(Debug)]
+enum QuotaName {
+    /// A rule's evaluated name, not copied: its bytes are in the request pool (or in the
+    /// configuration, for a name without variables), and both outlive the pool cleanup that
+    /// drops the [`Ctx`] holding this. A pass allocates nothing.
+    Evaluated(*const u8, usize),
+    /// The rejecting quota's name (the leaf's or an ancestor's), read from the table.
+    Owned(Box<str>),
+}
+
+impl QuotaName {
+    fn of(name: Cow<'_, str>) -> Self {
+        match name {
+            Cow::Borrowed(s) => QuotaName::Evaluated(s.as_ptr(), s.len()),
+            Cow::Owned(s) => QuotaName::Owned(s.into_boxed_str()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            // SAFETY: the bytes of an evaluated name live as long as the request (see the
+            // variant), and a Ctx is only reachable through its request.
+            QuotaName::Evaluated(p, n) => unsafe { core::slice::from_raw_parts(*p, *n) },
+            QuotaName::Owned(s) => s.as_bytes(),
+        }
+    }
 }
 
 /// The pool cleanup that owns a [`Ctx`]: drops it with the request pool. Its address also
@@ -135,13 +165,15 @@ pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ng
     }
 }
 
-struct Verdict {
+/// Borrows the request's evaluated names: a pass allocates nothing (a rejection reads the
+/// rejecting quota's name from the table).
+struct Verdict<'a> {
     status: YarlStatus,
-    quota: Option<Box<str>>,
+    quota: Option<Cow<'a, str>>,
     fill: f64,
     retry_after: Option<u32>,
     /// The name whose chain decided (the rule's name): what the RateLimit fields describe.
-    chain: Option<Box<str>>,
+    chain: Option<&'a str>,
 }
 
 fn access(r: &mut Request) -> Status {
@@ -177,12 +209,21 @@ fn access(r: &mut Request) -> Status {
     });
     let status = v.status;
     let retry_after = v.retry_after;
-    if lc.headers() {
-        if let Some(chain) = &v.chain {
-            add_ratelimit_fields(r, limiter, chain, status, v.quota.as_deref(), retry_after);
+    let fields = match v.chain {
+        Some(chain) if lc.headers() => {
+            ratelimit_fields(limiter, chain, status, v.quota.as_deref(), retry_after)
+        }
+        _ => None,
+    };
+    let quota = v.quota.map(QuotaName::of);
+    if let Some((policy, state)) = fields {
+        if r.add_header_out("RateLimit-Policy", &policy).is_none()
+            || r.add_header_out("RateLimit", &state).is_none()
+        {
+            ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot add the RateLimit header fields");
         }
     }
-    if !store_ctx(r, Ctx { status, quota: v.quota }) {
+    if !store_ctx(r, Ctx { status, quota }) {
         ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot store the request state, request passed");
         return Status::NGX_DECLINED;
     }
@@ -198,16 +239,19 @@ fn access(r: &mut Request) -> Status {
     Status(lc.status() as ngx_int_t)
 }
 
-fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
-    let rejected = |d: yarl_core::Decision, name: &str| Verdict {
+fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict<'a> {
+    let rejected = |d: yarl_core::Decision, name: &'a str| Verdict {
         status: if dry { YarlStatus::RejectedDryRun } else { YarlStatus::Rejected },
-        quota: d.quota.or_else(|| Some(name.into())),
+        quota: Some(d.quota.map_or(Cow::Borrowed(name), |q| Cow::Owned(q.into_string()))),
         fill: d.fill,
         retry_after: d.retry_after,
-        chain: Some(name.into()),
+        chain: Some(name),
     };
-    let mut matched: Option<Box<str>> = None;
-    let mut accounts: Vec<(&str, u64)> = Vec::new();
+    let mut matched: Option<&str> = None;
+    // Account lines stay on the stack: a location rarely has more than a few.
+    let mut inline: [(&str, u64); 4] = [("", 0); 4];
+    let mut spill: Vec<(&str, u64)> = Vec::new();
+    let mut n = 0;
     for rule in &lc.rules {
         // SAFETY: rule names are compiled complex values in the cycle pool, alive as long as
         // the configuration this request runs under.
@@ -223,7 +267,7 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
                 let d = limiter.check(name);
                 match d.outcome {
                     Outcome::Unlimited => {}
-                    Outcome::Passed => matched = Some(name.into()),
+                    Outcome::Passed => matched = Some(name),
                     Outcome::Rejected => return rejected(d, name),
                 }
             }
@@ -232,18 +276,27 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
                     Weight::Fixed(n) => n,
                     Weight::Variable(cv) => weight_of(r, cv, name),
                 };
-                accounts.push((name, units));
+                if n < inline.len() {
+                    inline[n] = (name, units);
+                } else {
+                    if spill.is_empty() {
+                        spill.extend_from_slice(&inline);
+                    }
+                    spill.push((name, units));
+                }
+                n += 1;
             }
         }
     }
+    let accounts = if n <= inline.len() { &inline[..n] } else { &spill[..] };
     if !accounts.is_empty() {
         // All account lines of the location count together or not at all.
-        match limiter.account_many_matched(&accounts) {
+        match limiter.account_many_matched(accounts) {
             Ok((d, Some(k))) if d.outcome == Outcome::Rejected => {
                 return rejected(d, accounts[k].0);
             }
             Ok((d, Some(k))) if d.outcome == Outcome::Passed => {
-                matched = Some(accounts[k].0.into());
+                matched = Some(accounts[k].0);
             }
             // Unlimited; or weights above the maximum, which runtime_weight and the directive
             // parser already clamp: never worth failing a request over.
@@ -251,19 +304,24 @@ fn decide(r: &Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict {
         }
     }
     let status = if matched.is_some() { YarlStatus::Passed } else { YarlStatus::Unlimited };
-    Verdict { status, chain: matched.clone(), quota: matched, fill: 0.0, retry_after: None }
+    Verdict {
+        status,
+        chain: matched,
+        quota: matched.map(Cow::Borrowed),
+        fill: 0.0,
+        retry_after: None,
+    }
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for `chain` (yarl_headers on): every level on a
+/// `RateLimit-Policy` and `RateLimit` for `chain` (yarl_headers on): every level on a
 /// pass, the levels up to the rejecting quota on a rejection, whose `t` is `Retry-After`.
-fn add_ratelimit_fields(
-    r: &mut Request,
+fn ratelimit_fields(
     limiter: &Limiter,
     chain: &str,
     status: YarlStatus,
     rejecting: Option<&str>,
     retry_after: Option<u32>,
-) {
+) -> Option<(String, String)> {
     let mut levels = limiter.levels(chain);
     let mut rejected = None;
     if status == YarlStatus::Rejected || status == YarlStatus::RejectedDryRun {
@@ -272,12 +330,7 @@ fn add_ratelimit_fields(
             rejected = Some((k, retry_after.unwrap_or(1)));
         }
     }
-    let Some((policy, state)) = yarl_core::ratelimit::fields(&levels, rejected) else { return };
-    if r.add_header_out("RateLimit-Policy", &policy).is_none()
-        || r.add_header_out("RateLimit", &state).is_none()
-    {
-        ngx_log_error!(NGX_LOG_ERR, r.log(), "yarl: cannot add the RateLimit header fields");
-    }
+    yarl_core::ratelimit::fields(&levels, rejected)
 }
 
 /// The LOG-phase handler: `yarl_charge` adds each line's weight to its quota's chain once
@@ -411,7 +464,7 @@ pub(crate) unsafe extern "C" fn variable_get(
     let ok = catch_unwind(AssertUnwindSafe(|| {
         let value: Option<&[u8]> = match (find_ctx(r), data) {
             (Some(c), VAR_STATUS) => Some(c.status.as_str().as_bytes()),
-            (Some(c), VAR_QUOTA) => c.quota.as_deref().map(str::as_bytes),
+            (Some(c), VAR_QUOTA) => c.quota.as_ref().map(QuotaName::as_bytes),
             _ => None,
         };
         // SAFETY: `v` is nginx's; the bytes are 'static or owned by the Ctx, which lives in
