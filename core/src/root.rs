@@ -1569,7 +1569,6 @@ impl RootState {
     fn hold(&mut self, id: QuotaId, amount: u64, rejected: u64, epoch: Option<Epoch>, now: u64) {
         if now.saturating_sub(self.held_swept) >= HOLD_NS / 4 {
             self.held_swept = now;
-            let before = self.held.len();
             let mut expired = 0;
             self.held.retain(|_, h| {
                 let keep = now.saturating_sub(h.since) <= HOLD_NS;
@@ -1578,7 +1577,6 @@ impl RootState {
                 }
                 keep
             });
-            debug_assert!(self.held.len() <= before);
             self.stats.deltas_unknown += expired;
         }
         let full = self.held.len() >= self.config.max_held;
