@@ -289,6 +289,8 @@ pub struct SyncEngine {
     /// Early rounds in hand and when the budget was last refilled (ns, 0 before the first
     /// poll).
     early_budget: (u64, u64),
+    /// Called between chunks of a round's long loops ([`Self::set_pacer`]).
+    pacer: fn(),
 }
 
 impl Drop for SyncEngine {
@@ -388,12 +390,24 @@ impl SyncEngine {
             last_began: None,
             early_next: false,
             early_budget: (EARLY_BUDGET, 0),
+            pacer: crate::limiter::no_pace,
         })
     }
 
     /// The limiter this engine drives.
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
+    }
+
+    /// Sets what the engine calls between chunks of the long loops of a round (about 128
+    /// counters each: tens of microseconds): the embedder's place to give the CPU away. The
+    /// engine's work is pure computation on the block; a round with 100,000s of changed
+    /// counters takes tens of milliseconds, and a thread that shares its CPU with the
+    /// requests it limits (the nginx module's agent, on its worker's CPU) holds that CPU
+    /// until the scheduler's next tick unless it yields (`yarl-agent` does, see its
+    /// `pace`). Default: nothing.
+    pub fn set_pacer(&mut self, pacer: fn()) {
+        self.pacer = pacer;
     }
 
     /// The configuration.
@@ -451,7 +465,7 @@ impl SyncEngine {
                     b => now.saturating_sub(b).max(1),
                 } as f64
                     * 1e-9;
-                self.limiter.with_counters(|c| {
+                self.limiter.with_counters_paced(self.pacer, |c| {
                     for chunk in dirty.chunks(WARM_CHUNK) {
                         c.warm(chunk.iter().copied());
                         for &s in chunk {
@@ -625,7 +639,7 @@ impl SyncEngine {
         let root_epoch = resp.root_epoch;
         let limiter = &self.limiter;
         let shard = link.shard;
-        self.limiter.with_counters(|c| {
+        self.limiter.with_counters_paced(self.pacer, |c| {
             let mut slots = Vec::with_capacity(WARM_CHUNK);
             for chunk in resp.counters.chunks(WARM_CHUNK) {
                 // Each id's slot first, all at once (see `CounterAccess::warm`).
@@ -697,7 +711,7 @@ impl SyncEngine {
         let shards = self.shards;
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
-        self.limiter.with_counters(|c| {
+        self.limiter.with_counters_paced(self.pacer, |c| {
             // Fold this round's batch into the local view.
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
                 if k % WARM_CHUNK == 0 {

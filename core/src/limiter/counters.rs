@@ -16,8 +16,18 @@ use std::sync::atomic::Ordering::*;
 impl Limiter {
     /// Runs `f` with access to counters by quota id, under the writer lock.
     pub(crate) fn with_counters<R>(&self, f: impl FnOnce(&CounterAccess<'_>) -> R) -> R {
+        self.with_counters_paced(no_pace, f)
+    }
+
+    /// [`with_counters`](Self::with_counters), calling `pace` once per chunk of a long loop
+    /// (each [`CounterAccess::warm`]).
+    pub(crate) fn with_counters_paced<R>(
+        &self,
+        pace: fn(),
+        f: impl FnOnce(&CounterAccess<'_>) -> R,
+    ) -> R {
         let w = self.writer();
-        f(&CounterAccess { limiter: self, writer: &w })
+        f(&CounterAccess { limiter: self, writer: &w, pace })
     }
 
     /// Slots with counts since the last call (their dirty bits cleared), in slot order.
@@ -140,6 +150,7 @@ impl Limiter {
 pub(crate) struct CounterAccess<'a> {
     limiter: &'a Limiter,
     writer: &'a Writer,
+    pace: fn(),
 }
 
 impl CounterAccess<'_> {
@@ -151,13 +162,16 @@ impl CounterAccess<'_> {
         self.limiter.live_slot(s)
     }
 
-    /// Loads both cache lines of each of these slots ahead of the work on them. That work
+    /// Called once per chunk of a long loop: gives the pacer its turn (see
+    /// [`SyncEngine::set_pacer`](crate::SyncEngine::set_pacer)), then loads both cache
+    /// lines of each of these slots ahead of the work on them. That work
     /// takes and adds with atomic read-modify-writes, and on x86 each of those waits for
     /// every load before it, so a round's misses on a million-slot zone came one at a time
     /// (random keys: tens of thousands a round, most of the agent's time). Plain loads in a
     /// loop of their own overlap. Call it on a few hundred slots at a time: they must
     /// still be in the cache when the work reaches them.
     pub fn warm(&self, slots: impl Iterator<Item = u32>) {
+        (self.pace)();
         let mut t = 0u64;
         for s in slots {
             if let Some(x) = self.limiter.slot(s) {
@@ -281,3 +295,6 @@ impl CounterAccess<'_> {
         self.synced(s, now) > 0 || self.local(s) > 0 || self.inflight(s) > 0
     }
 }
+
+/// The pacer of callers that have none.
+pub(crate) fn no_pace() {}

@@ -42,6 +42,7 @@ mod decide;
 mod inspect;
 mod writer;
 
+pub(crate) use counters::no_pace;
 pub use inspect::{AgentLease, ZoneStatus};
 
 use crate::clock::{Clock, MonotonicClock};
