@@ -193,7 +193,9 @@ fn bench(c: &mut Criterion) {
                     quotas: Vec::new(),
                     epoch: limiter.epoch(),
                     more: false,
-                    root_epoch: None,
+                    // As yarl-root answers: with the epoch it holds, which makes the agent
+                    // compare it with each counter's quota version.
+                    root_epoch: Some(limiter.epoch()),
                     shard: None,
                 }
             },

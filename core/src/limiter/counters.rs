@@ -182,6 +182,16 @@ impl CounterAccess<'_> {
         std::hint::black_box(t);
     }
 
+    /// Loads the quota versions of these slots (a region of its own, see `warm`) ahead of
+    /// a loop that compares them.
+    pub fn warm_versions(&self, slots: impl Iterator<Item = u32>) {
+        let mut t = 0u64;
+        for s in slots {
+            t ^= self.limiter.cold(s).0.load(Relaxed);
+        }
+        std::hint::black_box(t);
+    }
+
     pub fn id_of(&self, s: u32) -> Option<QuotaId> {
         self.slot(s).map(|x| x.get(ID))
     }

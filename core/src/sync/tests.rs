@@ -673,3 +673,35 @@ fn a_round_calls_the_pacer_between_chunks_of_its_loops() {
     assert!(calls >= 4 * 10, "{calls} calls to the pacer");
     assert_eq!(a.limiter.quota("q1").unwrap().fill, 1.0, "the round did its work");
 }
+
+#[test]
+fn an_answer_for_a_quota_deleted_in_flight_stays_off_the_quota_that_took_its_slot() {
+    let clock = ManualClock::at(S);
+    let a = quota(1, "a", 10.0, 100.0, 100.0);
+    let mut root = root_with(std::slice::from_ref(&a));
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    for _ in 0..3 {
+        n.limiter.account("a", 1).unwrap();
+    }
+    let calls = n.engine.begin_round(clock.now_nanos());
+    // While the batch is out, "a" is deleted here and, once its slot has rested, a new
+    // quota "c" takes it; the root knows "c" (so its epoch does not mask the answer) and
+    // still reports "a".
+    let deleted = QuotaUpdate { deleted: true, epoch: 2, ..a.clone() };
+    n.limiter.apply_quotas(&[deleted]);
+    clock.advance(Duration::from_secs(3)); // past the slot quarantine (2 s)
+    let c = quota(3, "c", 10.0, 100.0, 100.0);
+    n.limiter.apply_quotas(std::slice::from_ref(&c));
+    root.apply_quotas([c], 0);
+    assert_eq!(n.limiter.quota("c").unwrap().fill, 0.0);
+    let now = clock.now_nanos();
+    let body = serde_json::to_vec(&calls[0].request).unwrap();
+    let resp = root.sync(&serde_json::from_slice(&body).unwrap(), now).unwrap();
+    assert!(resp.counters.iter().any(|&(id, fill, _)| id == 1 && fill > 0));
+    let resp = serde_json::from_slice(&serde_json::to_vec(&resp).unwrap()).unwrap();
+    n.engine.on_response(0, Ok(resp), Duration::from_millis(1), now);
+    n.engine.end_round(now);
+    assert_eq!(n.limiter.quota("c").unwrap().fill, 0.0, "a's fill landed on c");
+    assert!(n.limiter.quota("a").is_none());
+}
