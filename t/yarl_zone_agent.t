@@ -19,6 +19,7 @@ $t->write_file('index.html', "hello\n");
 $t->write_file_expand('nginx.conf', <<'EOF2');
 %%TEST_GLOBALS%%
 worker_processes 4;
+worker_cpu_affinity auto;
 events { }
 http {
     %%TEST_GLOBALS_HTTP%%
@@ -60,6 +61,22 @@ my $nice = sub { (split ' ', ($first_line->($_[0]) =~ /\) (.*)/)[0] // '')[16] }
 my $want = $nice->("/proc/$host/stat") + 10;
 is($nice->("/proc/$host/task/$tid/stat"), $want > 19 ? 19 : $want,
 	'the sync thread runs 10 nicer than its worker');
+
+# Workers pinned by worker_cpu_affinity: the agent runs on any of nginx's CPUs, not on the
+# one core whose requests it would delay.
+my $cpus = sub {
+	open(my $fh, '<', $_[0]) or return '';
+	my ($l) = grep { /^Cpus_allowed_list:/ } <$fh>;
+	return ($l // '') =~ /:\s*(\S+)/ ? $1 : '';
+};
+my $master_cpus = $cpus->('/proc/' . $t->master_pid() . '/status');
+my $worker_cpus = $cpus->("/proc/$host/status");
+SKIP: {
+	skip 'one CPU: workers cannot be pinned to fewer', 2 if $master_cpus eq $worker_cpus;
+	like($worker_cpus, qr/^\d+$/, "the agent's worker is pinned to CPU $worker_cpus");
+	is($cpus->("/proc/$host/task/$tid/status"), $master_cpus,
+		"the sync thread may run on the master's CPUs ($master_cpus)");
+}
 
 # Sync requests the root receives from this nginx per interval.
 my $syncs = sub { $t->root_metrics()->{'yarl_root_sync_requests_total{result="ok"}'} // 0 };

@@ -18,7 +18,8 @@ use crate::report::RequestCounters;
 use core::ptr::addr_of_mut;
 use ngx::ffi::{
     ngx_add_timer, ngx_cycle_t, ngx_del_timer, ngx_event_t, ngx_exiting, ngx_log_t, ngx_msec_t,
-    ngx_quit, ngx_terminate, ngx_worker, NGX_LOG_ALERT, NGX_LOG_NOTICE,
+    ngx_process, ngx_quit, ngx_terminate, ngx_worker, NGX_LOG_ALERT, NGX_LOG_NOTICE,
+    NGX_PROCESS_WORKER,
 };
 use ngx::ngx_log_error;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -66,6 +67,8 @@ pub struct Worker {
     generation: u64,
     /// This worker's lane of the zone's request counters.
     lane: usize,
+    /// Where the agent thread may run when this worker is pinned ([`agent_cpus`]).
+    agent_cpus: Option<libc::cpu_set_t>,
 }
 
 static WORKER: OnceLock<Worker> = OnceLock::new();
@@ -201,6 +204,8 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         generation,
         // SAFETY: ngx_worker is set by the master before forking and read-only here.
         lane: unsafe { ngx_worker } % yarl_core::zone::AUX_LANES,
+        // SAFETY: ngx_process is set by the master before forking and read-only here.
+        agent_cpus: agent_cpus(unsafe { ngx_process } as u32 == NGX_PROCESS_WORKER),
     };
     let _ = WORKER.set(w);
     // SAFETY: the cycle and its log live as long as this worker.
@@ -233,6 +238,32 @@ struct LeaseKeeper {
     limiter: Arc<Limiter>,
     pid: u32,
     generation: u64,
+    cpus: Option<libc::cpu_set_t>,
+}
+
+/// The master's CPUs, when `worker_cpu_affinity` pinned this worker to fewer: the agent
+/// thread then runs wherever nginx may run, like nginx's cache manager, rather than on the
+/// one core whose requests it would delay (a round is tens of thousands of counters; on the
+/// pinned core it was 1 % of the worker's CPU under random-key load, and the requests behind
+/// it waited). `None` outside a worker (in single-process mode the parent is not nginx) or
+/// when the worker is not pinned.
+fn agent_cpus(in_worker: bool) -> Option<libc::cpu_set_t> {
+    if !in_worker {
+        return None;
+    }
+    let size = core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most `size` bytes into
+    // sets we own. getppid is a worker's master (a worker exits when its master dies).
+    unsafe {
+        let mut master: libc::cpu_set_t = core::mem::zeroed();
+        let mut own: libc::cpu_set_t = core::mem::zeroed();
+        if libc::sched_getaffinity(libc::getppid(), size, &mut master) != 0
+            || libc::sched_getaffinity(0, size, &mut own) != 0
+        {
+            return None;
+        }
+        (libc::CPU_COUNT(&master) > libc::CPU_COUNT(&own)).then_some(master)
+    }
 }
 
 /// How much nicer than the worker the agent thread runs: the requests it serves come first,
@@ -241,6 +272,11 @@ const AGENT_NICE: libc::c_int = 10;
 
 impl Supervisor for LeaseKeeper {
     fn started(&mut self) {
+        if let Some(set) = &self.cpus {
+            // SAFETY: pid 0 is the calling thread only; the set was filled by the kernel. A
+            // failure (a cpuset shrunk since) leaves the thread where it is.
+            unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), set) };
+        }
         // SAFETY: plain syscalls on this thread's own id; on Linux the nice value of a
         // thread id applies to that thread only. A failure leaves the priority as it is.
         unsafe {
@@ -355,7 +391,12 @@ fn start_agent(w: &Worker) -> Result<SyncThread, String> {
         HttpOptions { token: w.token.clone(), ca_file: w.ca.clone(), ..HttpOptions::default() };
     let transport: Arc<dyn Transport> =
         Arc::new(HttpTransport::new(&opts).map_err(|e| e.to_string())?);
-    let keeper = LeaseKeeper { limiter: w.limiter.clone(), pid: w.pid, generation: w.generation };
+    let keeper = LeaseKeeper {
+        limiter: w.limiter.clone(),
+        pid: w.pid,
+        generation: w.generation,
+        cpus: w.agent_cpus,
+    };
     with_signals_blocked(|| SyncThread::spawn_supervised(engine, transport, keeper))
         .map_err(|e| format!("cannot start the sync thread: {e}"))
 }
