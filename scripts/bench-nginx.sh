@@ -18,16 +18,18 @@
 # is the same everywhere. Rounds are interleaved (every variant once per round, the order
 # rotated), each BENCH_SECONDS long, for 1 worker (pinned to CPU 0, wrk on CPU 1) and 2
 # workers. The table shows medians over BENCH_ROUNDS rounds of each variant's req/s and p99,
-# and the median of its per-round ratios to plain (the same round, under a minute apart):
-# on a shared VM whole rounds run 10 % fast or slow, which the per-round ratio cancels and a
-# ratio of two medians taken from different rounds does not. The targets
-# use the per-round ratios.
+# and the median of its per-round ratios to plain (the same round, seconds apart): on a
+# shared VM the host's speed drifts by 10-25 % over tens of seconds (plain nginx alone gave
+# 59,000 and 76,000 req/s in consecutive 8 s runs), which a per-round ratio cancels only when
+# the round is short, and a ratio of two medians taken from different rounds does not. So
+# many short rounds (20 of 2 s) rather than a few long ones (5 of 8 s, the same time, whose
+# medians moved by 0.05-0.10 from run to run). The targets use the per-round ratios.
 #
 # Memory: a second nginx with only yarl (same zone, 1M quotas, account traffic through
 # every worker) against the same nginx with the module loaded and unused: the difference of
 # the summed PSS of all its processes (master and workers: shared zone pages count once).
 #
-# Env: NGINX_BIN, MODULE_SO, ROOT_BIN (release builds), BENCH_SECONDS (8), BENCH_ROUNDS (5),
+# Env: NGINX_BIN, MODULE_SO, ROOT_BIN (release builds), BENCH_SECONDS (2), BENCH_ROUNDS (20),
 # BENCH_WORKERS ("1 2"), BENCH_QUOTAS_LEAVES (989001), BENCH_SHMEM_THP: when set (e.g.
 # `advise`), /sys/kernel/mm/transparent_hugepage/shmem_enabled for the run, restored after
 # (needs root). The module asks for huge pages on its zone, which Linux only grants for
@@ -36,8 +38,8 @@ set -euo pipefail
 
 : "${NGINX_BIN:?}" "${MODULE_SO:?}" "${ROOT_BIN:?}"
 MODULE_SO=$(readlink -f "$MODULE_SO")
-SECONDS_PER=${BENCH_SECONDS:-8}
-ROUNDS=${BENCH_ROUNDS:-5}
+SECONDS_PER=${BENCH_SECONDS:-2}
+ROUNDS=${BENCH_ROUNDS:-20}
 WORKER_SET=${BENCH_WORKERS:-1 2}
 TENANTS=1000
 BUCKETS=10000
