@@ -20,11 +20,11 @@
 //! | dirty bitmap | 1 bit per slot | slots with counts not yet taken by a sync round |
 //! | cold | 2 per slot | epoch; parent name while the parent is unknown (or, when free, the next free slot) |
 //! | slots | 16 per slot, 128-byte aligned | one quota and its counter ([`slot`]) |
-//! | index | (shards + 2) × shard capacity | open-addressing name index ([`index`]) |
+//! | index | (shards + 4) × shard capacity / 2 | open-addressing name index, 32-bit entries ([`index`]) |
 //! | arena | ~2 per slot | name tails beyond 23 bytes, unresolved parent names ([`arena`]) |
 //!
-//! At about 172 bytes per quota (names up to 23 bytes; 8 bytes more per further 8), a 32 MiB
-//! zone holds about 190,000 quotas and 1,000,000 quotas need about 165 MiB.
+//! At about 166 bytes per quota (names up to 23 bytes; 8 bytes more per further 8), a 32 MiB
+//! zone holds about 200,000 quotas and 1,000,000 quotas need about 160 MiB.
 //!
 //! # Who writes what
 //!
@@ -50,7 +50,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this module. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -73,8 +73,9 @@ pub const AUX_COUNTERS: usize = 8;
 pub const AUX_LANES: usize = 64;
 /// Fewest quotas a block must hold to be usable.
 pub const MIN_QUOTAS: u32 = 64;
-/// Most quotas a block can hold (slot indices are 32-bit and `u32::MAX` is reserved).
-pub const MAX_QUOTAS: u32 = 1 << 31;
+/// Most quotas a block can hold: an index entry keeps slot + 1 in 24 bits, and all ones is
+/// the deleted mark (about 2.7 GiB of zone; a larger zone leaves the rest unused).
+pub const MAX_QUOTAS: u32 = (1 << 24) - 2;
 /// Entries of the ring of recent rejections (which quota, when): enough to rank the quotas
 /// that reject most right now without a per-quota time series.
 pub(crate) const RECENT_REJECTIONS: usize = 2048;
@@ -262,7 +263,8 @@ impl Layout {
         let shards = prev_pow2(slot_cap / 512).min(MAX_SHARDS as u32);
         let per = slot_cap.div_ceil(shards);
         // Load at most ~2/3 when shards are balanced, plus slack for the ones that are not.
-        let shard_cap = per + per / 2 + 8;
+        // Even: two entries to a word, so every area starts on a word.
+        let shard_cap = (per + per / 2 + 9) & !1;
         let arena_words =
             u32::try_from(u64::from(slot_cap) * ARENA_WORDS_PER_SLOT + 64).unwrap_or(u32::MAX);
         let mut at = HEADER_WORDS;
@@ -285,7 +287,7 @@ impl Layout {
         let slots = at;
         at += slot_cap as usize * SLOT_WORDS;
         let index = at;
-        at += (shards as usize + SPARE_AREAS) * shard_cap as usize;
+        at += (shards as usize + SPARE_AREAS) * shard_cap as usize / 2;
         let arena = at;
         at += arena_words as usize;
         Layout {
@@ -516,10 +518,10 @@ mod tests {
             assert!(got < n + n / 50 + 200, "{n}: {got}");
         }
         let per = bytes_for_quotas(1_000_000) as f64 / 1e6;
-        assert!(per < 176.0, "{per} bytes per quota");
+        assert!(per < 170.0, "{per} bytes per quota");
         assert_eq!(quotas_for_bytes(1000), None);
         let q = quotas_for_bytes(32 << 20).unwrap();
-        assert!((180_000..200_000).contains(&q), "32 MiB hold {q}");
+        assert!((195_000..210_000).contains(&q), "32 MiB hold {q}");
     }
 
     #[test]
