@@ -62,6 +62,7 @@ my @bad = (
 	['yarl_roots 127.0.0.1:7700;', '', 'yarl_roots', '127.0.0.1:7700'],
 	['yarl_roots ftp://r:7700;', '', 'yarl_roots', 'ftp://r:7700'],
 	['yarl_zone 64k;', '', 'yarl_zone', '64k'],
+	['yarl_zone 8g;', '', 'yarl_zone', '8g'],
 	['yarl_sync_ca %%TESTDIR%%/missing.pem;', '', 'yarl_sync_ca', $t->testdir . '/missing.pem'],
 	['yarl_sync_ca %%TESTDIR%%/index.html;', '', 'yarl_sync_ca', $t->testdir . '/index.html'],
 	['yarl_roots http://r:99999;', '', 'yarl_roots', 'http://r:99999'],

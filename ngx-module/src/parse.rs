@@ -14,10 +14,29 @@ pub fn usable_zone_bytes(size: usize) -> usize {
     size.saturating_sub(8192) / (4096 + 32) * 4096
 }
 
+/// The largest useful `yarl_zone`: the first whole megabyte that holds
+/// [`yarl_core::zone::MAX_QUOTAS`] (about 2.6 GiB).
+pub fn max_zone_size() -> usize {
+    let need = yarl_core::zone::bytes_for_quotas(yarl_core::zone::MAX_QUOTAS);
+    let mut size = (need / 4096 * (4096 + 32) + 8192).next_multiple_of(1 << 20);
+    while usable_zone_bytes(size) < need {
+        size += 1 << 20;
+    }
+    size
+}
+
 /// Checks a `yarl_zone` size; `Ok` with the number of quotas it holds (names up to 23
-/// bytes).
+/// bytes). Refuses a size past [`max_zone_size`]: the rest would be reserved and never used.
 pub fn check_zone_size(size: usize) -> Result<u32, String> {
     let min = 256 << 10;
+    let max = max_zone_size();
+    if size > max {
+        return Err(format!(
+            "the zone holds at most {} quotas, which {}m is enough for",
+            yarl_core::zone::MAX_QUOTAS,
+            max >> 20
+        ));
+    }
     match yarl_core::zone::quotas_for_bytes(usable_zone_bytes(size)) {
         Some(q) if size >= min => Ok(q),
         _ => Err(format!("the zone must be at least 256k (about {} quotas)", {

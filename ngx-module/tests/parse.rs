@@ -106,9 +106,15 @@ fn zone_sizes() {
     let small = check_zone_size(256 << 10).unwrap();
     assert!(small >= 64, "{small}");
     let default = check_zone_size(DEFAULT_ZONE_SIZE).unwrap();
-    assert!((170_000..200_000).contains(&default), "32m holds {default}");
+    assert!((180_000..210_000).contains(&default), "32m holds {default}");
     let big = check_zone_size(200 << 20).unwrap();
     assert!(big > 1_000_000, "200m holds {big}");
+    let max = max_zone_size();
+    assert_eq!(check_zone_size(max), Ok(yarl_core::zone::MAX_QUOTAS), "{max}");
+    assert!(check_zone_size(max - (1 << 20)).unwrap() < yarl_core::zone::MAX_QUOTAS);
+    let err = check_zone_size(max + 1).unwrap_err();
+    assert!(err.contains("at most 16777214 quotas"), "{err}");
+    assert!(check_zone_size(8 << 30).is_err());
 }
 
 #[test]
