@@ -24,6 +24,9 @@
 # the round is short, and a ratio of two medians taken from different rounds does not. So
 # many short rounds (20 of 2 s) rather than a few long ones (5 of 8 s, the same time, whose
 # medians moved by 0.05-0.10 from run to run). The targets use the per-round ratios.
+# The last columns are the CPU time of nginx's workers (every thread, the sync agent's
+# included) per request, against plain's in the same round: what a request costs the host,
+# whatever wrk or the root (sharing the second CPU here) did to the request rate.
 #
 # Memory: a second nginx with only yarl (same zone, 1M quotas, account traffic through
 # every worker) against the same nginx with the module loaded and unused: the difference of
@@ -192,6 +195,18 @@ declare -A LABEL=([plain]="plain nginx (static file)" [lr1]="limit_req, one key"
     [lr1m]="limit_req, a key per request across 1M keys" [check1]="yarl_check, one quota"
     [check1m]="yarl_check, random quota across 1M" [account1m]="yarl_account, random quota across 1M")
 
+# CPU time (ns) of the nginx's workers, every thread (the sync agent's too), so far.
+workers_cpu_ns() {
+    local master total=0
+    master=$(cat "$1/nginx.pid")
+    for p in $(pgrep -P "$master"); do
+        for t in /proc/"$p"/task/*/schedstat; do
+            total=$((total + $(cut -d' ' -f1 "$t" 2>/dev/null || echo 0)))
+        done
+    done
+    echo "$total"
+}
+
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 to_ms() {
@@ -199,7 +214,7 @@ to_ms() {
     awk '{v = $1; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /s$/) {sub(/s$/, "", v); v *= 1000} print v}'
 }
 
-declare -A RPS P99
+declare -A RPS P99 CPR
 for workers in $WORKER_SET; do
     d="$DIR/w$workers"
     port=$(free_port)
@@ -236,7 +251,12 @@ for workers in $WORKER_SET; do
     for round in $(seq 1 "$ROUNDS"); do
         order=$(echo $VARIANTS | tr ' ' '\n' | awk -v r="$round" '{a[NR] = $0} END {for (i = 0; i < NR; i++) print a[(i + r - 1) % NR + 1]}')
         for v in $order; do
+            cpu0=$(workers_cpu_ns "$d")
             out=$(BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:$port")
+            cpu1=$(workers_cpu_ns "$d")
+            reqs=$(echo "$out" | awk '/ requests in / {print $1}')
+            CPR[$v]=$(echo "($cpu1 - $cpu0) / ${reqs:-1}" | bc -l)
+            echo "${CPR[$v]}" >>"$d/$v.cpr"
             rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
             p99=$(echo "$out" | awk '$1 == "99%" {print $2}' | to_ms)
             non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
@@ -250,6 +270,7 @@ for workers in $WORKER_SET; do
         for v in $VARIANTS; do
             echo "${RPS[$v]} / ${RPS[plain]}" | bc -l >>"$d/$v.rratio"
             echo "${P99[$v]} / ${P99[plain]}" | bc -l >>"$d/$v.pratio"
+            echo "${CPR[$v]} / ${CPR[plain]}" | bc -l >>"$d/$v.cratio"
         done
         echo "${RPS[check1m]} / ${RPS[lr1m]}" | bc -l >>"$d/check_vs_lr.rratio"
     done
@@ -288,16 +309,17 @@ for workers in $WORKER_SET; do
     echo
     echo "### $workers worker(s)"
     echo
-    echo "| variant | req/s | vs plain (ratio of medians) | vs plain (median per round) | p99 ms | p99 vs plain (median per round) |"
-    echo "|---|---|---|---|---|---|"
+    echo "| variant | req/s | vs plain (ratio of medians) | vs plain (median per round) | p99 ms | p99 vs plain (median per round) | nginx CPU µs/req | CPU/req vs plain (median per round) |"
+    echo "|---|---|---|---|---|---|---|---|"
     plain_rps=$(median <"$d/plain.rps")
     for v in $VARIANTS; do
         rps=$(median <"$d/$v.rps")
         p99=$(median <"$d/$v.p99")
         rr=$(median <"$d/$v.rratio")
         pr=$(median <"$d/$v.pratio")
-        printf '| %s | %.0f | %.3f | %.3f | %.3f | %.2f |\n' "${LABEL[$v]}" "$rps" \
-            "$(echo "$rps / $plain_rps" | bc -l)" "$rr" "$p99" "$pr"
+        printf '| %s | %.0f | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f |\n' "${LABEL[$v]}" "$rps" \
+            "$(echo "$rps / $plain_rps" | bc -l)" "$rr" "$p99" "$pr" \
+            "$(median <"$d/$v.cpr" | awk '{print $1 / 1000}')" "$(median <"$d/$v.cratio")"
         eval "R_${workers}_$v=$rr"
         eval "P_${workers}_$v=$pr"
     done
