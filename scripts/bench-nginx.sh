@@ -24,7 +24,9 @@
 # the round is short, and a ratio of two medians taken from different rounds does not. So
 # many short rounds (20 of 2 s) rather than a few long ones (5 of 8 s, the same time, whose
 # medians moved by 0.05-0.10 from run to run). The targets use the per-round ratios.
-# The last columns are the CPU time of nginx's workers (every thread, the sync agent's
+# Each per-round median comes with its distribution-free 95 % interval: on this VM one 2 s
+# round's ratio moves by ±10-15 %, so a median of 20 is known to about ±0.03, and a target
+# inside the interval is reported as not resolved by the run. The last columns are the CPU time of nginx's workers (every thread, the sync agent's
 # included) per request, against plain's in the same round: what a request costs the host,
 # whatever wrk or the root (sharing the second CPU here) did to the request rate.
 #
@@ -209,6 +211,12 @@ workers_cpu_ns() {
 
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
+# The distribution-free 95 % interval of the median of the numbers on stdin: the order
+# statistics n/2 -/+ 0.98 sqrt(n) (binomial), "lo hi". With 20 rounds, the 5th and 16th.
+median_ci() {
+    sort -g | awk '{a[NR] = $1} END {k = int(NR / 2 - 0.98 * sqrt(NR)); if (k < 1) k = 1; print a[k], a[NR - k + 1]}'
+}
+
 to_ms() {
     # wrk prints 123.45us, 1.23ms, 1.02s
     awk '{v = $1; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /s$/) {sub(/s$/, "", v); v *= 1000} print v}'
@@ -309,21 +317,23 @@ for workers in $WORKER_SET; do
     echo
     echo "### $workers worker(s)"
     echo
-    echo "| variant | req/s | vs plain (ratio of medians) | vs plain (median per round) | p99 ms | p99 vs plain (median per round) | nginx CPU µs/req | CPU/req vs plain (median per round) |"
-    echo "|---|---|---|---|---|---|---|---|"
+    echo "| variant | req/s | vs plain (ratio of medians) | vs plain (median per round) | its 95 % interval | p99 ms | p99 vs plain (median per round) | nginx CPU µs/req | CPU/req vs plain (median per round) |"
+    echo "|---|---|---|---|---|---|---|---|---|"
     plain_rps=$(median <"$d/plain.rps")
     for v in $VARIANTS; do
         rps=$(median <"$d/$v.rps")
         p99=$(median <"$d/$v.p99")
         rr=$(median <"$d/$v.rratio")
         pr=$(median <"$d/$v.pratio")
-        printf '| %s | %.0f | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f |\n' "${LABEL[$v]}" "$rps" \
-            "$(echo "$rps / $plain_rps" | bc -l)" "$rr" "$p99" "$pr" \
+        read -r lo hi < <(median_ci <"$d/$v.rratio")
+        printf '| %s | %.0f | %.3f | %.3f | %.3f–%.3f | %.3f | %.2f | %.2f | %.3f |\n' "${LABEL[$v]}" "$rps" \
+            "$(echo "$rps / $plain_rps" | bc -l)" "$rr" "$lo" "$hi" "$p99" "$pr" \
             "$(median <"$d/$v.cpr" | awk '{print $1 / 1000}')" "$(median <"$d/$v.cratio")"
-        eval "R_${workers}_$v=$rr"
-        eval "P_${workers}_$v=$pr"
+        eval "R_${workers}_$v=\"$rr $lo $hi\""
+        read -r lo hi < <(median_ci <"$d/$v.pratio")
+        eval "P_${workers}_$v=\"$pr $lo $hi\""
     done
-    eval "C_${workers}=$(median <"$d/check_vs_lr.rratio")"
+    eval "C_${workers}=\"$(median <"$d/check_vs_lr.rratio") $(median_ci <"$d/check_vs_lr.rratio")\""
 done
 echo
 echo "### Limiter memory (sum of PSS of master and workers, yarl minus the same nginx without it)"
@@ -340,10 +350,20 @@ for workers in $WORKER_SET; do
 done
 echo
 echo "### Targets (1 worker)"
-check() { # name value op target
-    local ok
-    ok=$(echo "$2 $3 $4" | bc -l)
-    printf -- '- %s: %.3f (target %s %s) %s\n' "$1" "$2" "$3" "$4" "$([ "$ok" = 1 ] && echo met || echo MISSED)"
+check() { # name "value [lo hi]" op target
+    local v lo hi ok verdict
+    read -r v lo hi <<<"$2"
+    ok=$(echo "$v $3 $4" | bc -l)
+    verdict=$([ "$ok" = 1 ] && echo met || echo MISSED)
+    if [ -n "$hi" ]; then
+        # A target inside the median's 95 % interval: this run cannot tell which side it is on.
+        if [ "$(echo "$lo <= $4 && $4 <= $hi" | bc -l)" = 1 ]; then
+            verdict="$verdict (95 % interval $(printf '%.3f–%.3f' "$lo" "$hi") holds the target: not resolved by this run)"
+        else
+            verdict="$verdict (95 % interval $(printf '%.3f–%.3f' "$lo" "$hi"))"
+        fi
+    fi
+    printf -- '- %s: %.3f (target %s %s) %s\n' "$1" "$v" "$3" "$4" "$verdict"
 }
 if [[ " $WORKER_SET " == *" 1 "* ]]; then
     check "yarl_check one quota vs plain" "$R_1_check1" ">=" 0.97
