@@ -3,7 +3,8 @@
 # Exactly one sync agent per nginx: one sync thread among all workers (none in the master),
 # one sync request per root per interval whatever worker_processes is; kill -9 of the
 # agent's worker moves the role to another worker within two intervals, and the same
-# limiter session goes on with nothing lost.
+# limiter session goes on with nothing lost; reloaded down to one worker, still one request
+# per interval from the same limiter.
 
 use warnings;
 use strict;
@@ -16,7 +17,7 @@ use Time::HiRes qw(time sleep);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
+my $conf = <<'EOF2';
 %%TEST_GLOBALS%%
 worker_processes 4;
 worker_cpu_affinity auto;
@@ -37,6 +38,7 @@ http {
     }
 }
 EOF2
+$t->write_file_expand('nginx.conf', $conf);
 $t->run_root('A');
 $t->run();
 $t->put_quota('q', 0.001, 1e6, 1e6);
@@ -80,13 +82,18 @@ SKIP: {
 
 # Sync requests the root receives from this nginx per interval.
 my $syncs = sub { $t->root_metrics()->{'yarl_root_sync_requests_total{result="ok"}'} // 0 };
-my ($s0, $t0) = ($syncs->(), time());
-sleep 3;
-my ($s1, $t1) = ($syncs->(), time());
-my $per_interval = ($s1 - $s0) / (($t1 - $t0) / 0.2);
-diag(sprintf('%d sync requests in %.2f s: %.2f per 200 ms interval', $s1 - $s0, $t1 - $t0, $per_interval));
-cmp_ok($per_interval, '<=', 1.25, 'one sync request per interval for 4 workers');
-cmp_ok($per_interval, '>=', 0.8, 'and no fewer');
+my $syncs_per_interval = sub {
+	my ($workers) = @_;
+	my ($s0, $t0) = ($syncs->(), time());
+	sleep 3;
+	my ($s1, $t1) = ($syncs->(), time());
+	my $per_interval = ($s1 - $s0) / (($t1 - $t0) / 0.2);
+	diag(sprintf('%d worker(s): %d sync requests in %.2f s: %.2f per 200 ms interval',
+		$workers, $s1 - $s0, $t1 - $t0, $per_interval));
+	cmp_ok($per_interval, '<=', 1.25, "one sync request per interval for $workers worker(s)");
+	cmp_ok($per_interval, '>=', 0.8, 'and no fewer');
+};
+$syncs_per_interval->(4);
 
 is(status_of(http_get($t->port(8080), '/index.html')), 200, "request $_") for 1 .. 20;
 my $st = $t->stats($t->port(8080));
@@ -124,6 +131,20 @@ ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 4 }, 5), 'the master respaw
 $threads = 0;
 $threads += $_ for values %$per;
 is($threads, 1, 'still one sync thread');
+
+# The same nginx with one worker (a reload): still one request per interval, from the same
+# limiter.
+(my $one = $conf) =~ s/worker_processes 4;/worker_processes 1;/;
+$t->write_file_expand('nginx.conf', $one);
+ok($t->reload(), 'reloaded with one worker');
+ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 1 }, 10), 'one worker left');
+my ($only) = $t->worker_pids;
+ok($t->wait_for(sub {
+	my $s = $t->stats($t->port(8080)) or return 0;
+	return ($s->{agent}{pid} // 0) == $only && $s->{agent}{lease_age_ms} < 200;
+}, 5), 'the one worker is the agent');
+$syncs_per_interval->(1);
+is($t->root_metrics()->{yarl_root_limiters}, 1, 'still one limiter at the root');
 
 $t->finish();
 unlike($t->read_file('error.log'), qr/\[alert\].*yarl/, 'no yarl alert');
