@@ -26,9 +26,10 @@
 # medians moved by 0.05-0.10 from run to run). The targets use the per-round ratios.
 # Each per-round median comes with its distribution-free 95 % interval: on this VM one 2 s
 # round's ratio moves by ±10-15 %, so a median of 20 is known to about ±0.03, and a target
-# inside the interval is reported as not resolved by the run. The last columns are the CPU time of nginx's workers (every thread, the sync agent's
-# included) per request, against plain's in the same round: what a request costs the host,
-# whatever wrk or the root (sharing the second CPU here) did to the request rate.
+# inside the interval is reported as not resolved by the run. The last columns are the CPU
+# time of nginx's workers (every thread, the sync agent's included) per request, against
+# plain's in the same round: what a request costs the host, whatever wrk or the root
+# (sharing the second CPU here) did to the request rate.
 #
 # Memory: a second nginx with only yarl (same zone, 1M quotas, account traffic through
 # every worker) against the same nginx with the module loaded and unused: the difference of
