@@ -1,9 +1,11 @@
 //! The root's work per sync, without HTTP: 300 limiters, each syncing once per (virtual)
 //! second with 1,000 changed counters drawn at random from 1,000,000 quotas — the load of
-//! issue 12's target, `make bench-root`'s 300-limiter point, on `RootState` alone.
+//! issue 12's target, `make bench-root`'s 300-limiter point, on `RootState` alone; and one
+//! limiter with 50,000 changed counters a second, what one nginx sends under
+//! `make bench-nginx`'s account load (a random quota of the million per request).
 //!
 //! Each measured iteration is one limiter's sync (its deltas applied, its answer built), the
-//! clock moving on by 1/300 s; the incremental sweep runs as `yarl-root` runs it (20,000
+//! clock moving on by 1/limiters s; the incremental sweep runs as `yarl-root` runs it (20,000
 //! counters every 0.1 s), so its cost is in the figure too. Before measuring, 12 virtual
 //! seconds of the same load fill the counters, the change log and (by interest) every
 //! limiter's interest, which holds 10 s of what it named.
@@ -16,8 +18,6 @@ use yarl_core::proto::{DeltaBatch, SyncRequest, PROTOCOL_VERSION};
 use yarl_core::{Limits, QuotaUpdate, RootConfig, RootState};
 
 const QUOTAS: u64 = 1_000_000;
-const LIMITERS: u64 = 300;
-const CHANGED: usize = 1_000;
 const SECOND: u64 = 1_000_000_000;
 
 struct Cluster {
@@ -28,10 +28,12 @@ struct Cluster {
     /// Per limiter: `(root_instance, since, next seq)`.
     links: Vec<(Option<u64>, u64, u64)>,
     interest: bool,
+    limiters: u64,
+    changed: usize,
 }
 
 impl Cluster {
-    fn new(interest: bool) -> Self {
+    fn new(interest: bool, limiters: u64, changed: usize) -> Self {
         let mut root = RootState::new(RootConfig::default());
         let limits = Limits::from_units(100.0, 150.0, 300.0).expect("valid limits");
         root.apply_quotas(
@@ -51,14 +53,16 @@ impl Cluster {
             rng: fastrand::Rng::with_seed(7),
             now: SECOND,
             turn: 0,
-            links: vec![(None, 0, 1); LIMITERS as usize],
+            links: vec![(None, 0, 1); limiters as usize],
             interest,
+            limiters,
+            changed,
         }
     }
 
     fn request(&mut self) -> SyncRequest {
-        let i = (self.turn % LIMITERS) as usize;
-        let mut ids: Vec<u64> = (0..CHANGED).map(|_| self.rng.u64(1..=QUOTAS)).collect();
+        let i = (self.turn % self.limiters) as usize;
+        let mut ids: Vec<u64> = (0..self.changed).map(|_| self.rng.u64(1..=QUOTAS)).collect();
         ids.sort_unstable();
         ids.dedup();
         let (instance, since, seq) = self.links[i];
@@ -83,14 +87,18 @@ impl Cluster {
 
     /// One sync, and the sweep's step when one is due; the counters answered.
     fn sync(&mut self, req: &SyncRequest) -> usize {
-        let i = (self.turn % LIMITERS) as usize;
+        let i = (self.turn % self.limiters) as usize;
         self.turn += 1;
-        self.now += SECOND / LIMITERS;
+        self.now += SECOND / self.limiters;
         let answer = self.root.sync_from(req, None, self.now).expect("a valid sync");
         self.links[i].0 = Some(answer.root_instance);
         self.links[i].1 = answer.version;
-        if self.turn % (LIMITERS / 10) == 0 {
-            self.root.sweep_step(self.now, 20_000);
+        // Every 0.1 s of the virtual clock.
+        let tenth = (self.limiters / 10).max(1);
+        if self.turn % tenth == 0 {
+            for _ in 0..(10 / self.limiters).max(1) {
+                self.root.sweep_step(self.now, 20_000);
+            }
         }
         answer.counters.len()
     }
@@ -99,20 +107,22 @@ impl Cluster {
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("root");
     g.sample_size(20);
-    for interest in [true, false] {
-        let name = if interest {
-            "sync/300 limiters x 1000 of 1M, by interest"
-        } else {
-            "sync/300 limiters x 1000 of 1M, every change"
-        };
+    for (interest, limiters, changed) in
+        [(true, 300, 1_000), (false, 300, 1_000), (false, 1, 50_000)]
+    {
+        let name = &format!(
+            "sync/{limiters} {} x {changed} of 1M, {}",
+            if limiters == 1 { "limiter" } else { "limiters" },
+            if interest { "by interest" } else { "every change" }
+        );
         // Built on first use, so that a filter (`cargo bench --bench root -- interest`)
         // skips the other variant's set-up.
         let mut cluster: Option<Cluster> = None;
         g.bench_function(name, |b| {
             let cl = cluster.get_or_insert_with(|| {
-                let mut cl = Cluster::new(interest);
+                let mut cl = Cluster::new(interest, limiters, changed);
                 let mut answered = 0;
-                for _ in 0..12 * LIMITERS {
+                for _ in 0..12 * limiters {
                     let req = cl.request();
                     answered = cl.sync(&req);
                 }

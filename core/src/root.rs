@@ -360,6 +360,12 @@ fn spent(c: &RootCounter, limit: u64, now: u64) -> bool {
     limit == 0 || (c.bucket.fill_at(now, limit) == 0 && !c.demand.is_recent(now))
 }
 
+/// Ids whose entries [`RootState::warm`] loads at once before they are worked on: enough
+/// misses in flight to keep the memory busy, few enough that the first are still in the cache
+/// when the work reaches them (a whole 50,000-delta sync warmed at once was not: its quota
+/// probes still missed, a quarter of a busy root's samples).
+const WARM_RUN: usize = 256;
+
 /// Entries per chunk of the change log.
 const LOG_CHUNK: usize = 4096;
 /// A place in the change log: chunk number above these bits, offset in the chunk below.
@@ -1061,6 +1067,7 @@ impl RootState {
     /// Brings the slots of these counters into the cache ahead of the work on them: the
     /// loads of this loop do not depend on one another, so the CPU has many misses in flight
     /// at once, where the work itself waits for each in turn.
+    /// Callers warm runs of at most [`WARM_RUN`] ids, each just before working on it.
     fn warm(&self, ids: impl Iterator<Item = QuotaId> + Clone) {
         let mut touched = 0u64;
         for id in ids.clone() {
@@ -1227,14 +1234,6 @@ impl RootState {
         let applied_before = s.acked;
 
         let stripe = self.stripe;
-        self.warm(
-            req.batches
-                .iter()
-                .filter(|b| b.seq > s.acked)
-                .flat_map(|b| &b.deltas)
-                .map(|d| d.0)
-                .filter(|&id| in_stripe(stripe, id)),
-        );
         let mut acked = s.acked;
         let mut batches: Vec<_> = req.batches.iter().collect();
         batches.sort_by_key(|b| b.seq);
@@ -1243,26 +1242,29 @@ impl RootState {
                 self.stats.duplicate_batches += 1;
                 continue;
             }
-            for &(id, amount, rejected) in &b.deltas {
-                if !in_stripe(stripe, id) {
-                    // Another stripe's, and counted there.
-                    continue;
-                }
-                // One lookup of the quota for both the reset check and the delta (a probe of
-                // a million-entry map each; the second was 1.5 % of a busy root's samples).
-                let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
-                if quota.is_none() && id > self.highest_id && self.holds(id) {
-                    self.hold(id, amount, rejected, b.epoch, now);
-                    continue;
-                }
-                if b.epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
-                    self.stats.dropped_before_reset += 1;
-                    continue;
-                }
-                let limits = quota.filter(|q| !q.2).map(|q| q.0);
-                let excess = self.add(id, limits, amount, rejected, now);
-                if excess > 0 {
-                    self.park(s, id, excess);
+            for run in b.deltas.chunks(WARM_RUN) {
+                self.warm(run.iter().map(|d| d.0).filter(|&id| in_stripe(stripe, id)));
+                for &(id, amount, rejected) in run {
+                    if !in_stripe(stripe, id) {
+                        // Another stripe's, and counted there.
+                        continue;
+                    }
+                    // One lookup of the quota for both the reset check and the delta (a probe of
+                    // a million-entry map each; the second was 1.5 % of a busy root's samples).
+                    let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
+                    if quota.is_none() && id > self.highest_id && self.holds(id) {
+                        self.hold(id, amount, rejected, b.epoch, now);
+                        continue;
+                    }
+                    if b.epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
+                        self.stats.dropped_before_reset += 1;
+                        continue;
+                    }
+                    let limits = quota.filter(|q| !q.2).map(|q| q.0);
+                    let excess = self.add(id, limits, amount, rejected, now);
+                    if excess > 0 {
+                        self.park(s, id, excess);
+                    }
                 }
             }
             acked = b.seq;
