@@ -1766,8 +1766,21 @@ impl RootState {
         }
         let take = max.max(1).min(self.sweep_queue.len());
         let batch = self.sweep_queue.split_off(self.sweep_queue.len() - take);
-        for id in batch {
-            if self.counters.get(&id).is_some_and(|c| spent(c, c.limit, now)) {
+        let mut dead = Vec::with_capacity(WARM_RUN);
+        for run in batch.chunks(WARM_RUN) {
+            dead.clear();
+            dead.extend(run.iter().filter_map(|&id| {
+                let c = self.counters.get(&id)?;
+                spent(c, c.limit, now).then_some((id, c.log_at, c.version))
+            }));
+            // Their change-log entries, in version order where the ids are in the map's:
+            // all at once first (see `warm`).
+            let mut touched = 0u64;
+            for &(_, at, v) in &dead {
+                touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
+            }
+            std::hint::black_box(touched);
+            for &(id, _, _) in &dead {
                 if let Some(c) = self.counters.remove(&id) {
                     self.kill_change(c.log_at, c.version);
                 }
