@@ -1067,6 +1067,7 @@ impl RootState {
     /// Brings the slots of these counters into the cache ahead of the work on them: the
     /// loads of this loop do not depend on one another, so the CPU has many misses in flight
     /// at once, where the work itself waits for each in turn.
+    ///
     /// Callers warm runs of at most [`WARM_RUN`] ids, each just before working on it.
     fn warm(&self, ids: impl Iterator<Item = QuotaId> + Clone) {
         let mut touched = 0u64;
@@ -1773,8 +1774,8 @@ impl RootState {
                 let c = self.counters.get(&id)?;
                 spent(c, c.limit, now).then_some((id, c.log_at, c.version))
             }));
-            // Their change-log entries, in version order where the ids are in the map's:
-            // all at once first (see `warm`).
+            // Their change-log entries: the log is in version order, these ids in the map's,
+            // so each is a random place; all loaded at once first (see `warm`).
             let mut touched = 0u64;
             for &(_, at, v) in &dead {
                 touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
