@@ -102,8 +102,11 @@ for my $n (0 .. 79) {
 my @t = map { $_->[1] =~ /t=(\d+)/ ? $1 : -1 } @seen;
 my @r = map { $_->[1] =~ /r=(\d+)/ ? $1 : -1 } @seen;
 diag("20 consecutive at 2x: " . join(' | ', map { "$_->[0] $_->[1]" . (defined $_->[2] ? " Retry-After $_->[2]" : '') } @seen));
-my $flips = grep { $t[$_] != $t[$_ - 1] } 1 .. $#t;
-cmp_ok($flips, '<=', 2, "t does not wobble between consecutive requests (@t)");
+# A pass may find the fill back at low_burst (r=1;t=0: true, and likelier when the client is
+# late under a loaded CI machine); what must not wobble is t while nothing remains.
+my @t0 = map { $t[$_] } grep { $r[$_] == 0 } 0 .. $#t;
+my $flips = grep { $t0[$_] != $t0[$_ - 1] } 1 .. $#t0;
+cmp_ok($flips, '<=', 2, "t does not wobble between consecutive requests with r=0 (@t0)");
 cmp_ok(scalar(grep { $_ > 1 } @r), '<=', 2, "r stays near 0 under overload (@r)");
 for my $s (@seen) {
 	next unless $s->[0] == 429;
