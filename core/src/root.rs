@@ -65,6 +65,7 @@ use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PRO
 use crate::quota::{Epoch, Limits, QuotaId, QuotaUpdate};
 use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
+use counters::Counters;
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -754,7 +755,7 @@ pub struct RootState {
     /// Quotas in `quotas` that are not tombstones.
     live: usize,
     epoch: Epoch,
-    counters: IdMap<RootCounter>,
+    counters: Counters,
     /// Latest version of each counter that changed → the counter as of that change.
     changes: ChangeLog,
     /// The version of the latest change, shared by the stripes of one root
@@ -779,8 +780,9 @@ pub struct RootState {
     held_swept: u64,
     /// Interest entries over all sessions.
     interest: usize,
-    /// Counters the current incremental sweep has still to look at.
-    sweep_queue: Vec<QuotaId>,
+    /// Places of the counter slab the current incremental sweep has still to look at (the
+    /// ones below this); 0 when no pass is under way.
+    sweep_left: usize,
     /// Per counter, the sessions (`sid`) that have it in their interest.
     watchers: IdMap<Watchers>,
     /// Per session (by `sid`), the counters of its interest that changed since its last
@@ -802,7 +804,7 @@ impl RootState {
             by_epoch: BTreeMap::new(),
             live: 0,
             epoch: 0,
-            counters: IdMap::default(),
+            counters: Counters::default(),
             changes: ChangeLog::default(),
             version: Arc::new(AtomicU64::new(0)),
             stripe: None,
@@ -815,7 +817,7 @@ impl RootState {
             highest_id: 0,
             held_swept: 0,
             interest: 0,
-            sweep_queue: Vec::new(),
+            sweep_left: 0,
             watchers: IdMap::default(),
             inboxes: Vec::new(),
             free_sids: Vec::new(),
@@ -1112,7 +1114,7 @@ impl RootState {
     /// fit, or `None` for a quota this root does not know.
     fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
         let (limit, ceiling) = (self.live_limit(id)?, self.ceiling(id)?);
-        let c = self.counters.entry(id).or_default();
+        let c = self.counters.get_or_default(id);
         c.limit = limit;
         c.bucket.advance(now, limit);
         let room = ceiling.saturating_sub(c.bucket.fill);
@@ -1152,7 +1154,7 @@ impl RootState {
             self.stats.rejected_capped += 1;
         }
         let rate_tau = self.config.rate_tau_ns;
-        let c = self.counters.entry(id).or_default();
+        let c = self.counters.get_or_default(id);
         c.limit = l.limit;
         c.bucket.advance(now, l.limit);
         let taken = amount.min(ceiling.saturating_sub(c.bucket.fill));
@@ -1171,7 +1173,7 @@ impl RootState {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
-        let c = self.counters.entry(id).or_default();
+        let c = self.counters.get_or_default(id);
         c.limit = limit;
         c.bucket.advance(now, limit);
         if fill > c.bucket.fill {
@@ -1753,7 +1755,7 @@ impl RootState {
         for (at, v) in gone {
             self.kill_change(at, v);
         }
-        self.sweep_queue.clear();
+        self.sweep_left = 0;
         self.forget_idle_limiters(now);
     }
 
@@ -1762,35 +1764,38 @@ impl RootState {
     /// call looks at up to `max` counters; a pass starts with a list of every counter's id
     /// and ends, forgetting idle limiters, when the list is done. `true` when a pass ended.
     pub fn sweep_step(&mut self, now: u64, max: usize) -> bool {
-        if self.sweep_queue.is_empty() {
-            self.sweep_queue = self.counters.keys().copied().collect();
+        if self.sweep_left == 0 {
+            self.sweep_left = self.counters.places();
         }
-        let take = max.max(1).min(self.sweep_queue.len());
-        let batch = self.sweep_queue.split_off(self.sweep_queue.len() - take);
+        let take = max.max(1).min(self.sweep_left);
+        let lo = self.sweep_left - take;
         let mut dead = Vec::with_capacity(WARM_RUN);
-        for run in batch.chunks(WARM_RUN) {
+        // By place, from the slab's end: its counters are read front to back within a run,
+        // which the CPU prefetches. A place freed and reused since the pass began holds
+        // another live counter, which may be looked at as well as the one it replaced.
+        for run in (lo..self.sweep_left).step_by(WARM_RUN) {
             dead.clear();
-            dead.extend(run.iter().filter_map(|&id| {
-                let c = self.counters.get(&id)?;
-                spent(c, c.limit, now).then_some((id, c.log_at, c.version))
+            dead.extend((run..(run + WARM_RUN).min(self.sweep_left)).filter_map(|p| {
+                let (_, c) = self.counters.at(p)?;
+                spent(c, c.limit, now).then_some((p, c.log_at, c.version))
             }));
-            // Their change-log entries: the log is in version order, these ids in the map's,
-            // so each is a random place; all loaded at once first (see `warm`).
+            // Their change-log entries: the log is in version order, the slab is not, so
+            // each is a random place; all loaded at once first (see `warm`).
             let mut touched = 0u64;
             for &(_, at, v) in &dead {
                 touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
             }
             std::hint::black_box(touched);
-            for &(id, _, _) in &dead {
-                if let Some(c) = self.counters.remove(&id) {
+            for &(p, _, _) in &dead {
+                if let Some(c) = self.counters.remove_at(p) {
                     self.kill_change(c.log_at, c.version);
                 }
             }
         }
-        if !self.sweep_queue.is_empty() {
+        self.sweep_left = lo;
+        if lo > 0 {
             return false;
         }
-        self.sweep_queue = Vec::new();
         self.forget_idle_limiters(now);
         true
     }
@@ -1806,5 +1811,6 @@ impl RootState {
     }
 }
 
+mod counters;
 #[cfg(test)]
 mod tests;

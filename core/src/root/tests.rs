@@ -615,7 +615,7 @@ fn answers_by_interest_stay_exact_through_compactions_moves_and_an_overflow() {
     assert_eq!(ids(&a), vec![11], "the only counter there is yet");
     let exact = |r: &RootState, a: &SyncResponse| {
         for &(id, f, _) in &a.counters {
-            let c = &r.counters[&id];
+            let c = r.counters.get(&id).expect("a counter");
             assert_eq!(f, c.bucket.fill_at(S, c.limit), "counter {id}");
         }
     };
@@ -682,12 +682,12 @@ fn a_change_moved_to_the_end_of_the_log_still_reaches_its_watchers() {
     // 11 changes after b's answer, then the log moves on far enough for 11's entry to be
     // moved to the end (a new version) before b syncs again.
     r.sync(&req("slow", vec![(2, vec![(11, 1_000_000)])]), S).unwrap();
-    let moved_from = r.counters[&11].version;
+    let moved_from = r.counters.get(&11).expect("a counter").version;
     for round in 0..4_000u64 {
         let deltas = (0..3).map(|k| ((round * 3 + k) % 10 + 1, 1)).collect();
         r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
     }
-    assert!(r.counters[&11].version > moved_from, "11's entry was moved");
+    assert!(r.counters.get(&11).expect("a counter").version > moved_from, "11's entry was moved");
     let b = r.sync(&by_interest("b", Some(&b), vec![], vec![]), S).unwrap();
     assert_eq!(b.counters, vec![(11, 6_000_000, 0)]);
 }
