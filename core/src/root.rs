@@ -65,7 +65,7 @@ use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PRO
 use crate::quota::{Epoch, Limits, QuotaId, QuotaUpdate};
 use crate::shard::Shard;
 use crate::units::{milli_to_units, LeakyBucket, NANOS_PER_SEC};
-use counters::Counters;
+use counters::{Counters, NO_COUNTER};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -74,6 +74,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 /// exist), and foldhash's per-process random seed keeps them from being steered into
 /// collisions; SipHash cost a third of a busy root's time in lookups.
 type IdMap<V> = foldhash::HashMap<QuotaId, V>;
+
+/// Counter `id`'s place in the slab, kept in its quota's entry.
+#[inline]
+fn place_of(quotas: &IdMap<QuotaEntry>, id: QuotaId) -> u32 {
+    quotas.get(&id).map_or(NO_COUNTER, |q| q.counter)
+}
 
 /// How long deltas of a quota this root has not read yet wait for it: a few of the
 /// server's database polls (1 s).
@@ -323,6 +329,9 @@ struct QuotaEntry {
     limits: Limits,
     reset_epoch: Epoch,
     deleted: bool,
+    /// Its counter's place in the slab ([`NO_COUNTER`]: none), here because every delta
+    /// reads this entry anyway: a map of its own was one more cache miss per new counter.
+    counter: u32,
     update: Arc<QuotaUpdate>,
 }
 
@@ -947,7 +956,7 @@ impl RootState {
                     continue;
                 }
                 self.by_epoch.remove(&old.update.epoch);
-                if let Some(c) = self.counters.get_mut(&u.id) {
+                if let Some(c) = self.counters.get_mut(old.counter) {
                     c.bucket.advance(now, old.limits.limit);
                 }
                 if u.reset_epoch > old.reset_epoch {
@@ -958,7 +967,7 @@ impl RootState {
                 self.by_epoch.insert(u.epoch, u.id);
             }
             if u.deleted {
-                if let Some(c) = self.counters.remove(&u.id) {
+                if let Some(c) = self.remove_counter(u.id) {
                     self.kill_change(c.log_at, c.version);
                 }
             }
@@ -969,14 +978,17 @@ impl RootState {
                 _ => {}
             }
             let (id, deleted, limits, reset_epoch) = (u.id, u.deleted, u.limits, u.reset_epoch);
+            // The counter stays where it is (a deleted quota's is gone by now).
+            let counter = self.quotas.get(&id).map_or(NO_COUNTER, |q| q.counter);
             let entry = QuotaEntry {
                 limits: u.limits,
                 reset_epoch: u.reset_epoch,
                 deleted: u.deleted,
+                counter,
                 update: u,
             };
             self.quotas.insert(id, entry);
-            if !deleted && self.counters.contains_key(&id) {
+            if !deleted && counter != NO_COUNTER {
                 // The change log holds the limit it drains at: record the new one.
                 self.bump(id);
             }
@@ -990,7 +1002,7 @@ impl RootState {
     /// parked for it. Deltas and hints counted before the reset are dropped as they come
     /// (`sync_from`).
     fn reset(&mut self, id: QuotaId) {
-        if let Some(c) = self.counters.remove(&id) {
+        if let Some(c) = self.remove_counter(id) {
             self.kill_change(c.log_at, c.version);
         }
         let mut dropped = 0;
@@ -1039,7 +1051,7 @@ impl RootState {
     /// [`bump`](Self::bump) for a caller that has the quota's limit at hand.
     fn bump_at(&mut self, id: QuotaId, limit: u64) {
         let v = self.next_version();
-        let Some(c) = self.counters.get_mut(&id) else { return };
+        let Some(c) = self.counters.get_mut(place_of(&self.quotas, id)) else { return };
         let old = (c.version != 0).then_some((c.log_at, c.version));
         c.version = v;
         c.limit = limit;
@@ -1054,7 +1066,7 @@ impl RootState {
             for (at, old_v, change) in stale {
                 let v = self.next_version();
                 let new_at = self.changes.push(v, change);
-                if let Some(c) = self.counters.get_mut(&change.id) {
+                if let Some(c) = self.counter_mut(change.id) {
                     c.version = v;
                     c.log_at = new_at;
                 }
@@ -1066,6 +1078,43 @@ impl RootState {
         }
     }
 
+    /// Counter `id`, if it has one.
+    #[inline]
+    fn counter_of(&self, id: QuotaId) -> Option<&RootCounter> {
+        self.counters.get(place_of(&self.quotas, id))
+    }
+
+    #[inline]
+    fn counter_mut(&mut self, id: QuotaId) -> Option<&mut RootCounter> {
+        self.counters.get_mut(place_of(&self.quotas, id))
+    }
+
+    /// Counter `id`, a new empty one if it has none; `None` for an id with no quota entry
+    /// (a counter lives only beside its quota).
+    #[inline]
+    fn counter_or_default(&mut self, id: QuotaId) -> Option<&mut RootCounter> {
+        let q = self.quotas.get_mut(&id)?;
+        if q.counter == NO_COUNTER {
+            q.counter = self.counters.insert(id);
+        }
+        self.counters.get_mut(q.counter)
+    }
+
+    fn remove_counter(&mut self, id: QuotaId) -> Option<RootCounter> {
+        let q = self.quotas.get_mut(&id)?;
+        let place = std::mem::replace(&mut q.counter, NO_COUNTER);
+        self.counters.remove(place).map(|(_, c)| c)
+    }
+
+    /// Removes the counter at slab place `p`, if one is there.
+    fn remove_counter_at(&mut self, p: usize) -> Option<RootCounter> {
+        let (id, c) = self.counters.remove(u32::try_from(p).ok()?)?;
+        if let Some(q) = self.quotas.get_mut(&id) {
+            q.counter = NO_COUNTER;
+        }
+        Some(c)
+    }
+
     /// Brings the slots of these counters into the cache ahead of the work on them: the
     /// loads of this loop do not depend on one another, so the CPU has many misses in flight
     /// at once, where the work itself waits for each in turn.
@@ -1074,13 +1123,15 @@ impl RootState {
     fn warm(&self, ids: impl Iterator<Item = QuotaId> + Clone) {
         let mut touched = 0u64;
         for id in ids.clone() {
-            touched ^= self.quotas.get(&id).map_or(0, |q| q.reset_epoch);
-            touched ^= self.counters.get(&id).map_or(0, |c| c.version);
+            let q = self.quotas.get(&id);
+            touched ^= q.map_or(0, |q| q.reset_epoch);
+            touched ^=
+                self.counters.get(q.map_or(NO_COUNTER, |q| q.counter)).map_or(0, |c| c.version);
             touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
         }
         // Then the change-log entries they replace (their counters are in the cache now).
         for id in ids {
-            if let Some(c) = self.counters.get(&id) {
+            if let Some(c) = self.counter_of(id) {
                 touched ^= self.changes.get(c.log_at, c.version).map_or(0, |e| e.limit);
             }
         }
@@ -1101,9 +1152,9 @@ impl RootState {
     /// Tombstones a change-log entry, compacting its chunk when it is half tombstones.
     fn kill_change(&mut self, at: usize, v: u64) {
         if self.changes.kill(at, v) {
-            let counters = &mut self.counters;
+            let (quotas, counters) = (&self.quotas, &mut self.counters);
             self.changes.compact(at, |id, new_at| {
-                if let Some(c) = counters.get_mut(&id) {
+                if let Some(c) = counters.get_mut(place_of(quotas, id)) {
                     c.log_at = new_at;
                 }
             });
@@ -1114,7 +1165,7 @@ impl RootState {
     /// fit, or `None` for a quota this root does not know.
     fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
         let (limit, ceiling) = (self.live_limit(id)?, self.ceiling(id)?);
-        let c = self.counters.get_or_default(id);
+        let c = self.counter_or_default(id)?;
         c.limit = limit;
         c.bucket.advance(now, limit);
         let room = ceiling.saturating_sub(c.bucket.fill);
@@ -1154,7 +1205,11 @@ impl RootState {
             self.stats.rejected_capped += 1;
         }
         let rate_tau = self.config.rate_tau_ns;
-        let c = self.counters.get_or_default(id);
+        let Some(c) = self.counter_or_default(id) else {
+            // Not reached: `limits` came from this id's entry.
+            self.stats.deltas_unknown += 1;
+            return 0;
+        };
         c.limit = l.limit;
         c.bucket.advance(now, l.limit);
         let taken = amount.min(ceiling.saturating_sub(c.bucket.fill));
@@ -1173,7 +1228,7 @@ impl RootState {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
-        let c = self.counters.get_or_default(id);
+        let Some(c) = self.counter_or_default(id) else { return };
         c.limit = limit;
         c.bucket.advance(now, limit);
         if fill > c.bucket.fill {
@@ -1327,10 +1382,10 @@ impl RootState {
                     (std::mem::take(&mut i.changes), std::mem::replace(&mut i.overflow, false))
                 });
                 let (mut changed, overflow) = inbox.unwrap_or_default();
-                let counters = &self.counters;
+                let (quotas, counters) = (&self.quotas, &self.counters);
                 // From the counter: for what the log does not hold as recorded.
                 let current = |id: QuotaId| {
-                    let c = counters.get(&id)?;
+                    let c = counters.get(place_of(quotas, id))?;
                     Some((id, c.bucket.fill_at(now, c.limit), c.demand.rate(now) as u64))
                 };
                 let mut out: Vec<(QuotaId, u64, u64)> = if since == 0 || overflow {
@@ -1363,7 +1418,8 @@ impl RootState {
                             // gone. No lookup of the counter (a cache miss per record).
                             Some(None) => {}
                             None => {
-                                if counters.get(&id).is_some_and(|c| c.version == v) {
+                                let c = counters.get(place_of(quotas, id));
+                                if c.is_some_and(|c| c.version == v) {
                                     // Moved by a compaction: still its latest change.
                                     out.extend(current(id));
                                 }
@@ -1723,7 +1779,7 @@ impl RootState {
     /// The live view of a quota's counter.
     pub fn counter(&self, id: QuotaId, now: u64) -> Option<CounterView> {
         let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
-        let (fill, rate) = match self.counters.get(&id) {
+        let (fill, rate) = match self.counters.get(q.counter) {
             Some(c) => (
                 c.bucket.fill_at(now, q.limits.limit),
                 meter_at(c.rate, c.rate_at, now, self.config.rate_tau_ns),
@@ -1744,16 +1800,12 @@ impl RootState {
     /// Drops drained counters without recent demand, and forgotten limiters; call it now and then (e.g. every few
     /// seconds). Limiters drain their copies at the same rate, so nothing needs telling.
     pub fn sweep(&mut self, now: u64) {
-        let mut gone = Vec::new();
-        self.counters.retain(|_, c| {
-            let keep = !spent(c, c.limit, now);
-            if !keep {
-                gone.push((c.log_at, c.version));
+        for p in 0..self.counters.places() {
+            if self.counters.at(p).is_some_and(|(_, c)| spent(c, c.limit, now)) {
+                if let Some(c) = self.remove_counter_at(p) {
+                    self.kill_change(c.log_at, c.version);
+                }
             }
-            keep
-        });
-        for (at, v) in gone {
-            self.kill_change(at, v);
         }
         self.sweep_left = 0;
         self.forget_idle_limiters(now);
@@ -1776,18 +1828,20 @@ impl RootState {
         for run in (lo..self.sweep_left).step_by(WARM_RUN) {
             dead.clear();
             dead.extend((run..(run + WARM_RUN).min(self.sweep_left)).filter_map(|p| {
-                let (_, c) = self.counters.at(p)?;
-                spent(c, c.limit, now).then_some((p, c.log_at, c.version))
+                let (id, c) = self.counters.at(p)?;
+                spent(c, c.limit, now).then_some((p, id, c.log_at, c.version))
             }));
-            // Their change-log entries: the log is in version order, the slab is not, so
-            // each is a random place; all loaded at once first (see `warm`).
+            // Their change-log and quota entries: the log is in version order and the
+            // quotas by hash, the slab is neither, so each is a random place; all loaded at
+            // once first (see `warm`).
             let mut touched = 0u64;
-            for &(_, at, v) in &dead {
+            for &(_, id, at, v) in &dead {
                 touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
+                touched ^= self.quotas.get(&id).map_or(0, |q| u64::from(q.counter));
             }
             std::hint::black_box(touched);
-            for &(p, _, _) in &dead {
-                if let Some(c) = self.counters.remove_at(p) {
+            for &(p, ..) in &dead {
+                if let Some(c) = self.remove_counter_at(p) {
                     self.kill_change(c.log_at, c.version);
                 }
             }

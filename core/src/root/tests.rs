@@ -615,7 +615,7 @@ fn answers_by_interest_stay_exact_through_compactions_moves_and_an_overflow() {
     assert_eq!(ids(&a), vec![11], "the only counter there is yet");
     let exact = |r: &RootState, a: &SyncResponse| {
         for &(id, f, _) in &a.counters {
-            let c = r.counters.get(&id).expect("a counter");
+            let c = r.counter_of(id).expect("a counter");
             assert_eq!(f, c.bucket.fill_at(S, c.limit), "counter {id}");
         }
     };
@@ -682,12 +682,12 @@ fn a_change_moved_to_the_end_of_the_log_still_reaches_its_watchers() {
     // 11 changes after b's answer, then the log moves on far enough for 11's entry to be
     // moved to the end (a new version) before b syncs again.
     r.sync(&req("slow", vec![(2, vec![(11, 1_000_000)])]), S).unwrap();
-    let moved_from = r.counters.get(&11).expect("a counter").version;
+    let moved_from = r.counter_of(11).expect("a counter").version;
     for round in 0..4_000u64 {
         let deltas = (0..3).map(|k| ((round * 3 + k) % 10 + 1, 1)).collect();
         r.sync(&req("busy", vec![(round + 1, deltas)]), S).unwrap();
     }
-    assert!(r.counters.get(&11).expect("a counter").version > moved_from, "11's entry was moved");
+    assert!(r.counter_of(11).expect("a counter").version > moved_from, "11's entry was moved");
     let b = r.sync(&by_interest("b", Some(&b), vec![], vec![]), S).unwrap();
     assert_eq!(b.counters, vec![(11, 6_000_000, 0)]);
 }
@@ -979,5 +979,92 @@ fn a_striped_root_holds_each_new_quotas_deltas_in_its_stripe() {
             .iter()
             .find(|s| s.counter_count() > 0 && s.counter(id, S).is_some_and(|c| c.fill > 0.0));
         assert_eq!(s.map(|s| fill(s, id, S)), Some(id as f64), "quota {id}");
+    }
+}
+
+/// Every quota entry's counter place names a live counter of that id, and every live
+/// counter is named by its quota's entry: no counter is lost, shared or left behind.
+fn places_agree(r: &RootState) -> Result<(), String> {
+    let mut named = 0;
+    for (&id, q) in &r.quotas {
+        if q.counter == NO_COUNTER {
+            continue;
+        }
+        named += 1;
+        match r.counters.at(q.counter as usize) {
+            Some((at, _)) if at == id => {}
+            other => return Err(format!("q{id} names place {} holding {other:?}", q.counter)),
+        }
+        if q.deleted {
+            return Err(format!("deleted q{id} keeps a counter"));
+        }
+    }
+    if named != r.counters.len() {
+        return Err(format!("{named} places named, {} counters live", r.counters.len()));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum RootOp {
+    /// Quota `id` with limit `limit` units/s, deleted or not, with a reset or not.
+    Quota(u64, u32, bool, bool),
+    Deltas(Vec<(u64, u64)>),
+    SweepStep(usize),
+    Sweep,
+    Wait(u64),
+}
+
+fn root_op() -> impl proptest::strategy::Strategy<Value = RootOp> {
+    use proptest::prelude::*;
+    prop_oneof![
+        2 => (1u64..12, 1u32..1000, proptest::bool::weighted(0.2), proptest::bool::weighted(0.1))
+            .prop_map(|(id, l, d, r)| RootOp::Quota(id, l, d, r)),
+        4 => proptest::collection::vec((1u64..14, 1u64..5_000_000), 0..8).prop_map(RootOp::Deltas),
+        1 => (1usize..5).prop_map(RootOp::SweepStep),
+        1 => Just(RootOp::Sweep),
+        2 => (0u64..5_000).prop_map(RootOp::Wait),
+    ]
+}
+
+proptest::proptest! {
+    /// Through creations, limit changes, resets, deletions, re-creations, deltas and both
+    /// kinds of sweep, counters and their places in the quota entries stay in step, and the
+    /// live view agrees with them.
+    #[test]
+    fn counter_places_follow_their_quotas(ops in proptest::collection::vec(root_op(), 1..80)) {
+        let mut r = RootState::new(RootConfig::default());
+        let (mut now, mut epoch, mut seq) = (S, 0, 0);
+        for op in ops {
+            match op {
+                RootOp::Quota(id, limit, deleted, reset) => {
+                    epoch += 1;
+                    let mut u = quota(id, epoch, f64::from(limit), deleted);
+                    u.reset_epoch = r.quotas.get(&id).map_or(0, |q| q.reset_epoch);
+                    if reset {
+                        u.reset_epoch = epoch;
+                    }
+                    r.apply_quotas([u], now);
+                }
+                RootOp::Deltas(d) => {
+                    seq += 1;
+                    r.sync(&req("a", vec![(seq, d)]), now).unwrap();
+                }
+                RootOp::SweepStep(n) => {
+                    r.sweep_step(now, n);
+                }
+                RootOp::Sweep => r.sweep(now),
+                RootOp::Wait(ms) => now += ms * 1_000_000,
+            }
+            proptest::prop_assert_eq!(places_agree(&r), Ok(()));
+            for id in 1..14 {
+                let live = r.quotas.get(&id).is_some_and(|q| !q.deleted);
+                let view = r.counter(id, now);
+                proptest::prop_assert_eq!(view.is_some(), live);
+                if r.counter_of(id).is_none() {
+                    proptest::prop_assert!(view.map_or(true, |v| v.fill == 0.0));
+                }
+            }
+        }
     }
 }
