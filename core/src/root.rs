@@ -350,6 +350,17 @@ struct RootCounter {
     demand: DemandWindow,
 }
 
+impl RootCounter {
+    /// Every word of it, folded: see [`Counters::touch`].
+    fn touch(&self) -> u64 {
+        let b = &self.bucket;
+        let words = [b.fill, b.at, b.carry, self.limit, self.version, self.rate_at];
+        let d = &self.demand;
+        d.buckets.iter().chain(&words).fold(d.head ^ self.log_at as u64, |t, &w| t ^ w)
+            ^ self.rate.to_bits()
+    }
+}
+
 /// A counter as its latest change left it, kept in the change log so that an answer is
 /// built by walking the log alone: each entry's fill (drained to the answer's time at
 /// `limit`) and demand (its window read at that time) come out exactly as from the counter
@@ -1121,14 +1132,17 @@ impl RootState {
     ///
     /// Callers warm runs of at most [`WARM_RUN`] ids, each just before working on it.
     fn warm(&self, ids: impl Iterator<Item = QuotaId> + Clone) {
-        let mut touched = 0u64;
+        let (mut touched, mut fresh) = (0u64, 0);
         for id in ids.clone() {
             let q = self.quotas.get(&id);
             touched ^= q.map_or(0, |q| q.reset_epoch);
-            touched ^=
-                self.counters.get(q.map_or(NO_COUNTER, |q| q.counter)).map_or(0, |c| c.version);
+            let place = q.map_or(NO_COUNTER, |q| q.counter);
+            fresh += usize::from(q.is_some() && place == NO_COUNTER);
+            touched ^= self.counters.touch(place, 0);
             touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
         }
+        // The free places the new ones will take.
+        touched ^= self.counters.touch(NO_COUNTER, fresh);
         // Then the change-log entries they replace (their counters are in the cache now).
         for id in ids {
             if let Some(c) = self.counter_of(id) {

@@ -67,6 +67,18 @@ impl Counters {
         }
     }
 
+    /// Reads every word of the counter at `place` (all the cache lines its 152 bytes span:
+    /// the work on it reads most of them, and one line loaded ahead left the others to be
+    /// missed one after another), and of the `fresh` places the next new counters will take.
+    /// A value to feed `black_box`.
+    pub fn touch(&self, place: u32, fresh: usize) -> u64 {
+        let mut t = self.get(place).map_or(0, RootCounter::touch);
+        for &p in self.free.iter().rev().take(fresh) {
+            t ^= self.slab[p as usize].1.touch();
+        }
+        t
+    }
+
     /// The number of places, live or free: a walk over `0..places()` with [`at`](Self::at)
     /// sees every counter, reading the slab in order (which the CPU prefetches; looked up
     /// by id, every counter was a cache miss of its own, most of a sweep's time).
