@@ -51,9 +51,8 @@ use crate::quota::{Epoch, QuotaId};
 use crate::zone::arena::Arena;
 use crate::zone::index::Index;
 use crate::zone::slot::Slot;
-use crate::zone::{self, hdr, Block, Layout, ZoneError, COLD_WORDS, SLOT_WORDS};
+use crate::zone::{self, hdr, Block, Layout, NameHasher, ZoneError, COLD_WORDS, SLOT_WORDS};
 use parking_lot::Mutex;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
@@ -265,7 +264,7 @@ impl LimiterBuilder {
     fn finish(self, block: Block, layout: Layout) -> Limiter {
         let seed = block.words()[hdr::SEED].load(Relaxed);
         Limiter {
-            hasher: foldhash::fast::FixedState::with_seed(seed),
+            hasher: NameHasher::with_seed(seed),
             block,
             layout,
             writer: Mutex::new(Writer::default()),
@@ -289,7 +288,7 @@ impl LimiterBuilder {
 pub struct Limiter {
     block: Block,
     layout: Layout,
-    hasher: foldhash::fast::FixedState,
+    hasher: NameHasher,
     writer: Mutex<Writer>,
     clock: Arc<dyn Clock>,
     random: Box<dyn Random>,
@@ -382,7 +381,7 @@ impl Limiter {
 
     #[inline]
     fn hash(&self, name: &[u8]) -> u64 {
-        self.hasher.hash_one(name)
+        self.hasher.hash(name)
     }
 
     /// Sets `s`'s dirty bit: it has counts for the next sync round.

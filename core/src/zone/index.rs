@@ -28,7 +28,7 @@ pub(crate) const TOMB: u32 = u32::MAX;
 
 const _: () = assert!(MAX_QUOTAS < 0xFF_FFFF);
 
-fn entry(tag: u8, slot: u32) -> u32 {
+pub(super) fn entry(tag: u8, slot: u32) -> u32 {
     u32::from(tag) << 24 | (slot + 1)
 }
 /// How long a retired area stays untouched before it is reused. A probe takes well under a

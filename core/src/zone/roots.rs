@@ -5,6 +5,7 @@
 //! An entry is keyed by a hash of the root's URL; entries of roots no longer configured are
 //! reused, least recently used first.
 
+use super::layout::word_table;
 use super::{Layout, MAX_ROOTS, ROOT_WORDS};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -12,31 +13,34 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 pub const LATENCY_BUCKETS_US: [u64; 12] =
     [250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000];
 
-pub(crate) const URL_HASH: usize = 0;
-pub(crate) const INSTANCE: usize = 1;
-pub(crate) const SINCE: usize = 2;
-pub(crate) const ACKED: usize = 3;
-/// Bit 0: the next request carries hints.
-pub(crate) const FLAGS: usize = 4;
-pub(crate) const SKIP: usize = 5;
-pub(crate) const PENDING: usize = 6;
-/// 0 never called, 1 last call succeeded, 2 last call failed.
-pub(crate) const OK: usize = 7;
-pub(crate) const LAST_ATTEMPT: usize = 8;
-pub(crate) const LAST_SUCCESS: usize = 9;
-pub(crate) const LATENCY_US: usize = 10;
-pub(crate) const SUCCESSES: usize = 11;
-pub(crate) const FAILURES: usize = 12;
-pub(crate) const CONSECUTIVE: usize = 13;
-pub(crate) const LAST_USED: usize = 14;
-pub(crate) const ERR_LEN: usize = 15;
-pub(crate) const ERR: usize = 16;
+word_table! { FIELDS:
+    pub(crate) const URL_HASH = 0;
+    pub(crate) const INSTANCE = 1;
+    pub(crate) const SINCE = 2;
+    pub(crate) const ACKED = 3;
+    /// Bit 0: the next request carries hints.
+    pub(crate) const FLAGS = 4;
+    pub(crate) const SKIP = 5;
+    pub(crate) const PENDING = 6;
+    /// 0 never called, 1 last call succeeded, 2 last call failed.
+    pub(crate) const OK = 7;
+    pub(crate) const LAST_ATTEMPT = 8;
+    pub(crate) const LAST_SUCCESS = 9;
+    pub(crate) const LATENCY_US = 10;
+    pub(crate) const SUCCESSES = 11;
+    pub(crate) const FAILURES = 12;
+    pub(crate) const CONSECUTIVE = 13;
+    pub(crate) const LAST_USED = 14;
+    pub(crate) const ERR_LEN = 15;
+    pub(crate) const ERR = 16;
+    /// Histogram: one count per bucket of [`LATENCY_BUCKETS_US`], then the overflow bucket,
+    /// then the sum of latencies in µs.
+    pub(crate) const HIST = 32;
+    pub(crate) const HIST_SUM = HIST + LATENCY_BUCKETS_US.len() + 1;
+}
+
 /// Bytes of the last error kept.
 pub(crate) const ERR_BYTES: usize = 128;
-/// Histogram: one count per bucket of [`LATENCY_BUCKETS_US`], then the overflow bucket,
-/// then the sum of latencies in µs.
-pub(crate) const HIST: usize = 32;
-pub(crate) const HIST_SUM: usize = HIST + LATENCY_BUCKETS_US.len() + 1;
 
 pub(crate) const FLAG_HINTS: u64 = 1;
 

@@ -15,25 +15,28 @@
 //! | 13–15 | the name: its length byte and first 23 bytes |
 
 use super::arena::{name, Arena};
+use super::layout::word_table;
 use super::SLOT_WORDS;
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
-pub(crate) const ID: usize = 0;
-pub(crate) const TAG_PARENT: usize = 1;
-pub(crate) const LIMIT: usize = 2;
-pub(crate) const LOW: usize = 3;
-pub(crate) const HIGH: usize = 4;
-pub(crate) const META: usize = 5;
-pub(crate) const BASE: usize = 6;
-pub(crate) const AT: usize = 7;
-pub(crate) const LOCAL: usize = 8;
-pub(crate) const INFLIGHT: usize = 9;
-pub(crate) const REJECTED: usize = 10;
-pub(crate) const RATES: usize = 11;
-pub(crate) const REJECTS: usize = 12;
+word_table! { FIELDS:
+    pub(crate) const ID = 0;
+    pub(crate) const TAG_PARENT = 1;
+    pub(crate) const LIMIT = 2;
+    pub(crate) const LOW = 3;
+    pub(crate) const HIGH = 4;
+    pub(crate) const META = 5;
+    pub(crate) const BASE = 6;
+    pub(crate) const AT = 7;
+    pub(crate) const LOCAL = 8;
+    pub(crate) const INFLIGHT = 9;
+    pub(crate) const REJECTED = 10;
+    pub(crate) const RATES = 11;
+    pub(crate) const REJECTS = 12;
+    pub(crate) const NAME = 13;
+}
 /// One rejection in the [`REJECTS`] word (the count lives in its high half).
 pub(crate) const ONE_REJECTION: u64 = 1 << 32;
-pub(crate) const NAME: usize = 13;
 
 /// Attempts a reader makes before it uses a possibly torn (`base`, `at`) pair: a writer that
 /// died between its two stores must not stop every other process's requests.
