@@ -7,9 +7,7 @@ use super::{Estimator, Limiter};
 use crate::quota::{Epoch, QuotaId};
 use crate::units::drain_once;
 use crate::zone::roots::{Entry, Roots};
-use crate::zone::slot::{
-    pack_rates, unpack_rates, Slot, ID, INFLIGHT, LIMIT, LOCAL, RATES, REJECTED,
-};
+use crate::zone::slot::{Rates, Slot, ID, INFLIGHT, LIMIT, LOCAL, RATES, REJECTED};
 use crate::zone::{hdr, SLOT_WORDS};
 use std::sync::atomic::Ordering::*;
 
@@ -239,8 +237,13 @@ impl CounterAccess<'_> {
     /// Sets what the rest of the cluster is estimated to add and the cluster's attempted
     /// demand (both milli-units/s; 0, 0 for a cold counter).
     pub fn set_rates(&self, s: u32, inflow: f64, demand: f64) {
+        self.update_rates(s, |r| Rates { inflow, demand, ..r });
+    }
+
+    /// Rewrites `s`'s rates word; only the engine writes it.
+    fn update_rates(&self, s: u32, f: impl Fn(Rates) -> Rates) {
         if let Some(x) = self.slot(s) {
-            x.w(RATES).store(pack_rates(inflow, demand), Relaxed);
+            let _ = x.w(RATES).fetch_update(Relaxed, Relaxed, |w| Some(f(Rates::unpack(w)).pack()));
         }
     }
 
@@ -273,7 +276,7 @@ impl CounterAccess<'_> {
 
     /// The current inflow estimate, milli-units/s.
     pub fn inflow(&self, s: u32) -> f64 {
-        self.slot(s).map_or(0.0, |x| unpack_rates(x.get(RATES)).0)
+        self.slot(s).map_or(0.0, |x| Rates::unpack(x.get(RATES)).inflow)
     }
 
     /// The estimator configured on the limiter.
@@ -281,23 +284,22 @@ impl CounterAccess<'_> {
         self.limiter.estimator
     }
 
-    /// Folds `v` counted locally into the base when no root took it this round.
+    /// Folds `v` counted locally into the base when no root took it this round: the new
+    /// base is what the bucket holds now by this limiter's own count (its requests drained
+    /// from when they were counted, at the full rate) less what stays in `local` for the
+    /// next round.
     pub fn anchor(&self, s: u32, v: u64, now: u64) {
         if let Some(x) = self.slot(s) {
-            let b = self.synced(s, now).saturating_add(v);
-            x.write_base(b, now);
+            debug_assert!(x.get(INFLIGHT) >= v);
+            let fill = x.estimate(now, false, 0).ceil() as u64;
+            x.write_base(fill.saturating_sub(x.get(LOCAL)), now);
         }
     }
 
     /// Records this limiter's own rate on `s` in its last round (milli-units per second),
     /// what the request path compares its count with to ask for an early round.
     pub fn set_own_rate(&self, s: u32, rate: f64) {
-        if let Some(x) = self.slot(s) {
-            let r = if rate.is_finite() && rate > 0.0 { rate as f32 } else { 0.0 };
-            let _ = x.w(crate::zone::slot::REJECTS).fetch_update(Relaxed, Relaxed, |w| {
-                Some(w & !0xFFFF_FFFF | u64::from(r.to_bits()))
-            });
-        }
+        self.update_rates(s, |r| Rates { own: rate, ..r });
     }
 
     /// Whether `s` has a synced fill or counts of its own (a hint candidate).

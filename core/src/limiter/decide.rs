@@ -8,7 +8,7 @@ use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
 use crate::units::{MAX_WEIGHT_UNITS, MILLI};
 use crate::zone::slot::{
-    unpack_rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS,
+    Rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS,
 };
 use crate::zone::{hdr, RECENT_REJECTIONS};
 use std::sync::atomic::Ordering::*;
@@ -18,13 +18,24 @@ use std::sync::atomic::Ordering::*;
 pub(super) struct Chain {
     slots: [u32; MAX_CHAIN],
     len: usize,
+    /// Bit `k`: slot `k`'s bucket was empty when the chain was walked.
+    empty: u16,
 }
+
+const _: () = assert!(MAX_CHAIN <= u16::BITS as usize);
 
 impl Chain {
     fn push(&mut self, s: u32) {
         if self.len < MAX_CHAIN {
             self.slots[self.len] = s;
             self.len += 1;
+        }
+    }
+
+    /// Notes that the last slot pushed had an empty bucket.
+    fn last_was_empty(&mut self) {
+        if self.len > 0 {
+            self.empty |= 1 << (self.len - 1);
         }
     }
 
@@ -69,8 +80,13 @@ impl Limiter {
             return Ok(true);
         }
         let mut chain = Chain::default();
+        let (now, fresh, horizon) =
+            (self.clock.now_nanos(), self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns());
         loop {
             chain.push(idx);
+            if slot.estimate(now, fresh, horizon) <= 0.0 {
+                chain.last_was_empty();
+            }
             let p = slot.parent();
             if p == 0 || chain.len == MAX_CHAIN {
                 break;
@@ -83,7 +99,7 @@ impl Limiter {
                 None => break,
             }
         }
-        self.add_local(&chain, weight * MILLI, self.clock.now_nanos());
+        self.add_local(&chain, weight * MILLI, now);
         Ok(true)
     }
 
@@ -204,7 +220,7 @@ impl Limiter {
             if self.demand && fill > low as f64 && fresh {
                 // Seed 004: suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
-                let (_, demand) = unpack_rates(slot.get(RATES));
+                let demand = Rates::unpack(slot.get(RATES)).demand;
                 if demand > limit as f64 {
                     p = p.max(1.0 - limit as f64 / demand);
                 }
@@ -212,6 +228,9 @@ impl Limiter {
             let rejected = p > 0.0 && (p >= 1.0 || self.random.unit() < p);
             if rejected || chain.len < MAX_CHAIN {
                 chain.push(idx);
+                if fill <= 0.0 {
+                    chain.last_was_empty();
+                }
             }
             if rejected {
                 self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
@@ -260,7 +279,11 @@ impl Limiter {
         }
         for (k, &i) in chain.slots().iter().enumerate() {
             if let Some(s) = self.slot(i) {
-                let local = s.w(LOCAL).fetch_add(weight, Relaxed).saturating_add(weight);
+                let before = s.w(LOCAL).fetch_add(weight, Relaxed);
+                let local = before.saturating_add(weight);
+                if chain.empty & 1 << k != 0 {
+                    s.started_empty(before.saturating_add(s.get(INFLIGHT)), now);
+                }
                 self.mark_dirty(i);
                 // Attempts, not admissions: under steady overload what a host admits swings
                 // with the drop share, what it is asked for does not.
@@ -285,8 +308,8 @@ impl Limiter {
     /// round, while the roots already learn of them at the next regular one.
     #[inline]
     fn surge_threshold(&self, s: &crate::zone::slot::Slot<'_>, now: u64) -> f64 {
-        let rate = f32::from_bits(s.get(REJECTS) as u32) as f64;
-        if !(rate.is_finite() && rate > 0.0) {
+        let rate = Rates::unpack(s.get(RATES)).own;
+        if rate <= 0.0 {
             return f64::INFINITY;
         }
         let began = self.hdr(hdr::ROUND_BEGAN).load(Relaxed);

@@ -10,13 +10,14 @@
 //! | 8 | `local`: accounted here, not yet taken by a sync round |
 //! | 9 | `inflight`: taken by the current round, not yet reported back by a root |
 //! | 10 | `rejected`: refused weight not yet taken by a round (demand signal) |
-//! | 11 | `rates`: two `f32`, what the rest of the cluster adds and the attempted demand |
-//! | 12 | requests this quota rejected (high 32 bits, wrapping) · what this limiter counted on it per second in its last round (low 32 bits, an `f32` in milli-units/s), for early syncs |
+//! | 11 | `rates`: three 21-bit floats (see [`Rates`]): what the rest of the cluster adds, the attempted demand, and what this limiter counted per second in its last round (for early syncs) |
+//! | 12 | requests this quota rejected (high 32 bits, wrapping) · when this limiter's own counts last started from an empty bucket (low 32 bits, ms, see [`Slot::estimate`]) |
 //! | 13–15 | the name: its length byte and first 23 bytes |
 
 use super::arena::{name, Arena};
 use super::layout::word_table;
 use super::SLOT_WORDS;
+use crate::units::NANOS_PER_SEC as NANOS;
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
 word_table! { FIELDS:
@@ -42,25 +43,68 @@ pub(crate) const ONE_REJECTION: u64 = 1 << 32;
 /// died between its two stores must not stop every other process's requests.
 const SEQLOCK_TRIES: u32 = 64;
 
-/// Packs (`inflow`, `demand`) into the `rates` word. `f32` keeps 24 bits: plenty for rates
-/// that only steer an estimate.
-pub(crate) fn pack_rates(inflow: f64, demand: f64) -> u64 {
-    let clean = |x: f64| if x.is_finite() && x > 0.0 { x as f32 } else { 0.0 };
-    u64::from(clean(inflow).to_bits()) | u64::from(clean(demand).to_bits()) << 32
+/// The three rates of the `rates` word, milli-units per second. Only the sync agent writes
+/// them; they steer estimates and early syncs, so 13 bits of mantissa (a relative error
+/// under 1/8000) are plenty.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Rates {
+    /// What the rest of the cluster is estimated to add.
+    pub inflow: f64,
+    /// The cluster's attempted demand, as the roots meter it.
+    pub demand: f64,
+    /// What this limiter counted in its last round, per second.
+    pub own: f64,
 }
 
-/// Unpacks the `rates` word into (`inflow`, `demand`).
+/// A positive finite `f32`'s exponent and the top 13 bits of its mantissa, rounded; 0 for
+/// anything else.
+fn to_f21(x: f64) -> u64 {
+    if !(x.is_finite() && x > 0.0) {
+        return 0;
+    }
+    let bits = u64::from((x as f32).to_bits()) & 0x7FFF_FFFF;
+    ((bits + (1 << 9)) >> 10).min(0x1F_FFFF)
+}
+
+fn from_f21(b: u64) -> f64 {
+    let x = f32::from_bits(((b & 0x1F_FFFF) << 10) as u32) as f64;
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+impl Rates {
+    pub fn pack(&self) -> u64 {
+        to_f21(self.inflow) | to_f21(self.demand) << 21 | to_f21(self.own) << 42
+    }
+
+    #[inline]
+    pub fn unpack(r: u64) -> Rates {
+        Rates { inflow: from_f21(r), demand: from_f21(r >> 21), own: from_f21(r >> 42) }
+    }
+}
+
+/// The low half of [`REJECTS`]: a time in whole milliseconds, wrapping every 49.7 days, 0 for
+/// none. Read back relative to a later time, a value up to 24.8 days old is exact to the
+/// millisecond (rounded up: later, never earlier); an older one reads as none or as too
+/// recent, which only ever makes an estimate higher.
+const MS: u64 = 1_000_000;
+const HALF_WRAP_MS: u32 = 1 << 31;
+
+pub(super) fn to_ms32(t: u64) -> u32 {
+    (t.div_ceil(MS) as u32).max(1)
+}
+
+/// The time `ms` stands for, seen at `now`; `None` for none (or a time in the future).
 #[inline]
-pub(crate) fn unpack_rates(r: u64) -> (f64, f64) {
-    let f = |b: u32| {
-        let x = f32::from_bits(b) as f64;
-        if x.is_finite() && x > 0.0 {
-            x
-        } else {
-            0.0
-        }
-    };
-    (f(r as u32), f((r >> 32) as u32))
+fn from_ms32(ms: u32, now: u64) -> Option<u64> {
+    if ms == 0 {
+        return None;
+    }
+    let age = ((now / MS) as u32).wrapping_sub(ms);
+    (age < HALF_WRAP_MS).then(|| now.saturating_sub(u64::from(age) * MS + now % MS))
 }
 
 #[derive(Clone, Copy)]
@@ -142,25 +186,66 @@ impl<'a> Slot<'a> {
         self.0[META].store(hi | u64::from(odd.wrapping_add(1)), Release);
     }
 
-    /// The fill estimate in milli-units at `now` (the formula is in [`crate::Limiter`]'s
-    /// docs). `fresh` is false while no root answers: then nothing is extrapolated.
+    /// The fill estimate in milli-units at `now`. `fresh` is false while no root answers:
+    /// then nothing is extrapolated.
+    ///
+    /// The synced `base` drains from `at`; what this limiter counted since (`local` and
+    /// `inflight`, not yet in `base`) drains only from when it was counted, so a bucket that
+    /// emptied while nobody sent anything gives no credit to the next burst. That time, `t0`,
+    /// is kept per slot by the request paths ([`Slot::started_empty`]): counts added to an
+    /// empty bucket move it forward so that the bucket holds exactly what they added, which
+    /// makes this estimate, between two syncs, an exact leaky bucket of this limiter's own
+    /// requests on top of `base`. Before the first add since a sync, `t0` is `at`.
+    ///
+    /// Within `horizon` of `at`, the rest of the cluster is assumed to add `inflow`
+    /// (milli-units/s), so the bucket drains that much slower there.
     #[inline]
     pub fn estimate(&self, now: u64, fresh: bool, horizon: u64) -> f64 {
         let (base, at) = self.read_base();
-        let local = self.get(LOCAL).saturating_add(self.get(INFLIGHT)) as f64;
-        if at == 0 {
-            // Never synced nor anchored: no time reference to drain from.
-            return local;
+        let own = self.get(LOCAL).saturating_add(self.get(INFLIGHT)) as f64;
+        let since = from_ms32(self.get(REJECTS) as u32, now).filter(|&t| t > at);
+        let t0 = since.unwrap_or(at);
+        if t0 == 0 {
+            // Never synced nor anchored and nothing counted: no time to drain from.
+            return own;
         }
-        let inflow = if fresh { unpack_rates(self.get(RATES)).0 } else { 0.0 };
+        let inflow = if fresh && at != 0 { Rates::unpack(self.get(RATES)).inflow } else { 0.0 };
         let limit = self.get(LIMIT) as f64;
-        let dt = now.saturating_sub(at);
-        let (inside, outside) = if dt <= horizon { (dt, 0) } else { (horizon, dt - horizon) };
-        let drain = ((limit - inflow) * inside as f64 + limit * outside as f64) * 1e-9;
+        let edge = at.saturating_add(horizon);
+        // Drain over [from, to]: `limit - inflow` before the horizon's edge, `limit` after.
+        let drain = |from: u64, to: u64| {
+            let inside = to.min(edge).saturating_sub(from);
+            ((limit - inflow) * inside as f64 + limit * to.saturating_sub(from.max(edge)) as f64)
+                * 1e-9
+        };
+        let synced = if at == 0 { 0.0 } else { (base as f64 - drain(at, t0)).max(0.0) };
         // The bucket drains what this limiter added since as well: draining only the synced
         // part counted a lone busy host's own traffic twice (once as `local`, once as the
         // cluster it stood for) and rejected it under the limit (docs/accuracy.md).
-        (base as f64 + local - drain).max(0.0)
+        (synced + own - drain(t0, now)).max(0.0)
+    }
+
+    /// Records that counts of `pending` milli-units (`local` and `inflight` before this add)
+    /// met an empty bucket at `now`: from here they only count as far as they have not
+    /// drained yet, `pending / limit` seconds' worth, so the estimate starts again from what
+    /// this add brings. Called by request paths; never moves the time back (two racing adds
+    /// keep the later one, which counts more, never less).
+    pub fn started_empty(&self, pending: u64, now: u64) {
+        let limit = self.get(LIMIT);
+        if limit == 0 {
+            return;
+        }
+        let back = u64::try_from(u128::from(pending) * u128::from(NANOS) / u128::from(limit))
+            .unwrap_or(u64::MAX);
+        let t = now.saturating_sub(back);
+        let new = to_ms32(t);
+        let _ = self.0[REJECTS].fetch_update(Relaxed, Relaxed, |w| {
+            let old = from_ms32(w as u32, now);
+            if old.is_some_and(|o| o >= t) {
+                return None;
+            }
+            Some(w & !0xFFFF_FFFF | u64::from(new))
+        });
     }
 
     /// Whether this slot's name is `n`.
@@ -222,9 +307,32 @@ mod tests {
 
     #[test]
     fn rates_pack_and_unpack() {
-        assert_eq!(unpack_rates(pack_rates(1500.0, 3e12)), (1500.0, 3e12f32 as f64));
-        assert_eq!(unpack_rates(pack_rates(f64::NAN, -1.0)), (0.0, 0.0));
-        assert_eq!(unpack_rates(u64::MAX), (0.0, 0.0), "garbage bits read as no rate");
+        let r = Rates { inflow: 1500.0, demand: 3e12, own: 0.25 };
+        let back = Rates::unpack(r.pack());
+        for (a, b) in [(r.inflow, back.inflow), (r.demand, back.demand), (r.own, back.own)] {
+            assert!((a - b).abs() <= a / 8000.0, "{a} read back as {b}");
+        }
+        let none = Rates { inflow: f64::NAN, demand: -1.0, own: f64::INFINITY };
+        assert_eq!(Rates::unpack(none.pack()), Rates::default());
+        assert_eq!(Rates::unpack(u64::MAX).inflow, 0.0, "garbage bits read as no rate");
+        let huge = Rates { inflow: 1e30, demand: 1e-30, own: 1e18 };
+        let back = Rates::unpack(huge.pack());
+        assert!(back.inflow > 1e29 && back.demand < 1e-29 && (back.own - 1e18).abs() < 1e15);
+    }
+
+    #[test]
+    fn times_in_milliseconds_round_up_and_wrap() {
+        let t = 5 * 86_400 * NANOS + 1_234_567;
+        let ms = to_ms32(t);
+        let back = from_ms32(ms, t + 3 * NANOS).unwrap();
+        assert!(back >= t && back - t < MS, "{t} read back as {back}");
+        assert_eq!(from_ms32(0, t), None);
+        assert_eq!(from_ms32(ms, t - 10 * MS), None, "a future time reads as none");
+        // 20 days later: still exact; 30 days past the half wrap: none, never older.
+        let later = t + 20 * 86_400 * NANOS;
+        assert_eq!(from_ms32(ms, later).map(|b| b / MS), Some(back / MS));
+        let much_later = t + (u64::from(HALF_WRAP_MS) + 30 * 86_400_000) * MS;
+        assert!(from_ms32(ms, much_later).map_or(true, |b| b >= back));
     }
 
     #[test]
