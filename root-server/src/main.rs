@@ -79,7 +79,8 @@ struct Args {
     shard: Option<yarl_core::Shard>,
 }
 
-/// Refuses an open root on a network address: SPEC §4, "secure by default".
+/// Refuses an open root on a network address: without both tokens anyone who reaches it
+/// could change quotas and counters, so that takes `--insecure-no-auth`, said out loud.
 fn check_exposure(args: &Args) -> anyhow::Result<()> {
     let open = args.admin_token_file.is_none() || args.sync_token_file.is_none();
     if args.insecure_no_auth {

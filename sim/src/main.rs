@@ -394,7 +394,8 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
          one host's own traffic since its last sync at `limit · (dt + horizon/10)`. On the hot \
          10x step it gives {:.2} × limit in the first two seconds against {:.2} without, but it \
          also refuses any single weight above a tenth of an interval of the limit and any burst \
-         one host takes from a quota's `high_burst`, which the quota model (SPEC §2) allows. \
+         one host takes from a quota's `high_burst`, which the quota model allows \
+         ([behaviour.md](behaviour.md)). \
          It is an opt-in for request-count quotas whose traffic can pile onto one host.\n\
          * **Recommended bursts: `low_burst` = 1.5 × limit × interval, `high_burst` = 3 × \
          limit × interval.** A limiter's batch reaches the roots about once per interval, so a \

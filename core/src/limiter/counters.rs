@@ -253,7 +253,8 @@ impl CounterAccess<'_> {
         })
     }
 
-    /// Merges a root's report: `base = max(drained base, reported)` (max of roots, SPEC §1).
+    /// Merges a root's report: `base = max(drained base, reported)`. Every root sums every
+    /// limiter's deltas, so the largest report is the most complete; max is also idempotent.
     pub fn merge_report(&self, s: u32, fill: u64, now: u64) {
         if let Some(x) = self.slot(s) {
             let v = self.synced(s, now).max(fill);

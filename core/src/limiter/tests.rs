@@ -364,7 +364,8 @@ fn demand_above_the_limit_suppresses_its_excess_share() {
     let rejected = (0..n).filter(|_| l.check("a").outcome == Outcome::Rejected).count();
     let frac = rejected as f64 / n as f64;
     assert!((frac - 0.75).abs() < 0.015, "{frac}");
-    // Below low_burst the demand does not matter: F <= low passes (SPEC 2).
+    // Below low_burst the demand does not matter: F <= low passes (a client within its burst
+    // is never suppressed).
     set_fill(&l, "a", 10.0, now);
     assert!((0..1000).all(|_| l.check("a").allowed()));
     // Nor does it when the cluster view is stale (no root answered).
