@@ -430,11 +430,10 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
     );
     let _ = writeln!(
         w,
-        "Two estimate fixes in `yarl-core` came out of the simulator earlier: the bucket's \
-         drain applies to this limiter's own unsynced count too (it was added on top of the \
-         drained synced fill, counting a lone busy host's traffic twice), and the static ratio \
-         is read as the whole cluster's inflow, this limiter's own last-interval rate \
-         excluded.\n"
+        "Two details of the estimate that the simulator shows matter: the bucket's drain \
+         applies to this limiter's own unsynced count too (added on top of the drained synced \
+         fill, it would count a lone busy host's traffic twice), and the static ratio is read \
+         as the whole cluster's inflow, this limiter's own last-interval rate excluded.\n"
     );
     let _ = writeln!(w, "## Targets (1 s sync, 50 hosts unless stated), default strategy\n");
     let check = |ok: bool| if ok { "met" } else { "**missed**" };

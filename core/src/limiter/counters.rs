@@ -166,9 +166,9 @@ impl CounterAccess<'_> {
     /// [`SyncEngine::set_pacer`](crate::SyncEngine::set_pacer)), then loads both cache
     /// lines of each of these slots ahead of the work on them. That work
     /// takes and adds with atomic read-modify-writes, and on x86 each of those waits for
-    /// every load before it, so a round's misses on a million-slot zone came one at a time
-    /// (random keys: tens of thousands a round, most of the agent's time). Plain loads in a
-    /// loop of their own overlap. Call it on a few hundred slots at a time: they must
+    /// every load before it, so a round's misses on a million-slot zone would come one at a
+    /// time (random keys: tens of thousands a round, most of the agent's time). Plain loads
+    /// in a loop of their own overlap. Call it on a few hundred slots at a time: they must
     /// still be in the cache when the work reaches them.
     pub fn warm(&self, slots: impl Iterator<Item = u32>) {
         (self.pace)();

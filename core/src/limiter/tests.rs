@@ -554,8 +554,8 @@ fn names_of_every_length_are_found_and_reported() {
     assert_eq!(d.quota.as_deref(), Some(names[200].as_str()), "the rejecting name is whole");
 }
 
-/// Issue 9: a rejected `account_many` with a zero weight marked its chain dirty with nothing
-/// to send.
+/// A rejected `account_many` with a zero weight leaves nothing to send: its chain is not
+/// marked dirty.
 #[test]
 fn a_refused_zero_weight_counts_nothing() {
     let (l, _) = setup();
