@@ -5,7 +5,7 @@ use parking_lot::Mutex;
 /// What a check or an account decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
-    /// No quota of that name: the request passes (SPEC §2, "unknown names pass").
+    /// No quota of that name: the request passes (creating the quota is how limiting starts).
     Unlimited,
     /// Every quota of the chain let it through.
     Passed,

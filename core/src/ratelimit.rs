@@ -3,8 +3,8 @@
 //!
 //! # How a leaky bucket maps to `q`, `w`, `r`, `t`
 //!
-//! A request passes for sure while the fill `F` is at or below `low_burst` (SPEC §2); above
-//! it, it may be dropped. So the fields promise only what passes for sure:
+//! A request passes for sure while the fill `F` is at or below `low_burst`; above it, it
+//! may be dropped. So the fields promise only what passes for sure:
 //!
 //! * `q = floor(low_burst) + 1`: units that pass at once from an empty bucket, sent one unit
 //!   at a time (the last one may take the fill just past `low_burst`);

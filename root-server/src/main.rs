@@ -15,10 +15,10 @@ use yarl_root::{app, db, AppState, Settings};
 // A root's state is a million-quota hash table, counters, a change log and per-session
 // interest: hundreds of MiB touched at random, one cache miss after another on every delta.
 // With 4 KiB pages nearly each of those misses also misses the TLB and walks the page
-// table; with 2 MiB pages it mostly does not. Measured on `cargo bench -p yarl-core --bench
-// root` and `make bench-root` (300 limiters by interest): about a third less CPU per sync.
-// glibc's malloc only takes that setting from the environment (GLIBC_TUNABLES) before the
-// process starts; jemalloc reads it from this symbol.
+// table; with 2 MiB pages it mostly does not, and those walks are a large share of a sync's
+// CPU (`cargo bench -p yarl-core --bench root` shows it). glibc's malloc only takes that
+// setting from the environment (GLIBC_TUNABLES) before the process starts; jemalloc reads
+// it from this symbol.
 #[cfg(all(target_os = "linux", not(target_env = "musl")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -79,7 +79,8 @@ struct Args {
     shard: Option<yarl_core::Shard>,
 }
 
-/// Refuses an open root on a network address: SPEC §4, "secure by default".
+/// Refuses an open root on a network address: without both tokens anyone who reaches it
+/// could change quotas and counters, so that takes `--insecure-no-auth`, said out loud.
 fn check_exposure(args: &Args) -> anyhow::Result<()> {
     let open = args.admin_token_file.is_none() || args.sync_token_file.is_none();
     if args.insecure_no_auth {

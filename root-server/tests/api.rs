@@ -1,5 +1,5 @@
 //! The HTTP API through `app(...).oneshot(...)` over a real SQLite file: every route and
-//! every error the SPEC names.
+//! every error the README's error table names.
 
 mod common;
 

@@ -394,7 +394,8 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
          one host's own traffic since its last sync at `limit · (dt + horizon/10)`. On the hot \
          10x step it gives {:.2} × limit in the first two seconds against {:.2} without, but it \
          also refuses any single weight above a tenth of an interval of the limit and any burst \
-         one host takes from a quota's `high_burst`, which the quota model (SPEC §2) allows. \
+         one host takes from a quota's `high_burst`, which the quota model allows \
+         ([behaviour.md](behaviour.md)). \
          It is an opt-in for request-count quotas whose traffic can pile onto one host.\n\
          * **Recommended bursts: `low_burst` = 1.5 × limit × interval, `high_burst` = 3 × \
          limit × interval.** A limiter's batch reaches the roots about once per interval, so a \
@@ -429,11 +430,10 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
     );
     let _ = writeln!(
         w,
-        "Two estimate fixes in `yarl-core` came out of the simulator earlier: the bucket's \
-         drain applies to this limiter's own unsynced count too (it was added on top of the \
-         drained synced fill, counting a lone busy host's traffic twice), and the static ratio \
-         is read as the whole cluster's inflow, this limiter's own last-interval rate \
-         excluded.\n"
+        "Two details of the estimate that the simulator shows matter: the bucket's drain \
+         applies to this limiter's own unsynced count too (added on top of the drained synced \
+         fill, it would count a lone busy host's traffic twice), and the static ratio is read \
+         as the whole cluster's inflow, this limiter's own last-interval rate excluded.\n"
     );
     let _ = writeln!(w, "## Targets (1 s sync, 50 hosts unless stated), default strategy\n");
     let check = |ok: bool| if ok { "met" } else { "**missed**" };

@@ -164,9 +164,9 @@ impl CounterAccess<'_> {
     /// [`SyncEngine::set_pacer`](crate::SyncEngine::set_pacer)), then loads both cache
     /// lines of each of these slots ahead of the work on them. That work
     /// takes and adds with atomic read-modify-writes, and on x86 each of those waits for
-    /// every load before it, so a round's misses on a million-slot zone came one at a time
-    /// (random keys: tens of thousands a round, most of the agent's time). Plain loads in a
-    /// loop of their own overlap. Call it on a few hundred slots at a time: they must
+    /// every load before it, so a round's misses on a million-slot zone would come one at a
+    /// time (random keys: tens of thousands a round, most of the agent's time). Plain loads
+    /// in a loop of their own overlap. Call it on a few hundred slots at a time: they must
     /// still be in the cache when the work reaches them.
     pub fn warm(&self, slots: impl Iterator<Item = u32>) {
         (self.pace)();
@@ -256,7 +256,8 @@ impl CounterAccess<'_> {
         })
     }
 
-    /// Merges a root's report: `base = max(drained base, reported)` (max of roots, SPEC §1).
+    /// Merges a root's report: `base = max(drained base, reported)`. Every root sums every
+    /// limiter's deltas, so the largest report is the most complete; max is also idempotent.
     pub fn merge_report(&self, s: u32, fill: u64, now: u64) {
         if let Some(x) = self.slot(s) {
             let v = self.synced(s, now).max(fill);

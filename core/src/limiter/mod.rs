@@ -20,7 +20,7 @@
 //! rate, or the rate measured between two syncs (the article's "dynamic ratio"). A counter
 //! that no root reported as changed in the last round is cold: nobody adds to it, `inflow`
 //! is 0 and it drains at once. While no root answers at all, nothing is extrapolated: the
-//! limiter limits on what it knows locally (fail-open, SPEC §1).
+//! limiter limits on what it knows locally (fail-open: no decision waits for a root).
 //!
 //! # One limiter, many handles
 //!

@@ -364,7 +364,8 @@ fn demand_above_the_limit_suppresses_its_excess_share() {
     let rejected = (0..n).filter(|_| l.check("a").outcome == Outcome::Rejected).count();
     let frac = rejected as f64 / n as f64;
     assert!((frac - 0.75).abs() < 0.015, "{frac}");
-    // Below low_burst the demand does not matter: F <= low passes (SPEC 2).
+    // Below low_burst the demand does not matter: F <= low passes (a client within its burst
+    // is never suppressed).
     set_fill(&l, "a", 10.0, now);
     assert!((0..1000).all(|_| l.check("a").allowed()));
     // Nor does it when the cluster view is stale (no root answered).
@@ -553,8 +554,8 @@ fn names_of_every_length_are_found_and_reported() {
     assert_eq!(d.quota.as_deref(), Some(names[200].as_str()), "the rejecting name is whole");
 }
 
-/// Issue 9: a rejected `account_many` with a zero weight marked its chain dirty with nothing
-/// to send.
+/// A rejected `account_many` with a zero weight leaves nothing to send: its chain is not
+/// marked dirty.
 #[test]
 fn a_refused_zero_weight_counts_nothing() {
     let (l, _) = setup();
