@@ -1,7 +1,7 @@
 //! The discrete-event simulation: real `Limiter`s, `SyncEngine`s and `RootState`s, one
 //! virtual clock, a network that delays, jitters and loses sync calls.
 
-use crate::load::{Arrivals, Load, Weights};
+use crate::load::{Arrivals, KeyArrival, KeyArrivals, KeySpace, Load, Weights};
 use crate::reference::{FixedWindow, IdealBucket, SlidingWindow, TokenBucket};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -61,8 +61,10 @@ pub struct Scenario {
     pub interval: Duration,
     /// Simulated seconds.
     pub seconds: u64,
-    /// Offered traffic.
+    /// Offered traffic on the one quota (ignored with `keys`).
     pub load: Load,
+    /// Instead of one quota, one per key, each with `limit`, and their traffic.
+    pub keys: Option<KeySpace>,
     /// Request weights.
     pub weights: Weights,
     /// Network and clocks.
@@ -134,6 +136,8 @@ pub struct RunResult {
     pub root_messages: Vec<f64>,
     /// Early rounds over all hosts.
     pub early_rounds: u64,
+    /// With keys: (admitted, offered) weight of each burst, by its number.
+    pub bursts: Vec<(f64, f64)>,
 }
 
 /// A host's clock: the shared virtual time plus this host's skew.
@@ -192,6 +196,27 @@ enum Decider {
     Fixed(FixedWindow),
     Sliding(SlidingWindow),
     Ideal(IdealBucket),
+    /// One ideal bucket per key.
+    IdealKeys(Vec<IdealBucket>),
+}
+
+/// Where requests come from: the one quota's load, or a key space.
+enum Source<'a> {
+    Shared(Arrivals<'a>),
+    Keys(KeyArrivals),
+}
+
+impl Source<'_> {
+    /// The next request; `t` is infinite when there is none.
+    fn next(&mut self, rng: &mut fastrand::Rng) -> KeyArrival {
+        match self {
+            Source::Shared(a) => {
+                let (t, host) = a.next(rng);
+                KeyArrival { t, host, key: 0, burst: 0 }
+            }
+            Source::Keys(k) => k.next(rng),
+        }
+    }
 }
 
 struct Queue {
@@ -204,6 +229,11 @@ impl Queue {
         self.seq += 1;
         self.heap.push(Reverse((at, self.seq, e)));
     }
+}
+
+/// The quota of key `i` in a key space.
+fn key_name(i: usize) -> String {
+    format!("k{i}")
 }
 
 fn ns(d: Duration) -> u64 {
@@ -235,6 +265,7 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         limit: scenario.limit,
         root_messages: vec![0.0; secs],
         early_rounds: 0,
+        bursts: Vec::new(),
     };
     let interval = ns(scenario.interval);
     let mut q = Queue { heap: BinaryHeap::new(), seq: 0 };
@@ -250,23 +281,51 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         }
         Strategy::FixedWindow => Decider::Fixed(FixedWindow::new(scenario.limit, 1.0)),
         Strategy::SlidingWindow => Decider::Sliding(SlidingWindow::new(scenario.limit, 1.0)),
-        Strategy::IdealBucket { low_s, high_s } => Decider::Ideal(IdealBucket::new(
-            scenario.limit,
-            low_s * scenario.limit,
-            high_s * scenario.limit,
-            scenario.seed,
-        )),
+        Strategy::IdealBucket { low_s, high_s } => {
+            let bucket = |k: usize| {
+                IdealBucket::new(
+                    scenario.limit,
+                    low_s * scenario.limit,
+                    high_s * scenario.limit,
+                    scenario.seed ^ k as u64,
+                )
+            };
+            match scenario.keys {
+                None => Decider::Ideal(bucket(0)),
+                Some(k) => Decider::IdealKeys((0..k.keys).map(bucket).collect()),
+            }
+        }
     };
+    assert!(
+        scenario.keys.is_none() || matches!(decider, Decider::Yarl(_) | Decider::IdealKeys(_)),
+        "key spaces are simulated for YARL and the ideal bucket only"
+    );
     if matches!(decider, Decider::Yarl(_)) {
         q.push(EPOCH_NS + 5 * 1_000_000_000, Event::Sweep);
     }
-    let mut arrivals =
-        Arrivals::new(&scenario.load, scenario.limit, scenario.weights, scenario.hosts);
     let mut traffic_rng = fastrand::Rng::with_seed(scenario.seed ^ 0x5eed_0f7a_ff1c);
-    let (t0, h0) = arrivals.next(&mut traffic_rng);
-    let mut next_host = h0;
-    if t0.is_finite() {
-        q.push(EPOCH_NS + (t0 * NS) as u64, Event::Arrival);
+    let mut arrivals = match scenario.keys {
+        None => Source::Shared(Arrivals::new(
+            &scenario.load,
+            scenario.limit,
+            scenario.weights,
+            scenario.hosts,
+        )),
+        Some(k) => Source::Keys(KeyArrivals::new(
+            k,
+            scenario.limit,
+            scenario.weights,
+            scenario.hosts,
+            &mut traffic_rng,
+        )),
+    };
+    let names: Vec<String> = match scenario.keys {
+        None => vec![QUOTA.to_string()],
+        Some(k) => (0..k.keys).map(key_name).collect(),
+    };
+    let mut next = arrivals.next(&mut traffic_rng);
+    if next.t.is_finite() {
+        q.push(EPOCH_NS + (next.t * NS) as u64, Event::Arrival);
     }
     let end = EPOCH_NS + scenario.seconds * 1_000_000_000;
 
@@ -281,15 +340,28 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 let w = scenario.weights.sample(&mut traffic_rng);
                 let sec = true_s as usize;
                 out.offered[sec] += w as f64;
+                let next_host = next.host;
                 let ok = match &mut decider {
-                    Decider::Yarl(y) => {
-                        y.hosts[next_host].limiter.account(QUOTA, w).expect("weight").allowed()
-                    }
+                    Decider::Yarl(y) => y.hosts[next_host]
+                        .limiter
+                        .account(&names[next.key], w)
+                        .expect("weight")
+                        .allowed(),
                     Decider::Buckets(b) => b[next_host].take(true_s, w as f64),
                     Decider::Fixed(f) => f.take(true_s, w as f64),
                     Decider::Sliding(s) => s.take(true_s, w as f64),
                     Decider::Ideal(b) => b.take(true_s, w as f64),
+                    Decider::IdealKeys(b) => b[next.key].take(true_s, w as f64),
                 };
+                if scenario.keys.is_some() {
+                    if out.bursts.len() <= next.burst {
+                        out.bursts.resize(next.burst + 1, (0.0, 0.0));
+                    }
+                    out.bursts[next.burst].1 += w as f64;
+                    if ok {
+                        out.bursts[next.burst].0 += w as f64;
+                    }
+                }
                 if let Decider::Yarl(y) = &mut decider {
                     let host = &mut y.hosts[next_host];
                     if y.early && !host.in_flight {
@@ -306,10 +378,9 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                     out.rejected[sec] += w as f64;
                     out.rejection_times.push(true_s);
                 }
-                let (t, h) = arrivals.next(&mut traffic_rng);
-                next_host = h;
-                if t.is_finite() {
-                    q.push(EPOCH_NS + (t * NS) as u64, Event::Arrival);
+                next = arrivals.next(&mut traffic_rng);
+                if next.t.is_finite() {
+                    q.push(EPOCH_NS + (next.t * NS) as u64, Event::Arrival);
                 }
             }
             Event::Round(h) => {
@@ -360,20 +431,25 @@ fn build_yarl(
     rng: &mut fastrand::Rng,
     q: &mut Queue,
 ) -> Yarl {
-    let quota = QuotaUpdate {
-        id: 1,
-        name: QUOTA.into(),
-        epoch: 1,
+    let limits = Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
+        .expect("valid limits");
+    let quota = |id: u64, name: String| QuotaUpdate {
+        id,
+        name,
+        epoch: id,
         deleted: false,
         reset_epoch: 0,
-        limits: Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
-            .expect("valid limits"),
+        limits,
         parent: None,
+    };
+    let quotas: Vec<QuotaUpdate> = match s.keys {
+        None => vec![quota(1, QUOTA.into())],
+        Some(k) => (0..k.keys).map(|i| quota(i as u64 + 1, key_name(i))).collect(),
     };
     let roots: Vec<(RootState, i64)> = (0..s.roots)
         .map(|_| {
             let mut r = RootState::new(RootConfig::default());
-            r.apply_quotas([quota.clone()], 0);
+            r.apply_quotas(quotas.iter().cloned(), 0);
             (r, skew(rng, s.net.max_skew))
         })
         .collect();
@@ -391,13 +467,13 @@ fn build_yarl(
                     .horizon(s.interval)
                     .demand(cfg.demand)
                     .local_guard(cfg.guard)
-                    // One quota: the smallest block, so 300 hosts stay cheap.
-                    .capacity(yarl_core::zone::MIN_QUOTAS)
+                    // The smallest block that holds the quotas, so 300 hosts stay cheap.
+                    .capacity((quotas.len() as u32).max(yarl_core::zone::MIN_QUOTAS))
                     .build(),
             );
             // Every limiter knows the quota before traffic starts (it would after its first
             // sync anyway; this keeps the first second about counting, not about discovery).
-            limiter.apply_quotas(std::slice::from_ref(&quota));
+            limiter.apply_quotas(&quotas);
             let engine = SyncEngine::new(limiter.clone(), urls.clone(), config.clone())
                 .expect("fresh limiter, positive interval");
             Host { limiter, engine, offset, outstanding: 0, in_flight: false }

@@ -192,6 +192,133 @@ impl<'a> Arrivals<'a> {
     }
 }
 
+/// Traffic over many keys, each its own quota with the scenario's limit and bursts (a limit
+/// per client: per API key, per IP).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeySpace {
+    /// Keys (quotas `k0`, `k1`, …).
+    pub keys: usize,
+    /// When each key sends.
+    pub pattern: KeyPattern,
+    /// Which host a key's request lands on.
+    pub hosts: KeyHosts,
+}
+
+/// When each key of a [`KeySpace`] sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KeyPattern {
+    /// Quiet for a uniform time in `idle_s`, then a burst at `peak` × the limit for a
+    /// uniform time in `burst_s` (Poisson within it), and again; the first burst of each
+    /// key starts within its first quiet time.
+    QuietThenBurst {
+        /// Range of the quiet times, s.
+        idle_s: (f64, f64),
+        /// Range of the burst lengths, s.
+        burst_s: (f64, f64),
+        /// Rate during a burst, times the key's limit.
+        peak: f64,
+    },
+}
+
+/// Which host a key's request lands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHosts {
+    /// Any host, at random (a load balancer spreading every request).
+    Random,
+    /// Always the same host per key (a client kept on one host, e.g. by a keep-alive
+    /// connection or a consistent hash).
+    Sticky,
+}
+
+/// One key's request: its time (s), host, key, and which burst it belongs to (numbered over
+/// all keys in the order bursts start).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyArrival {
+    pub t: f64,
+    pub host: usize,
+    pub key: usize,
+    pub burst: usize,
+}
+
+/// The arrivals of a [`KeySpace`] in time order.
+pub struct KeyArrivals {
+    space: KeySpace,
+    /// Requests per second of one key during a burst.
+    rate: f64,
+    hosts: usize,
+    /// (next arrival, key), earliest first.
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
+    /// Per key: the current burst's end (s) and number.
+    bursts: Vec<(f64, usize)>,
+    next_burst: usize,
+}
+
+/// Times in the heap: whole nanoseconds, so they order exactly.
+fn to_ns(t: f64) -> u64 {
+    (t * 1e9) as u64
+}
+
+impl KeyArrivals {
+    pub fn new(
+        space: KeySpace,
+        limit: f64,
+        weights: Weights,
+        hosts: usize,
+        rng: &mut fastrand::Rng,
+    ) -> Self {
+        let KeyPattern::QuietThenBurst { idle_s, peak, .. } = space.pattern;
+        let mut a = KeyArrivals {
+            space,
+            rate: peak * limit / weights.mean(),
+            hosts,
+            heap: Default::default(),
+            bursts: vec![(0.0, 0); space.keys],
+            next_burst: 0,
+        };
+        for key in 0..space.keys {
+            let start = rng.f64() * idle_s.1;
+            a.start_burst(key, start, rng);
+        }
+        a
+    }
+
+    fn start_burst(&mut self, key: usize, start: f64, rng: &mut fastrand::Rng) {
+        let KeyPattern::QuietThenBurst { burst_s, .. } = self.space.pattern;
+        let len = burst_s.0 + rng.f64() * (burst_s.1 - burst_s.0);
+        self.bursts[key] = (start + len, self.next_burst);
+        self.next_burst += 1;
+        let first = start + -(1.0 - rng.f64()).ln() / self.rate;
+        self.heap.push(std::cmp::Reverse((to_ns(first), key)));
+    }
+
+    /// The next request of any key.
+    pub fn next(&mut self, rng: &mut fastrand::Rng) -> KeyArrival {
+        let KeyPattern::QuietThenBurst { idle_s, .. } = self.space.pattern;
+        loop {
+            let std::cmp::Reverse((at, key)) = self.heap.pop().expect("every key has a next");
+            let t = at as f64 * 1e-9;
+            let (end, burst) = self.bursts[key];
+            if t >= end {
+                let quiet = idle_s.0 + rng.f64() * (idle_s.1 - idle_s.0);
+                self.start_burst(key, end + quiet, rng);
+                continue;
+            }
+            let gap = -(1.0 - rng.f64()).ln() / self.rate;
+            self.heap.push(std::cmp::Reverse((to_ns(t + gap), key)));
+            let host = match self.space.hosts {
+                KeyHosts::Random => rng.usize(..self.hosts),
+                KeyHosts::Sticky => key % self.hosts,
+            };
+            return KeyArrival { t, host, key, burst };
+        }
+    }
+
+    /// Bursts started so far.
+    pub fn bursts(&self) -> usize {
+        self.next_burst
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +341,44 @@ mod tests {
         let after: u32 = per_s[5..].iter().sum();
         assert!((before as f64 / 5000.0 - 1.0).abs() < 0.05, "{before}");
         assert!((after as f64 / 15000.0 - 1.0).abs() < 0.05, "{after}");
+    }
+
+    #[test]
+    fn quiet_keys_burst_at_their_peak_and_rest_in_between() {
+        let space = KeySpace {
+            keys: 20,
+            pattern: KeyPattern::QuietThenBurst {
+                idle_s: (30.0, 60.0),
+                burst_s: (2.0, 4.0),
+                peak: 10.0,
+            },
+            hosts: KeyHosts::Sticky,
+        };
+        let mut rng = fastrand::Rng::with_seed(5);
+        let mut a = KeyArrivals::new(space, 10.0, Weights::One, 4, &mut rng);
+        let mut per_burst: std::collections::HashMap<usize, (usize, f64, f64, usize)> =
+            Default::default();
+        let mut last = 0.0;
+        loop {
+            let r = a.next(&mut rng);
+            if r.t >= 600.0 {
+                break;
+            }
+            assert!(r.t >= last, "in time order");
+            last = r.t;
+            assert_eq!(r.host, r.key % 4, "sticky");
+            let e = per_burst.entry(r.burst).or_insert((r.key, r.t, r.t, 0));
+            assert_eq!(e.0, r.key, "a burst is one key's");
+            e.2 = r.t;
+            e.3 += 1;
+        }
+        // 100 requests/s for 2-4 s: about 300 per burst; bursts of one key 30-60 s apart.
+        let sizes: Vec<usize> = per_burst.values().map(|b| b.3).collect();
+        let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;
+        assert!((250.0..350.0).contains(&mean), "{mean} requests per burst");
+        assert!(per_burst.values().all(|b| b.2 - b.1 < 4.0), "bursts end");
+        let bursts_per_key = per_burst.len() as f64 / 20.0;
+        assert!((9.0..16.0).contains(&bursts_per_key), "{bursts_per_key} bursts per key in 600 s");
     }
 
     #[test]
