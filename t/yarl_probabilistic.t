@@ -37,7 +37,7 @@ $t->run();
 my $p = $t->port(8080);
 ok($t->wait_quota($p, 'p', 5), 'quota arrived');
 
-# The core also suppresses the share of attempted demand above the limit (seed 004); a
+# The core also suppresses the share of attempted demand above the limit; a
 # burst of 200 units at a 0.001/s limit is such demand. Wait until the roots' demand meter
 # has seen quiet rounds, so only the zone formula decides.
 sub quiet { sleep 2 }

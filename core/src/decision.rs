@@ -56,7 +56,8 @@ pub fn drop_probability(fill: f64, low: u64, high: u64) -> f64 {
 
 /// Seconds (at least 1) until `fill` milli-units drain to `low` at `limit` milli-units/s.
 ///
-/// Stable between consecutive calls (seed `003_…`): the estimate between syncs is a function
+/// Stable between consecutive calls (a client told to wait must not be told otherwise a moment
+/// later): the estimate between syncs is a function
 /// of the last synced value and elapsed time, so two requests a millisecond apart get the
 /// same answer, and the value only steps down as time passes.
 #[inline]

@@ -73,7 +73,7 @@ pub struct DeltaBatch {
     /// Per-limiter sequence number, increasing.
     pub seq: u64,
     /// `[quota id, admitted milli-units, rejected milli-units]`: what passed (and was added
-    /// to the counter) and what was refused (only feeds the demand meter, seed `004_…`).
+    /// to the counter) and what was refused (only feeds the demand meter).
     pub deltas: Vec<(QuotaId, u64, u64)>,
     /// The limiter's `seen_epoch` when it took the batch: counted before a reset of a quota
     /// at a later epoch, so a root drops its deltas for that quota.

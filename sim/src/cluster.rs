@@ -107,7 +107,8 @@ pub enum Strategy {
     },
     /// Reference: one exact central counter per calendar second (a Redis `INCR` per request).
     FixedWindow,
-    /// Reference: seed `001_…`'s sliding-window approximation over 1 s, central and exact.
+    /// Reference: the sliding-window approximation over 1 s (the previous window's count
+    /// weighted by its remaining overlap), central and exact.
     SlidingWindow,
     /// Reference: one exact central leaky bucket with yarl's bursts and drop zone (what yarl
     /// would decide with perfect, instant knowledge of the cluster).

@@ -202,7 +202,7 @@ pub fn strategies() -> Vec<(String, Strategy)> {
         ("zone + demand + local guard, r=1.0".into(), y(YarlConfig { guard: true, ..d })),
         ("ref: token bucket limit/N per host".into(), Strategy::TokenBucket { burst_s: 1.5 }),
         ("ref: fixed window, central".into(), Strategy::FixedWindow),
-        ("ref: sliding window (seed 001), central".into(), Strategy::SlidingWindow),
+        ("ref: sliding window, central".into(), Strategy::SlidingWindow),
         (
             "ref: ideal leaky bucket 1.5/3 s, central".into(),
             Strategy::IdealBucket { low_s: d.low_s, high_s: d.high_s },

@@ -60,7 +60,7 @@ impl FixedWindow {
     }
 }
 
-/// Seed `001_…`: the count of the last `window` seconds estimated from two fixed windows,
+/// The sliding-window approximation: the count of the last `window` seconds estimated from two fixed windows,
 /// `previous · (1 - elapsed / window) + current`, counted exactly in one place.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlidingWindow {

@@ -59,7 +59,7 @@ impl Limiter {
     }
 
     /// Decides for `name` and its ancestors; if allowed, adds `weight` units to every counter
-    /// of the chain, if rejected adds nothing (all-or-nothing, seed `002_…`).
+    /// of the chain, if rejected adds nothing (all-or-nothing: a request refused by one limit takes nothing from the others).
     #[inline]
     pub fn account(&self, name: &str, weight: u64) -> Result<Decision, WeightError> {
         if weight > MAX_WEIGHT_UNITS {
@@ -218,7 +218,7 @@ impl Limiter {
                 }
             }
             if self.demand && fill > low as f64 && fresh {
-                // Seed 004: suppress exactly the share of the attempted demand above the
+                // Suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
                 let demand = Rates::unpack(slot.get(RATES)).demand;
                 if demand > limit as f64 {
