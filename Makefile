@@ -25,7 +25,7 @@ NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | 
 
 .PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-root \
 	bench-tower clean distro-deps distro-module distro-test packaging-test install \
-	docker-deps docker-image docker-test docker-cluster docker-cluster-down
+	docker-deps docker-image docker-test docker-cluster docker-cluster-down sim
 
 # The module for an installed nginx (Debian 12's 1.22.1 by default; any nginx whose source
 # of the same version is at DISTRO_NGINX_SRC): built with NGINX_BUILD_DIR in its own target
@@ -250,7 +250,7 @@ docker-cluster: docker-deps
 docker-cluster-down:
 	packaging/docker/cluster.sh down
 
-# Regenerates docs/accuracy.md and its figures (fixed seed). PHONY: sim/ is a directory.
-.PHONY: sim
+# Regenerates docs/accuracy.md and its figures (fixed seed). In .PHONY above: sim/ is a
+# directory, which would otherwise make the target always up to date.
 sim:
 	$(CARGO) run --release -p yarl-sim -- --out docs

@@ -41,6 +41,7 @@
 # (needs root). The module asks for huge pages on its zone, which Linux only grants for
 # shared memory when that setting is `advise` or `always` (docs/operations.md).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 : "${NGINX_BIN:?}" "${MODULE_SO:?}" "${ROOT_BIN:?}"
 MODULE_SO=$(readlink -f "$MODULE_SO")
@@ -74,43 +75,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-    for _ in $(seq 1 100); do
-        local p=$((20000 + RANDOM % 40000))
-        if port_free "$p"; then echo "$p"; return; fi
-    done
-    echo "no free port" >&2; exit 1
-}
-
 ROOT_PORT=$(free_port)
-ROOT_URL="http://127.0.0.1:$ROOT_PORT"
 # The root stands for another machine: its work (tens of thousands of counters per second in
 # the account runs) must not be charged to the nginx measured. It runs on wrk's CPU (1) and
 # only when that CPU would idle (SCHED_IDLE). At nice 19 on any CPU, as before, it still took
 # slices of nginx's CPU: the same hour, same build, yarl_account 1M was 0.80 of plain (p99
 # 3.5 ms) with it there and 0.92 (p99 2.3 ms) with it here, 6 interleaved rounds each.
-taskset -c 1 chrt --idle 0 "$ROOT_BIN" --listen "127.0.0.1:$ROOT_PORT" --db "sqlite://$DIR/yarl.db" >"$DIR/root.log" 2>&1 &
-ROOT_PID=$!
-for _ in $(seq 1 100); do
-    curl -sf "$ROOT_URL/healthz" >/dev/null 2>&1 && break
-    kill -0 "$ROOT_PID" 2>/dev/null || { cat "$DIR/root.log" >&2; exit 1; }
-    sleep 0.1
-done
-
-echo "loading $QUOTAS quotas into the root..."
-awk -v t="$TENANTS" -v b="$BUCKETS" -v l="$LEAVES" 'BEGIN {
-    q = "\"limit\":1000000,\"low_burst\":1000000000,\"high_burst\":1000000000";
-    printf "[";
-    for (i = 0; i < t; i++) printf "%s{\"name\":\"tenant-%d\",%s}\n", (i ? "," : ""), i, q;
-    for (i = 0; i < b; i++) printf ",{\"name\":\"tenant-%d.b%d\",%s,\"parent\":\"tenant-%d\"}\n", i % t, i, q, i % t;
-    for (i = 0; i < l; i++) { k = i % b; printf ",{\"name\":\"s3_bucket-%07d_read\",%s,\"parent\":\"tenant-%d.b%d\"}\n", i, q, k % t, k; }
-    printf "]";
-}' >"$DIR/batch.json"
-start=$(date +%s.%N)
-curl -sf -X POST --data-binary "@$DIR/batch.json" "$ROOT_URL/v1/quotas:batch" >/dev/null
-echo "loaded in $(echo "$(date +%s.%N) - $start" | bc) s"
-rm -f "$DIR/batch.json"
+start_root "$DIR" "$ROOT_PORT" taskset -c 1 chrt --idle 0
+load_bench_quotas "$ROOT_URL" "$DIR" "$TENANTS" "$BUCKETS" "$LEAVES"
 
 cat >"$DIR/bench.lua" <<EOF
 local leaves = $LEAVES
@@ -210,17 +182,10 @@ workers_cpu_ns() {
     echo "$total"
 }
 
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
-
 # The distribution-free 95 % interval of the median of the numbers on stdin: the order
 # statistics n/2 -/+ 0.98 sqrt(n) (binomial), "lo hi". With 20 rounds, the 5th and 16th.
 median_ci() {
     sort -g | awk '{a[NR] = $1} END {k = int(NR / 2 - 0.98 * sqrt(NR)); if (k < 1) k = 1; print a[k], a[NR - k + 1]}'
-}
-
-to_ms() {
-    # wrk prints 123.45us, 1.23ms, 1.02s
-    awk '{v = $1; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /s$/) {sub(/s$/, "", v); v *= 1000} print v}'
 }
 
 declare -A RPS P99 CPR
@@ -258,7 +223,7 @@ for workers in $WORKER_SET; do
         BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d2s -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
     done
     for round in $(seq 1 "$ROUNDS"); do
-        order=$(echo $VARIANTS | tr ' ' '\n' | awk -v r="$round" '{a[NR] = $0} END {for (i = 0; i < NR; i++) print a[(i + r - 1) % NR + 1]}')
+        order=$(rotated "$round" $VARIANTS)
         for v in $order; do
             cpu0=$(workers_cpu_ns "$d")
             out=$(BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:$port")
@@ -266,10 +231,8 @@ for workers in $WORKER_SET; do
             reqs=$(echo "$out" | awk '/ requests in / {print $1}')
             CPR[$v]=$(echo "($cpu1 - $cpu0) / ${reqs:-1}" | bc -l)
             echo "${CPR[$v]}" >>"$d/$v.cpr"
-            rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
-            p99=$(echo "$out" | awk '$1 == "99%" {print $2}' | to_ms)
-            non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
-            [ -z "$non2xx" ] || echo "  warning: $v had $non2xx non-2xx answers" >&2
+            wrk_figures "$v" "$out"
+            rps=$WRK_RPS p99=$WRK_P99
             echo "$rps" >>"$d/$v.rps"
             echo "$p99" >>"$d/$v.p99"
             RPS[$v]=$rps

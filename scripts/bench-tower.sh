@@ -28,6 +28,7 @@
 # BENCH_ROUNDS (5), BENCH_CONNECTIONS (16), BENCH_QUOTAS_LEAVES (989001),
 # BENCH_INPROC_REQUESTS (1000000).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 : "${ROOT_BIN:?}" "${BENCH_SERVER:?}" "${LAYER_COST:?}"
 SECONDS_PER=${BENCH_SECONDS:-5}
@@ -52,42 +53,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-    for _ in $(seq 1 100); do
-        local p=$((20000 + RANDOM % 40000))
-        if port_free "$p" && ! grep -qx "$p" "$DIR/ports" 2>/dev/null; then
-            echo "$p" >>"$DIR/ports"
-            echo "$p"
-            return
-        fi
-    done
-    echo "no free port" >&2; exit 1
-}
-
-ROOT_PORT=$(free_port)
-ROOT_URL="http://127.0.0.1:$ROOT_PORT"
-nice -n 19 "$ROOT_BIN" --listen "127.0.0.1:$ROOT_PORT" --db "sqlite://$DIR/yarl.db" >"$DIR/root.log" 2>&1 &
-ROOT_PID=$!
-for _ in $(seq 1 100); do
-    curl -sf "$ROOT_URL/healthz" >/dev/null 2>&1 && break
-    kill -0 "$ROOT_PID" 2>/dev/null || { cat "$DIR/root.log" >&2; exit 1; }
-    sleep 0.1
-done
-
-echo "loading $QUOTAS quotas into the root..."
-awk -v t="$TENANTS" -v b="$BUCKETS" -v l="$LEAVES" 'BEGIN {
-    q = "\"limit\":1000000,\"low_burst\":1000000000,\"high_burst\":1000000000";
-    printf "[";
-    for (i = 0; i < t; i++) printf "%s{\"name\":\"tenant-%d\",%s}\n", (i ? "," : ""), i, q;
-    for (i = 0; i < b; i++) printf ",{\"name\":\"tenant-%d.b%d\",%s,\"parent\":\"tenant-%d\"}\n", i % t, i, q, i % t;
-    for (i = 0; i < l; i++) { k = i % b; printf ",{\"name\":\"s3_bucket-%07d_read\",%s,\"parent\":\"tenant-%d.b%d\"}\n", i, q, k % t, k; }
-    printf "]";
-}' >"$DIR/batch.json"
-start=$(date +%s.%N)
-curl -sf -X POST --data-binary "@$DIR/batch.json" "$ROOT_URL/v1/quotas:batch" >/dev/null
-echo "loaded in $(echo "$(date +%s.%N) - $start" | bc) s"
-rm -f "$DIR/batch.json"
+# The server's ports are picked before it listens on them: free_port keeps every port
+# apart through $DIR/ports.
+ROOT_PORT=$(free_port "$DIR/ports")
+start_root "$DIR" "$ROOT_PORT" nice -n 19
+load_bench_quotas "$ROOT_URL" "$DIR" "$TENANTS" "$BUCKETS" "$LEAVES"
 
 cat >"$DIR/bench.lua" <<EOF
 local leaves = $LEAVES
@@ -102,7 +72,7 @@ declare -A PORT LABEL=([plain]="axum hello-world, no layer"
     [governor]="tower-governor, keyed by peer IP (per process)"
     [yarl1]="yarl-tower, one quota (cluster-wide)"
     [yarl1m]="yarl-tower, random quota across 1M (cluster-wide)")
-for v in $VARIANTS; do PORT[$v]=$(free_port); done
+for v in $VARIANTS; do PORT[$v]=$(free_port "$DIR/ports"); done
 
 echo "starting the bench server; its limiter syncs $QUOTAS quotas from the root..."
 start=$(date +%s.%N)
@@ -118,12 +88,7 @@ done
 grep -q '^ready' "$DIR/server.out" || { echo "the bench server did not get ready" >&2; exit 1; }
 cat "$DIR/server.err"
 
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 spread() { sort -g | awk '{a[NR] = $1} END {print a[NR] - a[1]}'; }
-to_ms() {
-    # wrk prints 123.45us, 1.23ms, 1.02s
-    awk '{v = $1; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /s$/) {sub(/s$/, "", v); v *= 1000} print v}'
-}
 run_wrk() { # VARIANT SECONDS [--latency]
     taskset -c 1 wrk -t1 -c"$CONNS" -d"$2s" ${3:-} -s "$DIR/bench.lua" "http://127.0.0.1:${PORT[$1]}"
 }
@@ -132,13 +97,11 @@ run_wrk() { # VARIANT SECONDS [--latency]
 for v in $VARIANTS; do run_wrk "$v" 2 >/dev/null; done
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 for round in $(seq 1 "$ROUNDS"); do
-    order=$(echo $VARIANTS | tr ' ' '\n' | awk -v r="$round" '{a[NR] = $0} END {for (i = 0; i < NR; i++) print a[(i + r - 1) % NR + 1]}')
+    order=$(rotated "$round" $VARIANTS)
     for v in $order; do
         out=$(run_wrk "$v" "$SECONDS_PER" --latency)
-        rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
-        p99=$(echo "$out" | awk '$1 == "99%" {print $2}' | to_ms)
-        non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
-        [ -z "$non2xx" ] || echo "  warning: $v had $non2xx non-2xx answers" >&2
+        wrk_figures "$v" "$out"
+        rps=$WRK_RPS p99=$WRK_P99
         echo "$rps" >>"$DIR/$v.rps"
         echo "$p99" >>"$DIR/$v.p99"
         printf '  round %d %-9s %9.0f req/s  p99 %.3f ms\n' "$round" "$v" "$rps" "$p99"

@@ -9,6 +9,7 @@
 # The binary: $YARL_ROOT_BIN, else ${CARGO_TARGET_DIR:-target}/release/yarl-root
 # (build it with `cargo build --release -p yarl-root`).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 COUNT=${1:-1000000}
 case "$COUNT" in ''|*[!0-9]*) echo "usage: $0 [COUNT]" >&2; exit 2 ;; esac
@@ -26,7 +27,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 PORT=""
 for _ in $(seq 1 50); do
     p=$((20000 + RANDOM % 40000))
@@ -52,11 +52,7 @@ echo "body: $(($(stat -c %s "$DIR/batch.json") / 1024 / 1024)) MiB"
 
 RUST_LOG=${RUST_LOG:-info} "$BIN" --listen "127.0.0.1:$PORT" --db "sqlite://$DIR/yarl.db" >"$DIR/root.log" 2>&1 &
 PID=$!
-for _ in $(seq 1 100); do
-    curl -sf "$URL/healthz" >/dev/null 2>&1 && break
-    kill -0 "$PID" 2>/dev/null || { cat "$DIR/root.log" >&2; exit 1; }
-    sleep 0.1
-done
+wait_healthz "$URL" "$PID" "$DIR/root.log"
 rss() { awk '/VmRSS/ {printf "%.1f MiB", $2 / 1024}' "/proc/$PID/status"; }
 echo "root started (pid $PID), RSS $(rss)"
 

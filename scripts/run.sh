@@ -10,6 +10,7 @@
 # RUN_DEMO_ONLY=1 stops after the demo instead of waiting for Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 
 : "${NGINX_BIN:?}" "${MODULE_SO:?}" "${ROOT_BIN:?}" "${S3_APP_BIN:?}"
 RUN=$PWD/.run
@@ -17,7 +18,7 @@ ROOT_ADDR=127.0.0.1:7700
 mkdir -p "$RUN/nginx/logs"
 
 for port in 7700 8080 8081; do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    if ! port_free "$port"; then
         echo "make run: port $port on 127.0.0.1 is already in use (an earlier make run?)" >&2
         exit 1
     fi
@@ -50,11 +51,7 @@ trap stop INT TERM EXIT
 "$ROOT_BIN" --listen "$ROOT_ADDR" --db "sqlite://$RUN/yarl.db" --poll-interval 1s \
     >"$RUN/yarl-root.log" 2>&1 &
 root_pid=$!
-for _ in $(seq 1 100); do
-    curl -fs "http://$ROOT_ADDR/healthz" >/dev/null 2>&1 && break
-    kill -0 "$root_pid" 2>/dev/null || { cat "$RUN/yarl-root.log" >&2; exit 1; }
-    sleep 0.1
-done
+wait_healthz "http://$ROOT_ADDR" "$root_pid" "$RUN/yarl-root.log"
 
 # The application: accounts each handler's quota; one JSON line per request in its log.
 "$S3_APP_BIN" --listen 127.0.0.1:8081 --root "http://$ROOT_ADDR" --access-log \

@@ -10,6 +10,7 @@
 # own cluster, so runs never interfere. Installs Debian's `postgresql` if it is missing.
 # PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 if [ $# -eq 0 ]; then
     echo "usage: $0 CMD [ARGS...]" >&2
@@ -59,9 +60,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # Below Linux's ephemeral range (32768-60999): a port an outgoing connection holds looks free
-# to the probe above but cannot be bound. The start is retried on another port anyway.
+# to port_free (lib.sh) but cannot be bound. The start is retried on another port anyway.
 pick_port() {
     PORT=""
     for _ in $(seq 1 50); do

@@ -14,11 +14,7 @@ use Test::Yarl qw(http_get status_of header_of);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF');
-%%TEST_GLOBALS%%
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF');
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     server {
@@ -37,7 +33,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF
 $t->run_root('A');
 # a1..a5 never reject; a6 (the last line) takes 3 units, then rejects. All barely drain.

@@ -17,12 +17,7 @@ use Time::HiRes qw(time sleep);
 my $t = Test::Yarl->new();
 $t->write_file('object.bin', 'x' x 1_000_000);
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 2);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
     error_log %%TESTDIR%%/info.log info;
@@ -51,7 +46,6 @@ http {
             try_files /index.html =404;
         }
     }
-}
 EOF2
 $t->run_root('A');
 $t->run();

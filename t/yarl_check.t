@@ -16,12 +16,7 @@ $t->run_root('A');
 $t->put_quota('c', 0.01, 10, 10);
 $t->put_quota('other', 0.01, 10, 10);
 
-my $conf = <<'EOF2';
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+my $http = <<'EOF2';
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     server {
@@ -33,10 +28,9 @@ http {
         location /acct/ { alias %%TESTDIR%%/; yarl_account $arg_q; }
         location = /stats { yarl_stats; }
     }
-}
 EOF2
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', $conf);
+$t->write_http_conf($http, workers => 1);
 $t->run();
 my $p = $t->port(8080);
 ok($t->wait_quota($p, 'c', 5), 'quota arrived from the root');
@@ -61,9 +55,9 @@ is(header_of($r, 'X-Yarl-Quota'), 'c', '$yarl_quota names the rejecting quota');
 # Another limiter (a second nginx) accounts on "other"; this one only checks it.
 my $t2 = Test::Yarl->new();
 my $root = $t->root_url('A');
-(my $conf2 = $conf) =~ s/%%ROOT_A%%/$root/;
+(my $http2 = $http) =~ s/%%ROOT_A%%/$root/;
 $t2->write_file('index.html', "hello\n");
-$t2->write_file_expand('nginx.conf', $conf2);
+$t2->write_http_conf($http2, workers => 1);
 $t2->run();
 my $p2 = $t2->port(8080);
 ok($t2->wait_quota($p2, 'other', 5), 'second limiter has the quota');

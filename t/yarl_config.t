@@ -18,11 +18,7 @@ system("$FindBin::Bin/../scripts/make-test-ca.sh '" . $t->testdir . "' >/dev/nul
 sub conf {
 	my ($http, $location) = @_;
 	$location //= '';
-	$t->write_file_expand('nginx.conf', <<"EOF");
-%%TEST_GLOBALS%%
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+	$t->write_http_conf(<<"EOF");
     $http
     server {
         listen 127.0.0.1:%%PORT_8080%%;
@@ -30,7 +26,6 @@ http {
             $location
         }
     }
-}
 EOF
 }
 

@@ -15,12 +15,7 @@ my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->put_quota('d', 0.01, 2, 2);
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     log_format yarl '$status $yarl_status $yarl_quota';
@@ -43,7 +38,6 @@ http {
         }
         location = /stats { yarl_stats; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

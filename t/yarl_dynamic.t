@@ -15,12 +15,7 @@ use Time::HiRes qw(time);
 my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
     server {
@@ -30,7 +25,6 @@ http {
         location /chk/ { alias %%TESTDIR%%/; yarl_check dyn; }
         location /fill/ { alias %%TESTDIR%%/; yarl_account dyn $arg_w; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

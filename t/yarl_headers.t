@@ -15,11 +15,7 @@ use Time::HiRes qw(time sleep);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2');
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
     server {
@@ -52,7 +48,6 @@ http {
         listen 127.0.0.1:%%PORT_8081%%;
         root %%TESTDIR%%;
     }
-}
 EOF2
 $t->run_root('A');
 $t->run();

@@ -16,11 +16,7 @@ use Time::HiRes qw(time);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2');
     yarl_roots %%ROOT_A%% %%ROOT_B%%;
     yarl_sync_interval 100ms;
     server {
@@ -33,7 +29,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 my $db = 'sqlite://' . $t->testdir . '/shared.db';
 $t->run_root('A', '--db', $db);

@@ -14,12 +14,7 @@ use Test::Yarl qw(http_get status_of);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 2);
     yarl_sync_interval 100ms;
     server {
         listen 127.0.0.1:%%PORT_8080%%;
@@ -28,7 +23,6 @@ http {
             yarl_account "q_$arg_q";
         }
     }
-}
 EOF2
 $t->run();
 

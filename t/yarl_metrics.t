@@ -16,12 +16,7 @@ use IPC::Open2;
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 2);
     yarl_roots %%ROOT_A%% http://127.0.0.1:%%PORT_8099%%;
     yarl_sync_interval 100ms;
     yarl_sync_timeout 50ms;
@@ -42,7 +37,6 @@ http {
         }
         location = /metrics { yarl_metrics; }
     }
-}
 EOF2
 $t->run_root('A');
 $t->run();

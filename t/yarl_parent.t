@@ -17,12 +17,7 @@ $t->put_quota('bucket_all', 0.01, 5, 5);
 $t->put_quota('bucket_a', 0.01, 1000, 1000, 'bucket_all');
 $t->put_quota('bucket_b', 0.01, 1000, 1000, 'bucket_all');
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     log_format yarl '$arg_b $status $yarl_status $yarl_quota';
@@ -35,7 +30,6 @@ http {
         location /chk/ { alias %%TESTDIR%%/; yarl_check "bucket_$arg_b"; }
         location = /stats { access_log off; yarl_stats; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

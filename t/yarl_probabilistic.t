@@ -16,12 +16,7 @@ $t->run_root('A');
 # A negligible drain (0.001/s) keeps F where the test puts it.
 $t->put_quota('p', 0.001, 100, 300);
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     server {
@@ -31,7 +26,6 @@ http {
         location /acct/ { alias %%TESTDIR%%/; yarl_account p $arg_w; }
         location = /stats { yarl_stats; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

@@ -14,12 +14,7 @@ use Time::HiRes qw(time sleep);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 2);
     yarl_sync_interval 100ms;
     server {
         listen 127.0.0.1:%%PORT_8080%%;
@@ -29,7 +24,6 @@ http {
             yarl_account app;
         }
     }
-}
 EOF2
 $t->run();
 

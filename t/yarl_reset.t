@@ -16,12 +16,7 @@ use Time::HiRes qw(time sleep);
 
 my $INTERVAL = 0.5;
 
-my $conf = <<'EOF2';
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+my $http = <<'EOF2';
     yarl_roots %%ROOT_A%% %%ROOT_B%%;
     yarl_sync_interval 500ms;
     # Early rounds would send the counts made just before a reset ahead of it.
@@ -37,7 +32,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 
 my $t = Test::Yarl->new();
@@ -47,7 +41,7 @@ my $u = Test::Yarl->new()->use_roots_of($t);
 my @nginx = ($t, $u);
 for my $n (@nginx) {
 	$n->write_file('index.html', "hello\n");
-	$n->write_file_expand('nginx.conf', $conf);
+	$n->write_http_conf($http, workers => 2);
 	$n->run();
 }
 

@@ -15,12 +15,7 @@ my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->put_quota('r', 2, 10, 10);
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     server {
@@ -31,7 +26,6 @@ http {
         location /off/ { alias %%TESTDIR%%/; yarl_check r; yarl_retry_after off; }
         location = /stats { yarl_stats; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

@@ -22,12 +22,7 @@ my $hole_port = $hole->sockport;
 my $refused = $t->port('REFUSED');
 
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<"EOF2");
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<"EOF2", workers => 1);
     yarl_roots http://127.0.0.1:$refused http://127.0.0.1:$hole_port;
     yarl_sync_interval 100ms;
     yarl_sync_timeout 300ms;
@@ -39,7 +34,6 @@ http {
         location /plain/ { alias %%TESTDIR%%/; }
         location = /stats { yarl_stats; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

@@ -28,12 +28,7 @@ $t->put_quota('s3_bkt_write', 1000, 1000, 1000);
 $t->put_quota('s3_bkt_put', 1000, 1000, 1000, 's3_bkt_write');
 $t->run_app(8081, 'A');
 
-$t->write_file_expand('nginx.conf', <<'EOF');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { worker_connections 64; }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF', workers => 2, events => 'worker_connections 64;');
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
 
@@ -64,7 +59,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF
 
 $t->run();

@@ -20,11 +20,7 @@ $t->write_file('index.html', "hello\n");
 
 sub conf {
 	my ($roots) = @_;
-	$t->write_file_expand('nginx.conf', <<"EOF2");
-%%TEST_GLOBALS%%
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+	$t->write_http_conf(<<"EOF2");
     $roots
     yarl_sync_interval 100ms;
     server {
@@ -37,7 +33,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 }
 

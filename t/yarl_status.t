@@ -14,12 +14,7 @@ my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->put_quota('full', 0.001, 0, 0);
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     server {
@@ -38,7 +33,6 @@ http {
         location /inherit/ { alias %%TESTDIR%%/; }
         location /override/ { alias %%TESTDIR%%/; yarl_status 403; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);

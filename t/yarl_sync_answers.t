@@ -14,14 +14,9 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 use Test::Yarl qw(http_get status_of);
 
-sub conf {
+sub http_block {
 	my ($answers) = @_;
 	return <<"EOF2";
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
     $answers
@@ -32,7 +27,6 @@ http {
         location = /check { yarl_check checked; alias %%TESTDIR%%/index.html; }
         location = /stats { access_log off; yarl_stats; }
     }
-}
 EOF2
 }
 
@@ -43,7 +37,7 @@ my $c = Test::Yarl->new()->use_roots_of($a);
 my %conf = ($a => '', $b => 'yarl_sync_answers touched;', $c => 'yarl_sync_answers all;');
 for my $n ($a, $b, $c) {
 	$n->write_file('index.html', "hello\n");
-	$n->write_file_expand('nginx.conf', conf($conf{$n}));
+	$n->write_http_conf(http_block($conf{$n}), workers => 2);
 	$n->run();
 }
 # 0.001/s: nothing drains during the test.

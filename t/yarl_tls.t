@@ -27,11 +27,7 @@ my $root = 'https://127.0.0.1:' . $t->port('ROOT_A');
 
 sub conf {
 	my ($ca, $token) = @_;
-	$t->write_file_expand('nginx.conf', <<"EOF2");
-%%TEST_GLOBALS%%
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+	$t->write_http_conf(<<"EOF2");
     yarl_roots $root;
     yarl_sync_ca $ca;
     yarl_sync_token $token;
@@ -46,7 +42,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 }
 

@@ -13,12 +13,7 @@ use Test::Yarl qw(http_get status_of header_of body_of);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF', workers => 1);
     log_format yarl '$uri $status $yarl_status "$yarl_quota"';
     server {
         listen 127.0.0.1:%%PORT_8080%%;
@@ -58,7 +53,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF
 $t->run();
 

@@ -22,12 +22,7 @@ END {
 	}
 }
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 2);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     server {
@@ -40,7 +35,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 $t->run_root('A');
 # nginx only changes its binary when its parent is gone (a daemon): ngx_signal_handler ignores

@@ -17,13 +17,7 @@ use Time::HiRes qw(time sleep);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-my $conf = <<'EOF2';
-%%TEST_GLOBALS%%
-worker_processes 4;
-worker_cpu_affinity auto;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+my $http = <<'EOF2';
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
     server {
@@ -36,9 +30,8 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
-$t->write_file_expand('nginx.conf', $conf);
+$t->write_http_conf($http, workers => 4, main => 'worker_cpu_affinity auto;');
 $t->run_root('A');
 $t->run();
 $t->put_quota('q', 0.001, 1e6, 1e6);
@@ -134,8 +127,7 @@ is($threads, 1, 'still one sync thread');
 
 # The same nginx with one worker (a reload): still one request per interval, from the same
 # limiter.
-(my $one = $conf) =~ s/worker_processes 4;/worker_processes 1;/;
-$t->write_file_expand('nginx.conf', $one);
+$t->write_http_conf($http, workers => 1, main => 'worker_cpu_affinity auto;');
 ok($t->reload(), 'reloaded with one worker');
 ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 1 }, 10), 'one worker left');
 my ($only) = $t->worker_pids;

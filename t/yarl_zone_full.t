@@ -18,12 +18,7 @@ $t->write_file('index.html', "hello\n");
 
 sub conf {
 	my ($zone) = @_;
-	$t->write_file_expand('nginx.conf', <<"EOF2");
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+	$t->write_http_conf(<<"EOF2", workers => 2);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
     $zone
@@ -38,7 +33,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 }
 

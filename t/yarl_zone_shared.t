@@ -15,12 +15,7 @@ use Time::HiRes qw(time sleep);
 
 my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 2;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 2);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 100ms;
     log_format worker '$pid $status';
@@ -36,7 +31,6 @@ http {
             yarl_stats;
         }
     }
-}
 EOF2
 $t->run_root('A');
 $t->run();

@@ -1,25 +1,31 @@
 //! # ngx_http_yarl_module
 //!
 //! YARL in nginx: cluster-wide quotas decided in every worker with no network call on the
-//! request path (SPEC §3).
+//! request path. Workers decide from the counters in shared memory; a background agent, one
+//! per nginx, syncs those counters with the roots once per interval.
 //!
 //! # Brief overview
 //!
-//! * `conf`: the directives (`yarl_roots`, `yarl_check`, `yarl_account`, ...) and merging.
+//! * `conf`: the configuration data (http-level settings, per-location rules), its
+//!   defaults and merging; a leaf that imports no handler.
+//! * `directives`: the command table (`yarl_roots`, `yarl_check`, `yarl_account`, ...) and
+//!   the setters that fill `conf`.
 //! * `handler`: the PREACCESS handler, `$yarl_status` and `$yarl_quota`.
 //! * `zone`: the `yarl_zone` shared memory that holds this nginx's one limiter.
 //! * `worker`: each worker's handle on it, the tick that elects one sync agent per nginx,
 //!   and the agent's thread.
 //! * `stats` / `report`: the `yarl_stats` JSON page.
+//! * `metrics` / `prom`: the `yarl_metrics` Prometheus page.
 //! * `parse`: directive values, without nginx (unit-tested in tests/).
 //!
 //! Layout follows ngx-rust's examples: a unit `Module` implementing `HttpModule`, the command
-//! table and module context as statics, and the exported `ngx_http_yarl_module` plus the
-//! `ngx_modules` table that `load_module` looks up.
+//! table (in `directives`) and module context as statics, and the exported
+//! `ngx_http_yarl_module` plus the `ngx_modules` table that `load_module` looks up.
 //!
 //! Every `extern "C"` entry point catches panics: unwinding into nginx would abort the worker.
 
 mod conf;
+mod directives;
 mod handler;
 mod metrics;
 mod parse;
@@ -29,16 +35,14 @@ mod stats;
 mod worker;
 mod zone;
 
-use conf::{command, LocConf, MainConf};
+use conf::{LocConf, MainConf};
 use core::ptr::{addr_of, addr_of_mut};
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
-    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
+    ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable, ngx_http_handler_pt,
+    ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
     ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_process, ngx_str_t,
-    ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_CONF_TAKE2,
-    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
-    NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_EMERG,
+    ngx_uint_t, NGX_HTTP_MODULE, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ALERT, NGX_LOG_EMERG,
     NGX_LOG_NOTICE, NGX_PROCESS_SINGLE, NGX_PROCESS_WORKER,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
@@ -129,120 +133,6 @@ unsafe impl HttpModuleLocationConf for Module {
     type LocationConf = LocConf;
 }
 
-const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
-
-static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 19] = [
-    command(
-        ngx_string!("yarl_roots"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
-        conf::set_roots,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_sync_interval"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_sync_interval,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_sync_timeout"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_sync_timeout,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_sync_token"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_sync_token,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_sync_early"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_sync_early,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_sync_answers"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_sync_answers,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_sync_ca"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_sync_ca,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_zone"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        conf::set_zone,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_check"),
-        HTTP_ANY | NGX_CONF_TAKE1,
-        conf::set_check,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_account"),
-        HTTP_ANY | NGX_CONF_TAKE12,
-        conf::set_account,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_status"),
-        HTTP_ANY | NGX_CONF_TAKE1,
-        conf::set_status,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_dry_run"),
-        HTTP_ANY | NGX_CONF_TAKE1,
-        conf::set_dry_run,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_log_level"),
-        HTTP_ANY | NGX_CONF_TAKE1,
-        conf::set_log_level,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_retry_after"),
-        HTTP_ANY | NGX_CONF_TAKE1,
-        conf::set_retry_after,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_headers"),
-        HTTP_ANY | NGX_CONF_TAKE1,
-        conf::set_headers,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_charge"),
-        HTTP_ANY | NGX_CONF_TAKE2,
-        conf::set_charge,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_metrics"),
-        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
-        conf::set_metrics,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("yarl_stats"),
-        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
-        conf::set_stats,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    ngx_command_t::empty(),
-];
-
 static NGX_HTTP_YARL_MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
     preconfiguration: Some(Module::preconfiguration),
     postconfiguration: Some(Module::postconfiguration),
@@ -263,7 +153,7 @@ ngx::ngx_modules!(ngx_http_yarl_module);
 #[allow(non_upper_case_globals)]
 pub static mut ngx_http_yarl_module: ngx_module_t = ngx_module_t {
     ctx: addr_of!(NGX_HTTP_YARL_MODULE_CTX) as _,
-    commands: addr_of_mut!(NGX_HTTP_YARL_COMMANDS) as _,
+    commands: addr_of_mut!(directives::NGX_HTTP_YARL_COMMANDS) as _,
     type_: NGX_HTTP_MODULE as _,
     init_process: Some(init_process),
     exit_process: Some(exit_process),

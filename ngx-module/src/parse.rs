@@ -4,7 +4,7 @@
 //! Everything here returns `None`/`Err` with a reason; the directive setters turn that into an
 //! `[emerg]` that names the directive and the value, as nginx's own slots do.
 
-/// `yarl_zone`'s default (SPEC §3).
+/// `yarl_zone`'s size when the directive is absent: 32 MiB, about 200,000 quotas.
 pub const DEFAULT_ZONE_SIZE: usize = 32 << 20;
 
 /// Bytes of a shared-memory zone of `size` bytes that the slab allocator hands out: its
@@ -45,8 +45,8 @@ pub fn check_zone_size(size: usize) -> Result<u32, String> {
     }
 }
 
-/// Largest weight one request may add, the core's `MAX_WEIGHT_UNITS` (SPEC §2: weights up to
-/// 1e12).
+/// Largest weight one request may add, the core's `MAX_WEIGHT_UNITS`: weights go up to 1e12,
+/// as limits do, which the core's exact integer counters carry without overflow.
 pub const MAX_WEIGHT: u64 = 1_000_000_000_000;
 
 /// `on` / `off`, as `ngx_conf_set_flag_slot` accepts them (case-insensitive).

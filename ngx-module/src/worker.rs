@@ -402,6 +402,9 @@ fn start_agent(w: &Worker) -> Result<SyncThread, String> {
 }
 
 /// The tick's timer event (only this worker's event loop touches it).
+// SAFETY: ngx_event_t is plain C data (integers, bit fields, raw pointers and optional
+// function pointers), for which all zeros is a valid value: an idle event with no handler
+// and no timer, the state nginx's own modules start theirs in (ngx_memzero). `arm` fills it.
 static mut TICK: ngx_event_t = unsafe { core::mem::zeroed() };
 /// What `ngx_event_ident` reads through the event's data pointer in debug logs.
 static TICK_IDENT: [usize; 4] = [0, 0, 0, 0x5941_524c]; // "YARL"

@@ -131,6 +131,32 @@ sub write_file_expand {
 	return $self;
 }
 
+# The nginx.conf of a test, before the substitutions: %%TEST_GLOBALS%%, an events block and
+# an http block that starts with %%TEST_GLOBALS_HTTP%% and goes on with $http, the test's
+# own http-level configuration. Options:
+#   workers => N    worker_processes N (nginx's default, 1, without it)
+#   main => TEXT    further main-context directives, after worker_processes
+#   events => TEXT  the events block's content (empty by default)
+sub http_conf {
+	my ($self, $http, %opt) = @_;
+	my %known = map { $_ => 1 } qw(workers main events);
+	my @unknown = grep { !$known{$_} } sort keys %opt;
+	die "http_conf: unknown option(s) @unknown\n" if @unknown;
+	$http .= "\n" unless $http =~ /\n\z/;
+	my $conf = "%%TEST_GLOBALS%%\n";
+	$conf .= "worker_processes $opt{workers};\n" if defined $opt{workers};
+	$conf .= "$opt{main}\n" if defined $opt{main};
+	$conf .= 'events { ' . (defined $opt{events} ? "$opt{events} " : '') . "}\n";
+	$conf .= "http {\n    %%TEST_GLOBALS_HTTP%%\n$http}\n";
+	return $conf;
+}
+
+# Writes nginx.conf from http_conf($http, %opt), with the substitutions applied.
+sub write_http_conf {
+	my ($self, $http, %opt) = @_;
+	return $self->write_file_expand('nginx.conf', $self->http_conf($http, %opt));
+}
+
 sub nginx_cmd {
 	my ($self, @args) = @_;
 	return ($ENV{TEST_NGINX_BINARY}, '-p', "$self->{dir}/", '-c', "$self->{dir}/nginx.conf", @args);
