@@ -20,12 +20,7 @@ my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->put_quota('q', 5, 5, 5);
 $t->write_file('index.html', "hello\n");
-$t->write_file_expand('nginx.conf', <<'EOF2');
-%%TEST_GLOBALS%%
-worker_processes 1;
-events { }
-http {
-    %%TEST_GLOBALS_HTTP%%
+$t->write_http_conf(<<'EOF2', workers => 1);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 1s;
     server {
@@ -34,7 +29,6 @@ http {
         location / { yarl_account q; }
         location = /stats { yarl_stats; }
     }
-}
 EOF2
 $t->run();
 my $p = $t->port(8080);
