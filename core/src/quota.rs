@@ -1,4 +1,4 @@
-//! The quota model (SPEC §2) and its validation.
+//! The quota model and its validation (the rules are in docs/behaviour.md).
 //!
 //! A quota is a leaky bucket: `limit` units/s drain it, accounted requests fill it by their
 //! weight, and `low_burst`/`high_burst` bound the zone where requests are dropped with rising

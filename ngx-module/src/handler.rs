@@ -10,7 +10,8 @@
 //! # Order and all-or-nothing
 //! Check rules are decided first, in configuration order (they count nothing); then all
 //! account rules together with `Limiter::account_many`: the request is counted on every quota
-//! of every account chain, or, if any of them rejects, on none (seed `002_…`).
+//! of every account chain, or, if any of them rejects, on none (a request refused by one limit
+//! takes nothing from the others).
 //!
 //! # Decided once per request
 //! The decision is stored in a request-pool cleanup entry, not only in the module context:
