@@ -1,0 +1,137 @@
+//! The session table: one session per limiter id, with the highest batch applied (the
+//! sequence check), its parked claims and its interest, and the recency indexes that decide
+//! who is forgotten when room is needed.
+
+use super::interest::Inbox;
+use super::{IdMap, RootState};
+use crate::proto::{SyncError, SyncRequest};
+use crate::quota::QuotaId;
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+/// A session's number: its index in [`RootState::inboxes`], reused once it is forgotten,
+/// so it stays small (below `max_limiters`) and an inbox is found without a hash lookup.
+pub(super) type Sid = u32;
+
+/// The key of a session in the recency index: last seen, then a serial for ties.
+pub(super) type Recency = (u64, u64);
+
+#[derive(Debug, Default)]
+pub(super) struct Session {
+    pub(super) acked: u64,
+    pub(super) last_seen: u64,
+    pub(super) serial: u64,
+    pub(super) addr: Option<IpAddr>,
+    /// Admitted amounts above a counter's ceiling, fed in as this session keeps syncing.
+    pub(super) parked: IdMap<u64>,
+    /// A number for this session that never changes (`serial` does at every sync); another
+    /// session gets it once this one is forgotten.
+    pub(super) sid: Sid,
+    /// The counters this limiter named lately, with when each leaves (ns), if it asks for
+    /// answers by interest.
+    pub(super) interest: IdMap<u64>,
+    /// (leaves at, counter) in the order they were named: the front leaves first. A counter
+    /// named again has a later record; the earlier one is then stale.
+    pub(super) expiry: VecDeque<(u64, QuotaId)>,
+}
+
+impl RootState {
+    /// Refuses a batch `seq` further ahead of a known session's acknowledged one than that
+    /// limiter could have counted since its last sync. A session that never had a batch
+    /// applied takes any `seq`: a limiter keeps its numbering across nginx reloads, and this
+    /// root may be meeting it for the first time after its own restart.
+    pub(super) fn check_seq(
+        &self,
+        req: &SyncRequest,
+        s: &Session,
+        now: u64,
+    ) -> Result<(), SyncError> {
+        if s.acked == 0 {
+            return Ok(());
+        }
+        let Some(seq) = req.batches.iter().map(|b| b.seq).max() else { return Ok(()) };
+        let elapsed = now.saturating_sub(s.last_seen);
+        let max_ahead = self
+            .config
+            .seq_ahead_slack
+            .saturating_add(elapsed / self.config.seq_min_interval_ns.max(1));
+        if seq - s.acked.min(seq) > max_ahead {
+            return Err(SyncError::SeqTooFarAhead { seq, acked: s.acked, max_ahead });
+        }
+        Ok(())
+    }
+
+    pub(super) fn index(&mut self, name: Box<str>, s: &Session) {
+        let key = (s.last_seen, s.serial);
+        self.recency.insert(key, name);
+        if let Some(a) = s.addr {
+            self.by_addr.entry(a).or_default().insert(key);
+        }
+    }
+
+    pub(super) fn unindex(&mut self, s: &Session) {
+        let key = (s.last_seen, s.serial);
+        self.recency.remove(&key);
+        if let Some(a) = s.addr {
+            if let Some(set) = self.by_addr.get_mut(&a) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.by_addr.remove(&a);
+                }
+            }
+        }
+    }
+
+    pub(super) fn forget(&mut self, key: Recency) {
+        let Some(name) = self.recency.get(&key).cloned() else { return };
+        if let Some(mut s) = self.limiters.remove(&name) {
+            self.unindex(&s);
+            self.parked -= s.parked.len();
+            // No counter names it any more: its number may go to a new session.
+            self.drop_interest(&mut s);
+            self.free_sids.push(s.sid);
+        }
+    }
+
+    /// A number for a new session, with an empty inbox.
+    pub(super) fn new_sid(&mut self) -> Sid {
+        if let Some(sid) = self.free_sids.pop() {
+            return sid;
+        }
+        self.inboxes.push(Inbox::default());
+        // Below `max_limiters` sessions are held at once (`make_room` runs first), and a
+        // `u32` limit far above any table size a root is configured with.
+        Sid::try_from(self.inboxes.len() - 1).expect("fewer than 2^32 sessions at once")
+    }
+
+    /// Makes room for one more session from `peer`: the least recently seen session of that
+    /// address goes if the address is at its budget, the least recently seen of all if the
+    /// table is full. A live limiter syncs every interval, so what goes is whoever has been
+    /// quiet longest; forgetting a live one costs little (its next batches count as a first
+    /// contact: nothing is lost, a batch resent after a lost answer may count twice).
+    pub(super) fn make_room(&mut self, peer: Option<IpAddr>) {
+        if let Some(a) = peer {
+            while self.by_addr.get(&a).is_some_and(|s| s.len() >= self.config.max_limiters_per_addr)
+            {
+                let Some(&oldest) = self.by_addr.get(&a).and_then(|s| s.first()) else { break };
+                self.forget(oldest);
+                self.stats.limiters_evicted += 1;
+            }
+        }
+        while self.limiters.len() >= self.config.max_limiters {
+            let Some((&oldest, _)) = self.recency.first_key_value() else { break };
+            self.forget(oldest);
+            self.stats.limiters_evicted += 1;
+        }
+    }
+
+    pub(super) fn forget_idle_limiters(&mut self, now: u64) {
+        let idle = self.config.limiter_idle_ns;
+        while let Some((&key, _)) = self.recency.first_key_value() {
+            if now.saturating_sub(key.0) < idle {
+                break;
+            }
+            self.forget(key);
+        }
+    }
+}
