@@ -35,7 +35,32 @@ pub(super) struct Inbox {
     pub(super) overflow: bool,
 }
 
+/// What one sync changed in its session's interest, for its answer.
+pub(super) struct Noted {
+    /// Counters new to the interest: the answer carries them even if unchanged.
+    pub(super) fresh: IdSet,
+    /// Counters that left it. Since the session's last answer only this sync took ids
+    /// out, so these are the only ones its inbox may hold and must not answer.
+    pub(super) left: IdSet,
+}
+
 impl Inbox {
+    /// The records since the last answer, and whether they overflowed; the inbox is left
+    /// empty.
+    pub(super) fn take(&mut self) -> (Vec<(QuotaId, u64, usize)>, bool) {
+        (std::mem::take(&mut self.changes), std::mem::replace(&mut self.overflow, false))
+    }
+
+    /// Gives the list of [`Inbox::take`] back, emptied: grown anew every interval it cost a
+    /// dozen reallocations and copies of up to tens of kilobytes, on fresh pages, under the
+    /// lock. Not one far larger than the inbox may hold now.
+    pub(super) fn give_back(&mut self, mut list: Vec<(QuotaId, u64, usize)>) {
+        if self.changes.is_empty() && list.capacity() <= self.cap.saturating_mul(2) {
+            list.clear();
+            self.changes = list;
+        }
+    }
+
     pub(super) fn push(&mut self, id: QuotaId, v: u64, at: usize) {
         if self.overflow {
             return;
@@ -61,20 +86,23 @@ impl RootState {
         }
     }
 
-    /// Adds the counters `req` names (its batches' deltas, hints and `watch`, those this root
-    /// holds) to the session's interest until `now` + the interest time. Returns the ones
-    /// new to it, which its answer carries even if unchanged; `None` when the session's or
-    /// the root's interest is full, and the answer must carry every changed counter. Adds
-    /// the ids that left the interest to `left`: since the session's last answer, only this
-    /// call takes ids out, so these are the only ones its inbox may hold and must not.
-    pub(super) fn note_interest(
+    /// Brings the session's interest up to this sync; what changed in it, or `None` when
+    /// the answer must carry every changed counter: the limiter does not ask by interest,
+    /// or the session's or the root's interest is full.
+    pub(super) fn update_interest(
         &mut self,
         s: &mut Session,
         req: &SyncRequest,
         applied_before: u64,
         now: u64,
-        left: &mut IdSet,
-    ) -> Option<IdSet> {
+    ) -> Option<Noted> {
+        if !req.interest {
+            if !s.interest.is_empty() {
+                // It stopped asking by interest (a reconfigured limiter): free what it named.
+                self.drop_interest(s);
+            }
+            return None;
+        }
         let stripe = self.stripe;
         let named = req
             .batches
@@ -87,18 +115,30 @@ impl RootState {
             .chain(req.hints.iter().map(|h| h.0))
             .chain(req.watch.iter().copied())
             .filter(move |&id| in_stripe(stripe, id));
-        // What left the interest: named last more than the interest time ago. Their slots
-        // and the session's map slots of every named id, all at once first (see `warm`):
-        // a session's interest is thousands of ids, rarely in the cache.
+        self.warm_interest(s, named.clone(), now);
+        let left = self.expire_interest(s, now);
+        let fresh = self.note_interest(s, named, now)?;
+        Some(Noted { fresh, left })
+    }
+
+    /// Loads the slots the interest's upkeep will touch, all at once first (see `warm`): a
+    /// session's interest is thousands of ids, rarely in the cache.
+    fn warm_interest(&self, s: &Session, named: impl Iterator<Item = QuotaId>, now: u64) {
         let leaving = s.expiry.iter().take_while(|e| e.0 <= now);
         let mut touched = 0u64;
         for &(_, id) in leaving {
             touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
         }
-        for id in named.clone() {
+        for id in named {
             touched ^= s.interest.get(&id).copied().unwrap_or(0);
         }
         std::hint::black_box(touched);
+    }
+
+    /// Takes out of the session's interest what was named last more than the interest
+    /// time ago; those ids.
+    fn expire_interest(&mut self, s: &mut Session, now: u64) -> IdSet {
+        let mut left = IdSet::default();
         while let Some(&(until, id)) = s.expiry.front() {
             if until > now {
                 break;
@@ -111,6 +151,17 @@ impl RootState {
                 left.insert(id);
             }
         }
+        left
+    }
+
+    /// Adds the `named` counters this root holds to the session's interest until `now` +
+    /// the interest time; the ones new to it, or `None` when the interest is full.
+    fn note_interest(
+        &mut self,
+        s: &mut Session,
+        named: impl Iterator<Item = QuotaId>,
+        now: u64,
+    ) -> Option<IdSet> {
         let until = now.saturating_add(self.config.interest_ttl_ns.max(1));
         let mut fresh = IdSet::default();
         let mut full = false;

@@ -39,15 +39,14 @@ use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::units::NANOS_PER_SEC;
 use changes::ChangeLog;
-use counters::{place_of, Counters, WARM_RUN};
+use counters::{place_of, Counters};
 use interest::{Inbox, Watchers};
 use quotas::{Held, QuotaEntry};
 use sessions::{Recency, Session, Sid};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use stripes::in_stripe;
 
 /// Maps keyed by quota id: the ids are the database's (a limiter can only name ones that
 /// exist), and foldhash's per-process random seed keeps them from being steered into
@@ -326,6 +325,22 @@ impl RootState {
         peer: Option<IpAddr>,
         now: u64,
     ) -> Result<SyncAnswer, SyncError> {
+        self.check_request(req)?;
+        let (name, mut s) = self.admit_session(req, peer, now)?;
+        self.feed_parked(&mut s, now);
+        // Batches up to here were applied, and named, by an earlier sync.
+        let applied_before = s.acked;
+        let acked = self.apply_batches(req, &mut s, now);
+        self.apply_hints(req, now);
+        let noted = self.update_interest(&mut s, req, applied_before, now);
+        let answer = self.answer(req, &s, acked, noted, now);
+        self.keep_session(name, s, acked, peer, now);
+        Ok(answer)
+    }
+
+    /// Refuses what no sync may be: another protocol version, a limiter id out of bounds,
+    /// more entries than [`RootConfig::max_entries`].
+    fn check_request(&self, req: &SyncRequest) -> Result<(), SyncError> {
         if req.v != PROTOCOL_VERSION {
             return Err(SyncError::UnsupportedVersion(req.v));
         }
@@ -340,229 +355,6 @@ impl RootState {
         if entries > self.config.max_entries {
             return Err(SyncError::TooLarge(entries, self.config.max_entries));
         }
-        let mut session = match self.limiters.remove_entry(req.limiter.as_str()) {
-            Some((name, s)) => {
-                if let Err(e) = self.check_seq(req, &s, now) {
-                    self.limiters.insert(name, s);
-                    return Err(e);
-                }
-                self.unindex(&s);
-                (name, s)
-            }
-            None => {
-                self.make_room(peer);
-                if self.config.max_limiters == 0 {
-                    return Err(SyncError::TooManyLimiters(0));
-                }
-                let s = Session { addr: peer, sid: self.new_sid(), ..Session::default() };
-                self.stats.sessions_created += 1;
-                (Box::from(req.limiter.as_str()), s)
-            }
-        };
-        let s = &mut session.1;
-        self.feed_parked(s, now);
-        // Batches up to here were applied, and named, by an earlier sync.
-        let applied_before = s.acked;
-
-        let stripe = self.stripe;
-        let mut acked = s.acked;
-        let mut batches: Vec<_> = req.batches.iter().collect();
-        batches.sort_by_key(|b| b.seq);
-        for b in batches {
-            if b.seq <= acked {
-                self.stats.duplicate_batches += 1;
-                continue;
-            }
-            for run in b.deltas.chunks(WARM_RUN) {
-                self.warm(run.iter().map(|d| d.0).filter(|&id| in_stripe(stripe, id)));
-                for &(id, amount, rejected) in run {
-                    if !in_stripe(stripe, id) {
-                        // Another stripe's, and counted there.
-                        continue;
-                    }
-                    // One lookup of the quota for both the reset check and the delta (a probe of
-                    // a million-entry map each; the second was 1.5 % of a busy root's samples).
-                    let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
-                    if quota.is_none() && id > self.highest_id && self.holds(id) {
-                        self.hold(id, amount, rejected, b.epoch, now);
-                        continue;
-                    }
-                    if b.epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
-                        self.stats.dropped_before_reset += 1;
-                        continue;
-                    }
-                    let limits = quota.filter(|q| !q.2).map(|q| q.0);
-                    let excess = self.add(id, limits, amount, rejected, now);
-                    if excess > 0 {
-                        self.park(s, id, excess);
-                    }
-                }
-            }
-            acked = b.seq;
-        }
-        let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
-        for &(id, fill) in &req.hints {
-            if !in_stripe(stripe, id) {
-                continue;
-            }
-            if !self.holds(id) {
-                self.stats.deltas_foreign += 1;
-                continue;
-            }
-            if hints_epoch < self.reset_epoch(id) {
-                self.stats.dropped_before_reset += 1;
-                continue;
-            }
-            self.hint(id, fill, now);
-        }
-        s.acked = acked;
-        s.last_seen = now;
-        s.serial = self.next_serial;
-        self.next_serial += 1;
-        if peer.is_some() {
-            s.addr = peer;
-        }
-        let (name, mut s) = session;
-        let mut left = IdSet::default();
-        let interest = if req.interest {
-            self.note_interest(&mut s, req, applied_before, now, &mut left)
-        } else {
-            None
-        };
-
-        if !req.interest && !s.interest.is_empty() {
-            // It stopped asking by interest (a reconfigured limiter): free what it named.
-            self.drop_interest(&mut s);
-        }
-        // What this limiter admitted beyond a ceiling is parked, not lost: it sees it in the
-        // fills it gets back, or it would admit that much again (others do not see it).
-        let own_parked = (!s.parked.is_empty()).then(|| s.parked.clone());
-        self.index(name.clone(), &s);
-        self.limiters.insert(name.clone(), s);
-
-        let since = if req.root_instance == Some(self.instance) {
-            req.since
-        } else {
-            self.stats.first_contacts += 1;
-            0
-        };
-        let parked_of = |id: QuotaId| own_parked.as_ref().and_then(|p| p.get(&id)).copied();
-        let counters = match interest {
-            Some(fresh) => {
-                self.stats.interest_answers += 1;
-                let s = self.limiters.get(&*name).expect("the session was just inserted");
-                let inbox = self.inboxes.get_mut(s.sid as usize).map(|i| {
-                    (std::mem::take(&mut i.changes), std::mem::replace(&mut i.overflow, false))
-                });
-                let (mut changed, overflow) = inbox.unwrap_or_default();
-                let (quotas, counters) = (&self.quotas, &self.counters);
-                // From the counter: for what the log does not hold as recorded.
-                let current = |id: QuotaId| {
-                    let c = counters.get(place_of(quotas, id))?;
-                    Some((id, c.bucket.fill_at(now, c.limit), c.demand.rate(now) as u64))
-                };
-                let mut out: Vec<(QuotaId, u64, u64)> = if since == 0 || overflow {
-                    // Its view is from another root, or none, or too much changed to list:
-                    // everything it names.
-                    s.interest.keys().filter_map(|&id| current(id)).collect()
-                } else {
-                    let mut out = Vec::with_capacity(changed.len() + fresh.len());
-                    // The entries, all at once first (see `warm`).
-                    let mut touched = 0u64;
-                    for &(_, v, at) in &changed {
-                        touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
-                    }
-                    std::hint::black_box(touched);
-                    for &(id, v, at) in &changed {
-                        // Changes queued before a counter left the interest (this sync) stay
-                        // out. A small set: a lookup in the session's interest, thousands of
-                        // ids, was a cache miss for every record.
-                        if left.contains(&id) {
-                            continue;
-                        }
-                        match self.changes.find(at, v) {
-                            Some(Some(c)) => out.push((
-                                id,
-                                c.bucket.fill_at(now, c.limit),
-                                c.demand.rate(now) as u64,
-                            )),
-                            // Tombstoned in place: a later change of it is further on (a
-                            // counter that changed twice since the last answer), or it is
-                            // gone. No lookup of the counter (a cache miss per record).
-                            Some(None) => {}
-                            None => {
-                                let c = counters.get(place_of(quotas, id));
-                                if c.is_some_and(|c| c.version == v) {
-                                    // Moved by a compaction: still its latest change.
-                                    out.extend(current(id));
-                                }
-                            }
-                        }
-                    }
-                    out.extend(fresh.into_iter().filter_map(current));
-                    out
-                };
-                if let Some(p) = &own_parked {
-                    for c in &mut out {
-                        if let Some(&parked) = p.get(&c.0) {
-                            c.1 = c.1.saturating_add(parked);
-                        }
-                    }
-                }
-                // The list goes back to the inbox, emptied: grown anew every interval it
-                // cost a dozen reallocations and copies of up to tens of kilobytes, on fresh
-                // pages, under the lock. Not one far larger than the inbox may hold now.
-                let sid = s.sid;
-                if let Some(i) = self.inboxes.get_mut(sid as usize) {
-                    if i.changes.is_empty() && changed.capacity() <= i.cap.saturating_mul(2) {
-                        changed.clear();
-                        i.changes = changed;
-                    }
-                }
-                // Sorted and deduplicated by `SyncAnswer::tidy`, after the lock.
-                out
-            }
-            None => self
-                .changes
-                .since(since)
-                .map(|c| {
-                    let mut fill = c.bucket.fill_at(now, c.limit);
-                    if let Some(p) = parked_of(c.id) {
-                        fill = fill.saturating_add(p);
-                    }
-                    (c.id, fill, c.demand.rate(now) as u64)
-                })
-                .collect(),
-        };
-
-        let mut quotas = Vec::new();
-        let mut more = false;
-        let mut epoch = self.epoch;
-        // The other stripes keep no pages (`by_epoch` is empty there).
-        for (&e, id) in self.by_epoch.range(req.epoch.saturating_add(1)..) {
-            if quotas.len() == self.config.page_size {
-                more = true;
-                break;
-            }
-            quotas.push(Arc::clone(&self.quotas[id].update));
-            epoch = e;
-        }
-        if !more {
-            epoch = self.epoch.max(req.epoch);
-        }
-        self.stats.syncs += 1;
-        self.stats.quotas_sent += quotas.len() as u64;
-        Ok(SyncAnswer {
-            v: PROTOCOL_VERSION,
-            root_instance: self.instance,
-            acked_seq: acked,
-            version: self.version.load(Relaxed),
-            counters,
-            quotas,
-            epoch,
-            more,
-            root_epoch: self.epoch,
-            shard: self.config.shard,
-        })
+        Ok(())
     }
 }

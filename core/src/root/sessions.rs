@@ -36,16 +36,62 @@ pub(super) struct Session {
 }
 
 impl RootState {
+    /// The session of `req`'s limiter, taken out of the table (and its recency indexes)
+    /// while the sync works on it, or a new one if the limiter is not known (making room
+    /// for it first); an error if its batches run further ahead than it could have counted.
+    pub(super) fn admit_session(
+        &mut self,
+        req: &SyncRequest,
+        peer: Option<IpAddr>,
+        now: u64,
+    ) -> Result<(Box<str>, Session), SyncError> {
+        match self.limiters.remove_entry(req.limiter.as_str()) {
+            Some((name, s)) => {
+                if let Err(e) = self.check_seq(req, &s, now) {
+                    self.limiters.insert(name, s);
+                    return Err(e);
+                }
+                self.unindex(&s);
+                Ok((name, s))
+            }
+            None => {
+                self.make_room(peer);
+                if self.config.max_limiters == 0 {
+                    return Err(SyncError::TooManyLimiters(0));
+                }
+                let s = Session { addr: peer, sid: self.new_sid(), ..Session::default() };
+                self.stats.sessions_created += 1;
+                Ok((Box::from(req.limiter.as_str()), s))
+            }
+        }
+    }
+
+    /// Puts a session back into the table once its sync is done, as the most recently seen,
+    /// with `acked` the highest batch applied.
+    pub(super) fn keep_session(
+        &mut self,
+        name: Box<str>,
+        mut s: Session,
+        acked: u64,
+        peer: Option<IpAddr>,
+        now: u64,
+    ) {
+        s.acked = acked;
+        s.last_seen = now;
+        s.serial = self.next_serial;
+        self.next_serial += 1;
+        if peer.is_some() {
+            s.addr = peer;
+        }
+        self.index(name.clone(), &s);
+        self.limiters.insert(name, s);
+    }
+
     /// Refuses a batch `seq` further ahead of a known session's acknowledged one than that
     /// limiter could have counted since its last sync. A session that never had a batch
     /// applied takes any `seq`: a limiter keeps its numbering across nginx reloads, and this
     /// root may be meeting it for the first time after its own restart.
-    pub(super) fn check_seq(
-        &self,
-        req: &SyncRequest,
-        s: &Session,
-        now: u64,
-    ) -> Result<(), SyncError> {
+    fn check_seq(&self, req: &SyncRequest, s: &Session, now: u64) -> Result<(), SyncError> {
         if s.acked == 0 {
             return Ok(());
         }
