@@ -24,8 +24,8 @@ pub(super) struct Change {
 /// Entries per chunk of the change log.
 pub(super) const LOG_CHUNK: usize = 4096;
 /// A place in the change log: chunk number above these bits, offset in the chunk below.
-pub(super) const LOG_SHIFT: u32 = 16;
-pub(super) const LOG_OFFSET: usize = (1 << LOG_SHIFT) - 1;
+const LOG_SHIFT: u32 = 16;
+const LOG_OFFSET: usize = (1 << LOG_SHIFT) - 1;
 
 /// The change log: each counter's latest change, in version order, in chunks of
 /// [`LOG_CHUNK`]. A change replaces the counter's previous entry by a tombstone (O(1): the
@@ -86,7 +86,7 @@ impl ChangeLog {
         ch.entries.get(at & LOG_OFFSET).filter(|e| e.0 == v).map(|e| e.1.as_ref())
     }
 
-    pub(super) fn chunk_mut(&mut self, at: usize) -> Option<&mut LogChunk> {
+    fn chunk_mut(&mut self, at: usize) -> Option<&mut LogChunk> {
         self.chunks.get_mut((at >> LOG_SHIFT).checked_sub(self.first)?)
     }
 
@@ -131,7 +131,7 @@ impl ChangeLog {
     }
 
     /// Keeps a chunk's buffer for a new chunk, if it is a whole one and room is left.
-    pub(super) fn recycle(&mut self, mut buf: Vec<(u64, Option<Change>)>) {
+    fn recycle(&mut self, mut buf: Vec<(u64, Option<Change>)>) {
         if buf.capacity() == LOG_CHUNK && self.spare.len() < LOG_SPARE {
             buf.clear();
             self.spare.push(buf);
@@ -141,7 +141,7 @@ impl ChangeLog {
     /// The live entries of the oldest chunk, when they are few and newer chunks follow:
     /// moving them to the end lets the chunk go (a counter left alone for long, draining a
     /// large fill slowly, would otherwise keep every chunk after it).
-    pub(super) fn stale_front(&self) -> Option<Vec<(usize, u64, Change)>> {
+    fn stale_front(&self) -> Option<Vec<(usize, u64, Change)>> {
         let front = self.chunks.front()?;
         if self.chunks.len() < 3 || front.live == 0 || front.live > LOG_CHUNK / 8 {
             return None;
@@ -186,16 +186,16 @@ impl RootState {
     /// Versions are taken and their changes logged under the one lock of their stripe: a
     /// version read before a sync visits a stripe therefore names only changes that the
     /// stripe's log holds by the time the sync gets there.
-    pub(super) fn next_version(&mut self) -> u64 {
+    fn next_version(&mut self) -> u64 {
         self.version.fetch_add(1, Relaxed) + 1
     }
 
-    pub(super) fn bump(&mut self, id: QuotaId) {
-        self.bump_at(id, self.live_limit(id).unwrap_or(0));
+    pub(super) fn log_change(&mut self, id: QuotaId) {
+        self.log_change_at(id, self.live_limit(id).unwrap_or(0));
     }
 
-    /// [`bump`](Self::bump) for a caller that has the quota's limit at hand.
-    pub(super) fn bump_at(&mut self, id: QuotaId, limit: u64) {
+    /// [`log_change`](Self::log_change) for a caller that has the quota's limit at hand.
+    pub(super) fn log_change_at(&mut self, id: QuotaId, limit: u64) {
         let v = self.next_version();
         let Some(c) = self.counters.get_mut(place_of(&self.quotas, id)) else { return };
         let old = (c.version != 0).then_some((c.log_at, c.version));

@@ -50,14 +50,13 @@
 use super::counters::WARM_RUN;
 use super::demand::{meter, DEMAND_CAP_FACTOR};
 use super::sessions::Session;
-use super::stripes::in_stripe;
 use super::RootState;
 use crate::proto::{DeltaBatch, SyncRequest};
 use crate::quota::{Epoch, Limits, QuotaId};
 use crate::units::NANOS_PER_SEC;
 
 /// `limit` milli-units/s over `ns`, saturating.
-pub(super) fn limit_over(limit: u64, ns: u64) -> u64 {
+fn limit_over(limit: u64, ns: u64) -> u64 {
     u64::try_from(u128::from(limit) * u128::from(ns) / u128::from(NANOS_PER_SEC))
         .unwrap_or(u64::MAX)
 }
@@ -83,10 +82,10 @@ impl RootState {
     fn apply_batch(&mut self, b: &DeltaBatch, s: &mut Session, now: u64) {
         let stripe = self.stripe;
         for run in b.deltas.chunks(WARM_RUN) {
-            self.warm(run.iter().map(|d| d.0).filter(|&id| in_stripe(stripe, id)));
+            self.warm(run.iter().map(|d| d.0).filter(|&id| stripe.contains(id)));
             for &(id, amount, rejected) in run {
                 // Another stripe's are counted there.
-                if in_stripe(stripe, id) {
+                if stripe.contains(id) {
                     self.claim_delta(s, id, amount, rejected, b.epoch, now);
                 }
             }
@@ -109,7 +108,7 @@ impl RootState {
         // One lookup of the quota for both the reset check and the delta (a probe of a
         // million-entry map each; the second was 1.5 % of a busy root's samples).
         let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
-        if quota.is_none() && id > self.highest_id && self.holds(id) {
+        if quota.is_none() && id > self.highest_id && self.in_shard(id) {
             self.hold(id, amount, rejected, epoch, now);
             return;
         }
@@ -118,7 +117,7 @@ impl RootState {
             return;
         }
         let limits = quota.filter(|q| !q.2).map(|q| q.0);
-        let excess = self.add(id, limits, amount, rejected, now);
+        let excess = self.add_delta(id, limits, amount, rejected, now);
         if excess > 0 {
             self.park(s, id, excess);
         }
@@ -128,10 +127,10 @@ impl RootState {
     pub(super) fn apply_hints(&mut self, req: &SyncRequest, now: u64) {
         let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
         for &(id, fill) in &req.hints {
-            if !in_stripe(self.stripe, id) {
+            if !self.stripe.contains(id) {
                 continue;
             }
-            if !self.holds(id) {
+            if !self.in_shard(id) {
                 self.stats.deltas_foreign += 1;
                 continue;
             }
@@ -139,7 +138,7 @@ impl RootState {
                 self.stats.dropped_before_reset += 1;
                 continue;
             }
-            self.hint(id, fill, now);
+            self.apply_hint(id, fill, now);
         }
     }
 
@@ -156,7 +155,7 @@ impl RootState {
 
     /// Lifts counter `id` by up to `amount`, never past its ceiling; returns what did not
     /// fit, or `None` for a quota this root does not know.
-    pub(super) fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
+    fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
         let (limit, ceiling) = (self.live_limit(id)?, self.ceiling(id)?);
         let c = self.counter_or_default(id)?;
         c.limit = limit;
@@ -165,14 +164,14 @@ impl RootState {
         let taken = amount.min(room);
         c.bucket.add(taken);
         if taken > 0 {
-            self.bump(id);
+            self.log_change(id);
         }
         Some(amount - taken)
     }
 
     /// Applies one delta entry to counter `id`, whose live quota has `limits` (`None`: no
     /// live quota of that id); returns the admitted amount the counter had no room for.
-    pub(super) fn add(
+    pub(super) fn add_delta(
         &mut self,
         id: QuotaId,
         limits: Option<Limits>,
@@ -180,7 +179,7 @@ impl RootState {
         rejected: u64,
         now: u64,
     ) -> u64 {
-        if !self.holds(id) {
+        if !self.in_shard(id) {
             self.stats.deltas_foreign += 1;
             return 0;
         }
@@ -211,11 +210,11 @@ impl RootState {
         c.demand.add(attempted.min(cap), now);
         self.stats.deltas_applied += 1;
         // A delta changes the demand even when the fill stayed at the ceiling.
-        self.bump_at(id, l.limit);
+        self.log_change_at(id, l.limit);
         amount - taken
     }
 
-    pub(super) fn hint(&mut self, id: QuotaId, fill: u64, now: u64) {
+    fn apply_hint(&mut self, id: QuotaId, fill: u64, now: u64) {
         let (Some(limit), Some(ceiling)) = (self.live_limit(id), self.ceiling(id)) else { return };
         if fill > ceiling {
             self.stats.hints_capped += 1;
@@ -228,7 +227,7 @@ impl RootState {
             c.bucket.fill = fill;
             c.bucket.carry = 0;
             self.stats.hints_applied += 1;
-            self.bump(id);
+            self.log_change(id);
         }
     }
 

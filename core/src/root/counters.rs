@@ -150,7 +150,7 @@ impl RootCounter {
 /// Whether a root may drop a counter: drained, and without recent demand (dropping one that
 /// still sees demand would restart its window from zero and let a burst through), or of a
 /// quota that is gone (`limit` 0).
-pub(super) fn spent(c: &RootCounter, limit: u64, now: u64) -> bool {
+fn spent(c: &RootCounter, limit: u64, now: u64) -> bool {
     limit == 0 || (c.bucket.fill_at(now, limit) == 0 && !c.demand.is_recent(now))
 }
 
@@ -190,7 +190,7 @@ impl RootState {
     }
 
     /// Removes the counter at slab place `p`, if one is there.
-    pub(super) fn remove_counter_at(&mut self, p: usize) -> Option<RootCounter> {
+    fn remove_counter_at(&mut self, p: usize) -> Option<RootCounter> {
         let (id, c) = self.counters.remove(u32::try_from(p).ok()?)?;
         if let Some(q) = self.quotas.get_mut(&id) {
             q.counter = NO_COUNTER;

@@ -2,7 +2,6 @@
 //! the changes among them since its last answer.
 
 use super::sessions::{Session, Sid};
-use super::stripes::in_stripe;
 use super::{IdMap, IdSet, RootState};
 use crate::proto::SyncRequest;
 use crate::quota::QuotaId;
@@ -16,7 +15,7 @@ use std::collections::VecDeque;
 pub(super) type Watchers = smallvec::SmallVec<[Sid; 6]>;
 
 /// Records an inbox may hold beyond twice its session's interest.
-pub(super) const INBOX_SLACK: usize = 64;
+const INBOX_SLACK: usize = 64;
 
 /// The changes of one session's interest since its last answer (answers by interest).
 #[derive(Debug, Default)]
@@ -114,7 +113,7 @@ impl RootState {
             .flat_map(|b| b.deltas.iter().map(|d| d.0))
             .chain(req.hints.iter().map(|h| h.0))
             .chain(req.watch.iter().copied())
-            .filter(move |&id| in_stripe(stripe, id));
+            .filter(move |&id| stripe.contains(id));
         self.warm_interest(s, named.clone(), now);
         let left = self.expire_interest(s, now);
         let fresh = self.note_interest(s, named, now)?;
@@ -166,7 +165,7 @@ impl RootState {
         let mut fresh = IdSet::default();
         let mut full = false;
         for id in named {
-            if !self.holds(id) || !self.quotas.get(&id).is_some_and(|q| !q.deleted) {
+            if !self.in_shard(id) || !self.quotas.get(&id).is_some_and(|q| !q.deleted) {
                 continue;
             }
             if let Some(u) = s.interest.get_mut(&id) {
@@ -201,7 +200,7 @@ impl RootState {
     }
 
     /// Takes session `sid` off counter `id`'s watchers.
-    pub(super) fn unwatch(&mut self, id: QuotaId, sid: Sid) {
+    fn unwatch(&mut self, id: QuotaId, sid: Sid) {
         if let Some(ws) = self.watchers.get_mut(&id) {
             ws.retain(|w| *w != sid);
             if ws.is_empty() {

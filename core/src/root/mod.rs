@@ -47,6 +47,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use stripes::Stripe;
 
 /// Maps keyed by quota id: the ids are the database's (a limiter can only name ones that
 /// exist), and foldhash's per-process random seed keeps them from being steered into
@@ -212,9 +213,9 @@ pub struct RootState {
     /// The version of the latest change, shared by the stripes of one root
     /// ([`RootState::striped`]): an answer's version must order changes of every stripe.
     version: Arc<AtomicU64>,
-    /// `(index, count)` when this state is one stripe of a root: it holds the counters of
-    /// [`stripe_of`] `index`, and only stripe 0 (the lead) keeps the quota pages.
-    stripe: Option<(u32, u32)>,
+    /// The counters this state holds when it is one stripe of a root
+    /// ([`RootState::striped`]); only the lead keeps the quota pages.
+    stripe: Stripe,
     limiters: HashMap<Box<str>, Session>,
     /// Every session by recency, oldest first: who goes when room is needed.
     recency: BTreeMap<Recency, Box<str>>,
@@ -258,7 +259,7 @@ impl RootState {
             counters: Counters::default(),
             changes: ChangeLog::default(),
             version: Arc::new(AtomicU64::new(0)),
-            stripe: None,
+            stripe: Stripe::WHOLE,
             limiters: HashMap::new(),
             recency: BTreeMap::new(),
             by_addr: HashMap::new(),

@@ -60,11 +60,11 @@ impl RootState {
         updates: impl IntoIterator<Item = Arc<QuotaUpdate>>,
         now: u64,
     ) {
-        let lead = self.is_lead();
+        let lead = self.stripe.is_lead();
         for u in updates {
             self.epoch = self.epoch.max(u.epoch);
             self.highest_id = self.highest_id.max(u.id);
-            if !lead && !self.mine(u.id) {
+            if !lead && !self.stripe.contains(u.id) {
                 continue;
             }
             if let Some(old) = self.quotas.get(&u.id) {
@@ -106,7 +106,7 @@ impl RootState {
             self.quotas.insert(id, entry);
             if !deleted && counter != NO_COUNTER {
                 // The change log holds the limit it drains at: record the new one.
-                self.bump(id);
+                self.log_change(id);
             }
             if let Some(h) = self.held.remove(&id) {
                 self.release_held(id, h, (!deleted).then_some((limits, reset_epoch)), now);
@@ -130,7 +130,7 @@ impl RootState {
         self.parked -= dropped;
         // Limiters empty their own copy when they apply the same quota version. Counted by
         // the stripe that holds the counter.
-        if self.mine(id) {
+        if self.stripe.contains(id) {
             self.stats.resets += 1;
         }
     }
@@ -191,18 +191,12 @@ impl RootState {
     /// reset epoch, `None` if it arrived deleted), unless it waited too long or predates
     /// a reset. Admitted counts beyond the ceiling are dropped: no session to park them
     /// with.
-    pub(super) fn release_held(
-        &mut self,
-        id: QuotaId,
-        h: Held,
-        quota: Option<(Limits, Epoch)>,
-        now: u64,
-    ) {
+    fn release_held(&mut self, id: QuotaId, h: Held, quota: Option<(Limits, Epoch)>, now: u64) {
         match quota {
             Some((limits, reset_epoch))
                 if now.saturating_sub(h.since) <= HOLD_NS && h.epoch >= reset_epoch =>
             {
-                let excess = self.add(id, Some(limits), h.admitted, h.rejected, now);
+                let excess = self.add_delta(id, Some(limits), h.admitted, h.rejected, now);
                 if excess > 0 {
                     self.stats.claims_dropped += 1;
                 }

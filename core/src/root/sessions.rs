@@ -51,7 +51,7 @@ impl RootState {
                     self.limiters.insert(name, s);
                     return Err(e);
                 }
-                self.unindex(&s);
+                self.unindex_session(&s);
                 Ok((name, s))
             }
             None => {
@@ -83,7 +83,7 @@ impl RootState {
         if peer.is_some() {
             s.addr = peer;
         }
-        self.index(name.clone(), &s);
+        self.index_session(name.clone(), &s);
         self.limiters.insert(name, s);
     }
 
@@ -107,7 +107,9 @@ impl RootState {
         Ok(())
     }
 
-    pub(super) fn index(&mut self, name: Box<str>, s: &Session) {
+    /// Files a session under its recency, overall and for its address: who goes first
+    /// when room is needed.
+    fn index_session(&mut self, name: Box<str>, s: &Session) {
         let key = (s.last_seen, s.serial);
         self.recency.insert(key, name);
         if let Some(a) = s.addr {
@@ -115,7 +117,7 @@ impl RootState {
         }
     }
 
-    pub(super) fn unindex(&mut self, s: &Session) {
+    fn unindex_session(&mut self, s: &Session) {
         let key = (s.last_seen, s.serial);
         self.recency.remove(&key);
         if let Some(a) = s.addr {
@@ -128,10 +130,11 @@ impl RootState {
         }
     }
 
-    pub(super) fn forget(&mut self, key: Recency) {
+    /// Forgets the session of recency `key`, with its parked claims and interest.
+    fn forget_session(&mut self, key: Recency) {
         let Some(name) = self.recency.get(&key).cloned() else { return };
         if let Some(mut s) = self.limiters.remove(&name) {
-            self.unindex(&s);
+            self.unindex_session(&s);
             self.parked -= s.parked.len();
             // No counter names it any more: its number may go to a new session.
             self.drop_interest(&mut s);
@@ -140,7 +143,7 @@ impl RootState {
     }
 
     /// A number for a new session, with an empty inbox.
-    pub(super) fn new_sid(&mut self) -> Sid {
+    fn new_sid(&mut self) -> Sid {
         if let Some(sid) = self.free_sids.pop() {
             return sid;
         }
@@ -155,29 +158,30 @@ impl RootState {
     /// table is full. A live limiter syncs every interval, so what goes is whoever has been
     /// quiet longest; forgetting a live one costs little (its next batches count as a first
     /// contact: nothing is lost, a batch resent after a lost answer may count twice).
-    pub(super) fn make_room(&mut self, peer: Option<IpAddr>) {
+    fn make_room(&mut self, peer: Option<IpAddr>) {
         if let Some(a) = peer {
             while self.by_addr.get(&a).is_some_and(|s| s.len() >= self.config.max_limiters_per_addr)
             {
                 let Some(&oldest) = self.by_addr.get(&a).and_then(|s| s.first()) else { break };
-                self.forget(oldest);
+                self.forget_session(oldest);
                 self.stats.limiters_evicted += 1;
             }
         }
         while self.limiters.len() >= self.config.max_limiters {
             let Some((&oldest, _)) = self.recency.first_key_value() else { break };
-            self.forget(oldest);
+            self.forget_session(oldest);
             self.stats.limiters_evicted += 1;
         }
     }
 
+    /// Forgets the sessions not seen for [`RootConfig::limiter_idle_ns`](super::RootConfig::limiter_idle_ns).
     pub(super) fn forget_idle_limiters(&mut self, now: u64) {
         let idle = self.config.limiter_idle_ns;
         while let Some((&key, _)) = self.recency.first_key_value() {
             if now.saturating_sub(key.0) < idle {
                 break;
             }
-            self.forget(key);
+            self.forget_session(key);
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 pub const MAX_STRIPES: u32 = 64;
 
 /// The stripe (of `count`) that holds the counter of quota `id` within one root. Not
-/// [`Shard::of`]: a root of shard `i/n` holds only ids whose shard hash is `i` mod `n`, and
+/// [`Shard::of`](crate::shard::Shard::of): a root of shard `i/n` holds only ids whose shard hash is `i` mod `n`, and
 /// striping it by the same hash would put all of them on one stripe. The high half of a
 /// differently seeded splitmix64 spreads them evenly whatever the shard.
 pub fn stripe_of(id: QuotaId, count: u32) -> u32 {
@@ -23,8 +23,31 @@ pub fn stripe_of(id: QuotaId, count: u32) -> u32 {
     ((z >> 32) % u64::from(count)) as u32
 }
 
-pub(super) fn in_stripe(stripe: Option<(u32, u32)>, id: QuotaId) -> bool {
-    stripe.map_or(true, |(index, count)| stripe_of(id, count) == index)
+/// Which of its root's counters a state holds: those of quotas whose [`stripe_of`] among
+/// `count` is `index`. A root that is not striped is stripe 0 of 1, which holds them all.
+/// Not the root's [`Shard`](crate::shard::Shard) (see [`RootState::in_shard`]): a shard is
+/// which counters of the cluster a root aggregates, a stripe which of those one lock guards.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stripe {
+    index: u32,
+    count: u32,
+}
+
+impl Stripe {
+    /// The whole of a root that is not striped.
+    pub(super) const WHOLE: Stripe = Stripe { index: 0, count: 1 };
+
+    /// Whether the counter of quota `id` is this stripe's.
+    #[inline]
+    pub(super) fn contains(self, id: QuotaId) -> bool {
+        stripe_of(id, self.count) == self.index
+    }
+
+    /// Whether this is the lead: the stripe that keeps every quota and answers the quota
+    /// pages.
+    pub(super) fn is_lead(self) -> bool {
+        self.index == 0
+    }
 }
 
 impl RootStats {
@@ -74,24 +97,15 @@ impl RootState {
             .map(|index| RootState {
                 instance: lead.instance,
                 version: Arc::clone(&lead.version),
-                stripe: Some((index, count)),
+                stripe: Stripe { index, count },
                 ..RootState::new(part.clone())
             })
             .collect()
     }
 
-    /// Whether this state holds the counter of `id` as a stripe (always when not striped).
-    pub(super) fn mine(&self, id: QuotaId) -> bool {
-        in_stripe(self.stripe, id)
-    }
-
-    /// Whether this state keeps every quota and answers the quota pages.
-    pub(super) fn is_lead(&self) -> bool {
-        self.stripe.map_or(true, |(index, _)| index == 0)
-    }
-
-    /// Whether this root aggregates the counter of `id` (see [`RootConfig::shard`]).
-    pub(super) fn holds(&self, id: QuotaId) -> bool {
+    /// Whether this root aggregates the counter of `id` (see [`RootConfig::shard`]), in
+    /// whichever of its stripes.
+    pub(super) fn in_shard(&self, id: QuotaId) -> bool {
         self.config.shard.map_or(true, |s| s.holds(id))
     }
 }
