@@ -190,12 +190,11 @@ impl RootState {
         self.version.fetch_add(1, Relaxed) + 1
     }
 
-    pub(super) fn log_change(&mut self, id: QuotaId) {
-        self.log_change_at(id, self.live_limit(id).unwrap_or(0));
-    }
-
-    /// [`log_change`](Self::log_change) for a caller that has the quota's limit at hand.
-    pub(super) fn log_change_at(&mut self, id: QuotaId, limit: u64) {
+    /// Logs a change of counter `id`, whose live quota drains it at `limit`: the counter as
+    /// it is now goes to the end of the log under a new version, its previous entry becomes
+    /// a tombstone, and the sessions watching it are told. Only the caller knows the quota
+    /// is live (a counter leaves with its quota), so it passes the limit it read.
+    pub(super) fn log_change(&mut self, id: QuotaId, limit: u64) {
         let v = self.next_version();
         let Some(c) = self.counters.get_mut(place_of(&self.quotas, id)) else { return };
         let old = (c.version != 0).then_some((c.log_at, c.version));

@@ -142,29 +142,23 @@ impl RootState {
         }
     }
 
-    /// The highest fill a claim may lift a counter to: `high_burst` plus
-    /// [`RootConfig::claim_slack_ns`] of the limit. See "What a sync may claim".
-    pub(super) fn ceiling(&self, id: QuotaId) -> Option<u64> {
-        let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
-        Some(self.ceiling_of(&q.limits))
-    }
-
-    pub(super) fn ceiling_of(&self, l: &Limits) -> u64 {
+    /// The highest fill a claim may lift a counter of limits `l` to: `high_burst` plus
+    /// [`RootConfig::claim_slack_ns`](super::RootConfig::claim_slack_ns) of the limit.
+    fn ceiling(&self, l: &Limits) -> u64 {
         l.high_burst.saturating_add(limit_over(l.limit, self.config.claim_slack_ns))
     }
 
     /// Lifts counter `id` by up to `amount`, never past its ceiling; returns what did not
     /// fit, or `None` for a quota this root does not know.
     fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
-        let (limit, ceiling) = (self.live_limit(id)?, self.ceiling(id)?);
-        let c = self.counter_or_default(id)?;
-        c.limit = limit;
-        c.bucket.advance(now, limit);
+        let l = self.live_limits(id)?;
+        let ceiling = self.ceiling(&l);
+        let c = self.counter_now(id, l.limit, now)?;
         let room = ceiling.saturating_sub(c.bucket.fill);
         let taken = amount.min(room);
         c.bucket.add(taken);
         if taken > 0 {
-            self.log_change(id);
+            self.log_change(id, l.limit);
         }
         Some(amount - taken)
     }
@@ -189,7 +183,7 @@ impl RootState {
             self.stats.deltas_unknown += 1;
             return 0;
         };
-        let ceiling = self.ceiling_of(&l);
+        let ceiling = self.ceiling(&l);
         // The most one delta entry may add to the demand meter.
         let cap = l.high_burst.saturating_add(l.limit).saturating_mul(DEMAND_CAP_FACTOR);
         let attempted = amount.saturating_add(rejected);
@@ -197,37 +191,35 @@ impl RootState {
             self.stats.rejected_capped += 1;
         }
         let rate_tau = self.config.rate_tau_ns;
-        let Some(c) = self.counter_or_default(id) else {
+        let Some(c) = self.counter_now(id, l.limit, now) else {
             // Not reached: `limits` came from this id's entry.
             self.stats.deltas_unknown += 1;
             return 0;
         };
-        c.limit = l.limit;
-        c.bucket.advance(now, l.limit);
         let taken = amount.min(ceiling.saturating_sub(c.bucket.fill));
         c.bucket.add(taken);
         meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
         c.demand.add(attempted.min(cap), now);
         self.stats.deltas_applied += 1;
         // A delta changes the demand even when the fill stayed at the ceiling.
-        self.log_change_at(id, l.limit);
+        self.log_change(id, l.limit);
         amount - taken
     }
 
+    /// Raises counter `id` to a limiter's view of its fill, cut at the ceiling.
     fn apply_hint(&mut self, id: QuotaId, fill: u64, now: u64) {
-        let (Some(limit), Some(ceiling)) = (self.live_limit(id), self.ceiling(id)) else { return };
+        let Some(l) = self.live_limits(id) else { return };
+        let ceiling = self.ceiling(&l);
         if fill > ceiling {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
-        let Some(c) = self.counter_or_default(id) else { return };
-        c.limit = limit;
-        c.bucket.advance(now, limit);
+        let Some(c) = self.counter_now(id, l.limit, now) else { return };
         if fill > c.bucket.fill {
             c.bucket.fill = fill;
             c.bucket.carry = 0;
             self.stats.hints_applied += 1;
-            self.log_change(id);
+            self.log_change(id, l.limit);
         }
     }
 

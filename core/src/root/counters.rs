@@ -124,8 +124,9 @@ pub(super) fn place_of(quotas: &IdMap<QuotaEntry>, id: QuotaId) -> u32 {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct RootCounter {
     pub(super) bucket: LeakyBucket,
-    /// The rate it drains at: its quota's limit, kept here so that a sweep or an answer
-    /// reads the counter alone (a second lookup, in a million-quota map, is a cache miss).
+    /// The rate it drains at: its live quota's limit (set whenever the counter is worked on,
+    /// and it leaves with its quota), kept here so that a sweep or an answer reads the
+    /// counter alone (a second lookup, in a million-quota map, is a cache miss).
     pub(super) limit: u64,
     pub(super) version: u64,
     /// Where its latest change sits in the change log (valid while `version` is not 0).
@@ -148,10 +149,10 @@ impl RootCounter {
 }
 
 /// Whether a root may drop a counter: drained, and without recent demand (dropping one that
-/// still sees demand would restart its window from zero and let a burst through), or of a
-/// quota that is gone (`limit` 0).
-fn spent(c: &RootCounter, limit: u64, now: u64) -> bool {
-    limit == 0 || (c.bucket.fill_at(now, limit) == 0 && !c.demand.is_recent(now))
+/// still sees demand would restart its window from zero and let a burst through). The
+/// counter of a quota that is gone is not asked: it left with its quota.
+fn spent(c: &RootCounter, now: u64) -> bool {
+    c.bucket.fill_at(now, c.limit) == 0 && !c.demand.is_recent(now)
 }
 
 /// Ids whose entries [`RootState::warm`] loads at once before they are worked on: enough
@@ -172,15 +173,23 @@ impl RootState {
         self.counters.get_mut(place_of(&self.quotas, id))
     }
 
-    /// Counter `id`, a new empty one if it has none; `None` for an id with no quota entry
-    /// (a counter lives only beside its quota).
+    /// Counter `id` drained at `limit`, its live quota's, up to `now`; a new empty one if it
+    /// has none. `None` for an id with no quota entry (a counter lives only beside its quota).
     #[inline]
-    pub(super) fn counter_or_default(&mut self, id: QuotaId) -> Option<&mut RootCounter> {
+    pub(super) fn counter_now(
+        &mut self,
+        id: QuotaId,
+        limit: u64,
+        now: u64,
+    ) -> Option<&mut RootCounter> {
         let q = self.quotas.get_mut(&id)?;
         if q.counter == NO_COUNTER {
             q.counter = self.counters.insert(id);
         }
-        self.counters.get_mut(q.counter)
+        let c = self.counters.get_mut(q.counter)?;
+        c.limit = limit;
+        c.bucket.advance(now, limit);
+        Some(c)
     }
 
     pub(super) fn remove_counter(&mut self, id: QuotaId) -> Option<RootCounter> {
@@ -249,7 +258,7 @@ impl RootState {
     /// seconds). Limiters drain their copies at the same rate, so nothing needs telling.
     pub fn sweep(&mut self, now: u64) {
         for p in 0..self.counters.places() {
-            if self.counters.at(p).is_some_and(|(_, c)| spent(c, c.limit, now)) {
+            if self.counters.at(p).is_some_and(|(_, c)| spent(c, now)) {
                 if let Some(c) = self.remove_counter_at(p) {
                     self.kill_change(c.log_at, c.version);
                 }
@@ -277,7 +286,7 @@ impl RootState {
             dead.clear();
             dead.extend((run..(run + WARM_RUN).min(self.sweep_left)).filter_map(|p| {
                 let (id, c) = self.counters.at(p)?;
-                spent(c, c.limit, now).then_some((p, id, c.log_at, c.version))
+                spent(c, now).then_some((p, id, c.log_at, c.version))
             }));
             // Their change-log and quota entries: the log is in version order and the
             // quotas by hash, the slab is neither, so each is a random place; all loaded at

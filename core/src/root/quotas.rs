@@ -106,7 +106,7 @@ impl RootState {
             self.quotas.insert(id, entry);
             if !deleted && counter != NO_COUNTER {
                 // The change log holds the limit it drains at: record the new one.
-                self.log_change(id);
+                self.log_change(id, limits.limit);
             }
             if let Some(h) = self.held.remove(&id) {
                 self.release_held(id, h, (!deleted).then_some((limits, reset_epoch)), now);
@@ -140,8 +140,9 @@ impl RootState {
         self.quotas.get(&id).map_or(0, |q| q.reset_epoch)
     }
 
-    pub(super) fn live_limit(&self, id: QuotaId) -> Option<u64> {
-        self.quotas.get(&id).filter(|q| !q.deleted).map(|q| q.limits.limit)
+    /// The limits of quota `id`; `None` if this root has no live quota of that id.
+    pub(super) fn live_limits(&self, id: QuotaId) -> Option<Limits> {
+        self.quotas.get(&id).filter(|q| !q.deleted).map(|q| q.limits)
     }
 
     /// Holds a delta of quota `id`, not read yet, until it is ([`RootStats::deltas_held`]).
