@@ -178,7 +178,7 @@ impl ChangeLog {
 
 impl RootState {
     /// The version of the latest change (of every stripe): read before a sync goes to the
-    /// stripes, it is the version to answer (see [`SyncAnswer::join`]).
+    /// stripes, it is the version to answer (see [`SyncAnswer::join`](super::SyncAnswer::join)).
     pub fn version(&self) -> u64 {
         self.version.load(Relaxed)
     }

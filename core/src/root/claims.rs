@@ -17,10 +17,10 @@
 //! * Each later sync of *that* session first moves its parked amounts into the counters, as
 //!   far as the ceilings allow. The fills answered to that session include what it still
 //!   has parked, so a limiter never forgets what it admitted itself (it would admit it
-//!   again); other sessions see the counter at its ceiling. An honest limiter syncs every interval, so a heavy request or
-//!   an overshoot keeps its quota at the ceiling for as long as its weight takes to drain at
-//!   `limit`, as if the counter had taken it whole (it dips by at most one interval of the
-//!   limit between two syncs of the limiter that claimed it).
+//!   again); other sessions see the counter at its ceiling. An honest limiter syncs every
+//!   interval, so a heavy request or an overshoot keeps its quota at the ceiling for as long
+//!   as its weight takes to drain at `limit`, as if the counter had taken it whole (it dips
+//!   by at most one interval of the limit between two syncs of the limiter that claimed it).
 //! * A client that **stops** sending stops feeding: its parked claims stay parked until its
 //!   session is forgotten. From the ceiling the counter drains to `low_burst` in
 //!   `(high_burst - low_burst) / limit + claim_slack`: with the recommended bursts

@@ -192,19 +192,25 @@ impl RootState {
         Some(c)
     }
 
-    pub(super) fn remove_counter(&mut self, id: QuotaId) -> Option<RootCounter> {
-        let q = self.quotas.get_mut(&id)?;
+    /// Drops counter `id`, if it has one, and its entry in the change log.
+    pub(super) fn drop_counter(&mut self, id: QuotaId) {
+        let Some(q) = self.quotas.get_mut(&id) else { return };
         let place = std::mem::replace(&mut q.counter, NO_COUNTER);
-        self.counters.remove(place).map(|(_, c)| c)
+        if let Some((_, c)) = self.counters.remove(place) {
+            self.kill_change(c.log_at, c.version);
+        }
     }
 
-    /// Removes the counter at slab place `p`, if one is there.
-    fn remove_counter_at(&mut self, p: usize) -> Option<RootCounter> {
-        let (id, c) = self.counters.remove(u32::try_from(p).ok()?)?;
+    /// Drops the counter at slab place `p`, if one is there, and its entry in the change
+    /// log.
+    fn drop_counter_at(&mut self, p: usize) {
+        let Some((id, c)) = u32::try_from(p).ok().and_then(|p| self.counters.remove(p)) else {
+            return;
+        };
         if let Some(q) = self.quotas.get_mut(&id) {
             q.counter = NO_COUNTER;
         }
-        Some(c)
+        self.kill_change(c.log_at, c.version);
     }
 
     /// Brings the slots of these counters into the cache ahead of the work on them: the
@@ -254,14 +260,13 @@ impl RootState {
         })
     }
 
-    /// Drops drained counters without recent demand, and forgotten limiters; call it now and then (e.g. every few
-    /// seconds). Limiters drain their copies at the same rate, so nothing needs telling.
+    /// Drops drained counters without recent demand, and forgotten limiters; call it now and
+    /// then (e.g. every few seconds). Limiters drain their copies at the same rate, so
+    /// nothing needs telling.
     pub fn sweep(&mut self, now: u64) {
         for p in 0..self.counters.places() {
             if self.counters.at(p).is_some_and(|(_, c)| spent(c, now)) {
-                if let Some(c) = self.remove_counter_at(p) {
-                    self.kill_change(c.log_at, c.version);
-                }
+                self.drop_counter_at(p);
             }
         }
         self.sweep_left = 0;
@@ -298,9 +303,7 @@ impl RootState {
             }
             std::hint::black_box(touched);
             for &(p, ..) in &dead {
-                if let Some(c) = self.remove_counter_at(p) {
-                    self.kill_change(c.log_at, c.version);
-                }
+                self.drop_counter_at(p);
             }
         }
         self.sweep_left = lo;

@@ -14,9 +14,15 @@
 //!
 //! Roots don't know each other: a limiter syncs with every root and takes the max.
 //!
-//! # What a sync may claim
+//! # Where each part lives
 //!
-//! A sync is bounded to what an honest limiter could have counted: see the `claims` module.
+//! A sync ([`RootState::sync_from`]) is checked, finds its limiter's session (`sessions`:
+//! the table, the sequence check, who is forgotten when room is needed), applies its
+//! batches and hints (`claims`: how far a message may move a counter, and why; `quotas`:
+//! the quota table, resets, and deltas held for quotas not read yet), brings the session's
+//! interest up to date (`interest`), and is answered (`answer`) from the change log
+//! (`changes`). Counters live in a slab (`counters`) and measure their demand (`demand`); a
+//! root may be split into stripes, each under a lock of its own (`stripes`).
 
 mod answer;
 mod changes;
@@ -73,7 +79,7 @@ pub struct RootConfig {
     pub rate_tau_ns: u64,
     /// How far above `high_burst` a claim may lift a counter, in time of the quota's limit
     /// (ns): the counter's ceiling is `high_burst + limit × claim_slack_ns`. See "What a
-    /// sync may claim" in the module docs.
+    /// sync may claim" in `root/claims.rs`.
     pub claim_slack_ns: u64,
     /// Most parked claims (quota, amount) one session may hold.
     pub max_parked_per_limiter: usize,

@@ -11,7 +11,8 @@ use std::sync::Arc;
 /// server's database polls (1 s).
 pub const HOLD_NS: u64 = 10 * NANOS_PER_SEC;
 
-/// Deltas held for one quota not read yet ([`RootStats::deltas_held`]).
+/// Deltas held for one quota not read yet
+/// ([`RootStats::deltas_held`](super::RootStats::deltas_held)).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Held {
     pub(super) admitted: u64,
@@ -83,9 +84,7 @@ impl RootState {
                 self.by_epoch.insert(u.epoch, u.id);
             }
             if u.deleted {
-                if let Some(c) = self.remove_counter(u.id) {
-                    self.kill_change(c.log_at, c.version);
-                }
+                self.drop_counter(u.id);
             }
             let was_live = self.quotas.get(&u.id).is_some_and(|q| !q.deleted);
             match (was_live, u.deleted) {
@@ -116,11 +115,9 @@ impl RootState {
 
     /// Empties a counter (a cluster-wide reset): its fill, demand, rate and every claim
     /// parked for it. Deltas and hints counted before the reset are dropped as they come
-    /// (`sync_from`).
+    /// (`claim_delta`, `apply_hints`).
     pub(super) fn reset(&mut self, id: QuotaId) {
-        if let Some(c) = self.remove_counter(id) {
-            self.kill_change(c.log_at, c.version);
-        }
+        self.drop_counter(id);
         let mut dropped = 0;
         for s in self.limiters.values_mut() {
             if s.parked.remove(&id).is_some() {
@@ -145,7 +142,8 @@ impl RootState {
         self.quotas.get(&id).filter(|q| !q.deleted).map(|q| q.limits)
     }
 
-    /// Holds a delta of quota `id`, not read yet, until it is ([`RootStats::deltas_held`]).
+    /// Holds a delta of quota `id`, not read yet, until it is
+    /// ([`RootStats::deltas_held`](super::RootStats::deltas_held)).
     pub(super) fn hold(
         &mut self,
         id: QuotaId,

@@ -1,6 +1,7 @@
 //! The session table: one session per limiter id, with the highest batch applied (the
 //! sequence check), its parked claims and its interest, and the recency indexes that decide
-//! who is forgotten when room is needed.
+//! who is forgotten when room is needed. What the sequence check allows, and why the table
+//! never locks anyone out, is in "What a sync may claim" (`claims.rs`).
 
 use super::interest::Inbox;
 use super::{IdMap, RootState};
@@ -18,9 +19,13 @@ pub(super) type Recency = (u64, u64);
 
 #[derive(Debug, Default)]
 pub(super) struct Session {
+    /// The highest batch `seq` applied: a batch at or below it is a retry.
     pub(super) acked: u64,
+    /// When it last synced (ns): its recency, and how far its `seq` may have run since.
     pub(super) last_seen: u64,
+    /// Orders sessions seen at the same time in the recency index.
     pub(super) serial: u64,
+    /// The peer address it syncs from, whose budget of sessions it counts against.
     pub(super) addr: Option<IpAddr>,
     /// Admitted amounts above a counter's ceiling, fed in as this session keeps syncing.
     pub(super) parked: IdMap<u64>,
@@ -174,7 +179,8 @@ impl RootState {
         }
     }
 
-    /// Forgets the sessions not seen for [`RootConfig::limiter_idle_ns`](super::RootConfig::limiter_idle_ns).
+    /// Forgets the sessions not seen for
+    /// [`RootConfig::limiter_idle_ns`](super::RootConfig::limiter_idle_ns).
     pub(super) fn forget_idle_limiters(&mut self, now: u64) {
         let idle = self.config.limiter_idle_ns;
         while let Some((&key, _)) = self.recency.first_key_value() {

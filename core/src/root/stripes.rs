@@ -9,9 +9,10 @@ use std::sync::Arc;
 pub const MAX_STRIPES: u32 = 64;
 
 /// The stripe (of `count`) that holds the counter of quota `id` within one root. Not
-/// [`Shard::of`](crate::shard::Shard::of): a root of shard `i/n` holds only ids whose shard hash is `i` mod `n`, and
-/// striping it by the same hash would put all of them on one stripe. The high half of a
-/// differently seeded splitmix64 spreads them evenly whatever the shard.
+/// [`Shard::of`](crate::shard::Shard::of): a root of shard `i/n` holds only ids whose shard
+/// hash is `i` mod `n`, and striping it by the same hash would put all of them on one
+/// stripe. The high half of a differently seeded splitmix64 spreads them evenly whatever
+/// the shard.
 pub fn stripe_of(id: QuotaId, count: u32) -> u32 {
     if count <= 1 {
         return 0;
