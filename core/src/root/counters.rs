@@ -10,8 +10,10 @@
 //! the slab reuses freed places last-freed first: a new counter lands where the sweep just
 //! dropped one, a line the sweep has just read.
 
-use super::RootCounter;
+use super::demand::{meter_at, DemandWindow};
+use super::{CounterView, IdMap, QuotaEntry, RootState};
 use crate::quota::QuotaId;
+use crate::units::{milli_to_units, LeakyBucket};
 
 /// The place of no counter.
 pub(super) const NO_COUNTER: u32 = u32::MAX;
@@ -110,6 +112,206 @@ impl Counters {
             *self = Counters::default();
         }
         Some((id, c))
+    }
+}
+
+/// Counter `id`'s place in the slab, kept in its quota's entry.
+#[inline]
+pub(super) fn place_of(quotas: &IdMap<QuotaEntry>, id: QuotaId) -> u32 {
+    quotas.get(&id).map_or(NO_COUNTER, |q| q.counter)
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RootCounter {
+    pub(super) bucket: LeakyBucket,
+    /// The rate it drains at: its live quota's limit (set whenever the counter is worked on,
+    /// and it leaves with its quota), kept here so that a sweep or an answer reads the
+    /// counter alone (a second lookup, in a million-quota map, is a cache miss).
+    pub(super) limit: u64,
+    pub(super) version: u64,
+    /// Where its latest change sits in the change log (valid while `version` is not 0).
+    pub(super) log_at: usize,
+    /// Admitted inflow: milli-units per second as of `rate_at`.
+    pub(super) rate: f64,
+    pub(super) rate_at: u64,
+    pub(super) demand: DemandWindow,
+}
+
+impl RootCounter {
+    /// Every word of it, folded: see [`Counters::touch`].
+    pub(super) fn touch(&self) -> u64 {
+        let b = &self.bucket;
+        let words = [b.fill, b.at, b.carry, self.limit, self.version, self.rate_at];
+        let d = &self.demand;
+        d.buckets.iter().chain(&words).fold(d.head ^ self.log_at as u64, |t, &w| t ^ w)
+            ^ self.rate.to_bits()
+    }
+}
+
+/// Whether a root may drop a counter: drained, and without recent demand (dropping one that
+/// still sees demand would restart its window from zero and let a burst through). The
+/// counter of a quota that is gone is not asked: it left with its quota.
+fn spent(c: &RootCounter, now: u64) -> bool {
+    c.bucket.fill_at(now, c.limit) == 0 && !c.demand.is_recent(now)
+}
+
+/// Ids whose entries [`RootState::warm`] loads at once before they are worked on: enough
+/// misses in flight to keep the memory busy, few enough that the first are still in the cache
+/// when the work reaches them (a whole 50,000-delta sync warmed at once was not: its quota
+/// probes still missed, a quarter of a busy root's samples).
+pub(super) const WARM_RUN: usize = 256;
+
+impl RootState {
+    /// Counter `id`, if it has one.
+    #[inline]
+    pub(super) fn counter_of(&self, id: QuotaId) -> Option<&RootCounter> {
+        self.counters.get(place_of(&self.quotas, id))
+    }
+
+    #[inline]
+    pub(super) fn counter_mut(&mut self, id: QuotaId) -> Option<&mut RootCounter> {
+        self.counters.get_mut(place_of(&self.quotas, id))
+    }
+
+    /// Counter `id` drained at `limit`, its live quota's, up to `now`; a new empty one if it
+    /// has none. `None` for an id with no quota entry (a counter lives only beside its quota).
+    #[inline]
+    pub(super) fn counter_now(
+        &mut self,
+        id: QuotaId,
+        limit: u64,
+        now: u64,
+    ) -> Option<&mut RootCounter> {
+        let q = self.quotas.get_mut(&id)?;
+        if q.counter == NO_COUNTER {
+            q.counter = self.counters.insert(id);
+        }
+        let c = self.counters.get_mut(q.counter)?;
+        c.limit = limit;
+        c.bucket.advance(now, limit);
+        Some(c)
+    }
+
+    /// Drops counter `id`, if it has one, and its entry in the change log.
+    pub(super) fn drop_counter(&mut self, id: QuotaId) {
+        let Some(q) = self.quotas.get_mut(&id) else { return };
+        let place = std::mem::replace(&mut q.counter, NO_COUNTER);
+        if let Some((_, c)) = self.counters.remove(place) {
+            self.kill_change(c.log_at, c.version);
+        }
+    }
+
+    /// Drops the counter at slab place `p`, if one is there, and its entry in the change
+    /// log.
+    fn drop_counter_at(&mut self, p: usize) {
+        let Some((id, c)) = u32::try_from(p).ok().and_then(|p| self.counters.remove(p)) else {
+            return;
+        };
+        if let Some(q) = self.quotas.get_mut(&id) {
+            q.counter = NO_COUNTER;
+        }
+        self.kill_change(c.log_at, c.version);
+    }
+
+    /// Brings the slots of these counters into the cache ahead of the work on them: the
+    /// loads of this loop do not depend on one another, so the CPU has many misses in flight
+    /// at once, where the work itself waits for each in turn.
+    ///
+    /// Callers warm runs of at most [`WARM_RUN`] ids, each just before working on it.
+    pub(super) fn warm(&self, ids: impl Iterator<Item = QuotaId> + Clone) {
+        let (mut touched, mut fresh) = (0u64, 0);
+        for id in ids.clone() {
+            let q = self.quotas.get(&id);
+            touched ^= q.map_or(0, |q| q.reset_epoch);
+            let place = q.map_or(NO_COUNTER, |q| q.counter);
+            fresh += usize::from(q.is_some() && place == NO_COUNTER);
+            touched ^= self.counters.touch(place, 0);
+            touched ^= self.watchers.get(&id).map_or(0, |w| w.len() as u64);
+        }
+        // The free places the new ones will take.
+        touched ^= self.counters.touch(NO_COUNTER, fresh);
+        // Then the change-log entries they replace (their counters are in the cache now).
+        for id in ids {
+            if let Some(c) = self.counter_of(id) {
+                touched ^= self.changes.get(c.log_at, c.version).map_or(0, |e| e.limit);
+            }
+        }
+        std::hint::black_box(touched);
+    }
+
+    /// The live view of a quota's counter.
+    pub fn counter(&self, id: QuotaId, now: u64) -> Option<CounterView> {
+        let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
+        let (fill, rate) = match self.counters.get(q.counter) {
+            Some(c) => (
+                c.bucket.fill_at(now, q.limits.limit),
+                meter_at(c.rate, c.rate_at, now, self.config.rate_tau_ns),
+            ),
+            None => (0, 0.0),
+        };
+        Some(CounterView {
+            fill: milli_to_units(fill),
+            rate: rate / 1000.0,
+            drop_probability: crate::decision::drop_probability(
+                fill as f64,
+                q.limits.low_burst,
+                q.limits.high_burst,
+            ),
+        })
+    }
+
+    /// Drops drained counters without recent demand, and forgotten limiters; call it now and
+    /// then (e.g. every few seconds). Limiters drain their copies at the same rate, so
+    /// nothing needs telling.
+    pub fn sweep(&mut self, now: u64) {
+        for p in 0..self.counters.places() {
+            if self.counters.at(p).is_some_and(|(_, c)| spent(c, now)) {
+                self.drop_counter_at(p);
+            }
+        }
+        self.sweep_left = 0;
+        self.forget_idle_limiters(now);
+    }
+
+    /// [`sweep`](Self::sweep) in steps, for a server that must not stop answering syncs
+    /// while a million counters are looked at (tens of milliseconds under its lock): each
+    /// call looks at up to `max` counters; a pass starts with a list of every counter's id
+    /// and ends, forgetting idle limiters, when the list is done. `true` when a pass ended.
+    pub fn sweep_step(&mut self, now: u64, max: usize) -> bool {
+        if self.sweep_left == 0 {
+            self.sweep_left = self.counters.places();
+        }
+        let take = max.max(1).min(self.sweep_left);
+        let lo = self.sweep_left - take;
+        let mut dead = Vec::with_capacity(WARM_RUN);
+        // By place, from the slab's end: its counters are read front to back within a run,
+        // which the CPU prefetches. A place freed and reused since the pass began holds
+        // another live counter, which may be looked at as well as the one it replaced.
+        for run in (lo..self.sweep_left).step_by(WARM_RUN) {
+            dead.clear();
+            dead.extend((run..(run + WARM_RUN).min(self.sweep_left)).filter_map(|p| {
+                let (id, c) = self.counters.at(p)?;
+                spent(c, now).then_some((p, id, c.log_at, c.version))
+            }));
+            // Their change-log and quota entries: the log is in version order and the
+            // quotas by hash, the slab is neither, so each is a random place; all loaded at
+            // once first (see `warm`).
+            let mut touched = 0u64;
+            for &(_, id, at, v) in &dead {
+                touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
+                touched ^= self.quotas.get(&id).map_or(0, |q| u64::from(q.counter));
+            }
+            std::hint::black_box(touched);
+            for &(p, ..) in &dead {
+                self.drop_counter_at(p);
+            }
+        }
+        self.sweep_left = lo;
+        if lo > 0 {
+            return false;
+        }
+        self.forget_idle_limiters(now);
+        true
     }
 }
 

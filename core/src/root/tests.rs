@@ -1,6 +1,10 @@
+use super::changes::{Change, ChangeLog, LOG_CHUNK, LOG_SPARE};
+use super::counters::NO_COUNTER;
+use super::demand::{DemandWindow, DEMAND_BUCKETS, DEMAND_BUCKET_NS, DEMAND_SLOTS};
 use super::*;
 use crate::proto::DeltaBatch;
-use crate::quota::Limits;
+use crate::quota::{Limits, QuotaUpdate};
+use crate::units::LeakyBucket;
 use std::net::IpAddr;
 
 const S: u64 = 1_000_000_000;

@@ -1,0 +1,258 @@
+//! Claims and hints: what a sync's deltas and hints may do to a counter.
+//!
+//! # What a sync may claim
+//!
+//! Whoever holds the sync token can send any well-formed message, so the root only lets a
+//! message move a counter as far as an honest limiter could have. What an honest limiter
+//! admits: requests while its estimate of the fill is below `high_burst`, each adding its
+//! weight, and one request of any weight (bytes: up to 1e12 units) whenever the estimate is
+//! at or below `low_burst`. Several limiters add to one counter, each with a view up to an
+//! interval old, so honest sums do overshoot `high_burst`, by up to one interval of the
+//! limit per limiter plus the heaviest single request. Nothing honest is bounded by the
+//! quota alone, so the root does not drop claims; it **parks** them:
+//!
+//! * A counter's **ceiling** is `high_burst + limit × claim_slack` (0.25 s by default). An
+//!   admitted delta fills the counter up to the ceiling; the rest is parked with the session
+//!   (limiter id) that claimed it, per quota.
+//! * Each later sync of *that* session first moves its parked amounts into the counters, as
+//!   far as the ceilings allow. The fills answered to that session include what it still
+//!   has parked, so a limiter never forgets what it admitted itself (it would admit it
+//!   again); other sessions see the counter at its ceiling. An honest limiter syncs every
+//!   interval, so a heavy request or an overshoot keeps its quota at the ceiling for as long
+//!   as its weight takes to drain at `limit`, as if the counter had taken it whole (it dips
+//!   by at most one interval of the limit between two syncs of the limiter that claimed it).
+//! * A client that **stops** sending stops feeding: its parked claims stay parked until its
+//!   session is forgotten. From the ceiling the counter drains to `low_burst` in
+//!   `(high_burst - low_burst) / limit + claim_slack`: with the recommended bursts
+//!   (`low_burst` = 1.5 and `high_burst` = 3 intervals of the limit) that is 1.75 s at a 1 s
+//!   interval, within two intervals, and less for shorter bursts. Below `low_burst` nothing
+//!   is rejected, whatever the demand meter says. Limiters learn it at their next sync, so
+//!   honest traffic sees it up to one of their intervals later: a stopped client leaves a
+//!   quota where an honest burst to `high_burst` would, plus `claim_slack`.
+//! * **Hints** merge by max and are cut at the ceiling (a hint restores a restarted root;
+//!   it never needs to exceed what the counter can hold).
+//! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
+//!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
+//!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
+//!   spans 2 s and only acts while the fill is above `low_burst`.
+//! * **Sequence numbers**: a session that had a batch applied refuses a `seq` more than
+//!   `seq_ahead_slack` (64) plus one per 25 ms since its last sync ahead of the acknowledged
+//!   one (a limiter makes at most one batch per interval, intervals are 50 ms or more, and
+//!   after an outage up to 30 pending batches arrive at once). A session without an applied
+//!   batch takes any `seq`: limiters keep their numbering across nginx reloads, and a
+//!   restarted root meets them mid-sequence.
+//! * **Sessions** never lock anyone out: when the table or a peer address's budget is full,
+//!   the least recently seen session (of that address) is forgotten. A live limiter syncs
+//!   every interval and is never the oldest for long; a forgotten one is met again as a first
+//!   contact. One address cannot hold more than `max_limiters_per_addr` sessions, so it
+//!   cannot push the others out.
+
+use super::counters::WARM_RUN;
+use super::demand::{meter, DEMAND_CAP_FACTOR};
+use super::sessions::Session;
+use super::RootState;
+use crate::proto::{DeltaBatch, SyncRequest};
+use crate::quota::{Epoch, Limits, QuotaId};
+use crate::units::NANOS_PER_SEC;
+
+/// `limit` milli-units/s over `ns`, saturating.
+fn limit_over(limit: u64, ns: u64) -> u64 {
+    u64::try_from(u128::from(limit) * u128::from(ns) / u128::from(NANOS_PER_SEC))
+        .unwrap_or(u64::MAX)
+}
+
+impl RootState {
+    /// Applies the batches of `req` that were not applied before, in `seq` order, parking
+    /// with `s` what its counters have no room for; the highest `seq` applied.
+    pub(super) fn apply_batches(&mut self, req: &SyncRequest, s: &mut Session, now: u64) -> u64 {
+        let mut acked = s.acked;
+        let mut batches: Vec<_> = req.batches.iter().collect();
+        batches.sort_by_key(|b| b.seq);
+        for b in batches {
+            if b.seq <= acked {
+                self.stats.duplicate_batches += 1;
+                continue;
+            }
+            self.apply_batch(b, s, now);
+            acked = b.seq;
+        }
+        acked
+    }
+
+    fn apply_batch(&mut self, b: &DeltaBatch, s: &mut Session, now: u64) {
+        let stripe = self.stripe;
+        for run in b.deltas.chunks(WARM_RUN) {
+            self.warm(run.iter().map(|d| d.0).filter(|&id| stripe.contains(id)));
+            for &(id, amount, rejected) in run {
+                // Another stripe's are counted there.
+                if stripe.contains(id) {
+                    self.claim_delta(s, id, amount, rejected, b.epoch, now);
+                }
+            }
+        }
+    }
+
+    /// One delta entry of a batch counted at quota epoch `epoch`: held if its quota may
+    /// not have been read yet, dropped if counted before the quota's reset, else added, and
+    /// what did not fit parked with `s`.
+    #[inline]
+    fn claim_delta(
+        &mut self,
+        s: &mut Session,
+        id: QuotaId,
+        amount: u64,
+        rejected: u64,
+        epoch: Option<Epoch>,
+        now: u64,
+    ) {
+        // One lookup of the quota for both the reset check and the delta (a probe of a
+        // million-entry map each; the second was 1.5 % of a busy root's samples).
+        let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
+        if quota.is_none() && id > self.highest_id && self.in_shard(id) {
+            self.hold(id, amount, rejected, epoch, now);
+            return;
+        }
+        if epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
+            self.stats.dropped_before_reset += 1;
+            return;
+        }
+        let limits = quota.filter(|q| !q.2).map(|q| q.0);
+        let excess = self.add_delta(id, limits, amount, rejected, now);
+        if excess > 0 {
+            self.park(s, id, excess);
+        }
+    }
+
+    /// Applies `req`'s hints of this stripe's counters, unless they predate a reset.
+    pub(super) fn apply_hints(&mut self, req: &SyncRequest, now: u64) {
+        let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
+        for &(id, fill) in &req.hints {
+            if !self.stripe.contains(id) {
+                continue;
+            }
+            if !self.in_shard(id) {
+                self.stats.deltas_foreign += 1;
+                continue;
+            }
+            if hints_epoch < self.reset_epoch(id) {
+                self.stats.dropped_before_reset += 1;
+                continue;
+            }
+            self.apply_hint(id, fill, now);
+        }
+    }
+
+    /// The highest fill a claim may lift a counter of limits `l` to: `high_burst` plus
+    /// [`RootConfig::claim_slack_ns`](super::RootConfig::claim_slack_ns) of the limit.
+    fn ceiling(&self, l: &Limits) -> u64 {
+        l.high_burst.saturating_add(limit_over(l.limit, self.config.claim_slack_ns))
+    }
+
+    /// Lifts counter `id` by up to `amount`, never past its ceiling; returns what did not
+    /// fit, or `None` for a quota this root does not know.
+    fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
+        let l = self.live_limits(id)?;
+        let ceiling = self.ceiling(&l);
+        let c = self.counter_now(id, l.limit, now)?;
+        let room = ceiling.saturating_sub(c.bucket.fill);
+        let taken = amount.min(room);
+        c.bucket.add(taken);
+        if taken > 0 {
+            self.log_change(id, l.limit);
+        }
+        Some(amount - taken)
+    }
+
+    /// Applies one delta entry to counter `id`, whose live quota has `limits` (`None`: no
+    /// live quota of that id); returns the admitted amount the counter had no room for.
+    pub(super) fn add_delta(
+        &mut self,
+        id: QuotaId,
+        limits: Option<Limits>,
+        amount: u64,
+        rejected: u64,
+        now: u64,
+    ) -> u64 {
+        if !self.in_shard(id) {
+            self.stats.deltas_foreign += 1;
+            return 0;
+        }
+        // One look at the quota (the caller's) and one at the counter per delta: this runs
+        // for every delta of every limiter, most of a busy root's work.
+        let Some(l) = limits else {
+            self.stats.deltas_unknown += 1;
+            return 0;
+        };
+        let ceiling = self.ceiling(&l);
+        // The most one delta entry may add to the demand meter.
+        let cap = l.high_burst.saturating_add(l.limit).saturating_mul(DEMAND_CAP_FACTOR);
+        let attempted = amount.saturating_add(rejected);
+        if attempted > cap {
+            self.stats.rejected_capped += 1;
+        }
+        let rate_tau = self.config.rate_tau_ns;
+        let Some(c) = self.counter_now(id, l.limit, now) else {
+            // Not reached: `limits` came from this id's entry.
+            self.stats.deltas_unknown += 1;
+            return 0;
+        };
+        let taken = amount.min(ceiling.saturating_sub(c.bucket.fill));
+        c.bucket.add(taken);
+        meter(&mut c.rate, &mut c.rate_at, amount, now, rate_tau);
+        c.demand.add(attempted.min(cap), now);
+        self.stats.deltas_applied += 1;
+        // A delta changes the demand even when the fill stayed at the ceiling.
+        self.log_change(id, l.limit);
+        amount - taken
+    }
+
+    /// Raises counter `id` to a limiter's view of its fill, cut at the ceiling.
+    fn apply_hint(&mut self, id: QuotaId, fill: u64, now: u64) {
+        let Some(l) = self.live_limits(id) else { return };
+        let ceiling = self.ceiling(&l);
+        if fill > ceiling {
+            self.stats.hints_capped += 1;
+        }
+        let fill = fill.min(ceiling);
+        let Some(c) = self.counter_now(id, l.limit, now) else { return };
+        if fill > c.bucket.fill {
+            c.bucket.fill = fill;
+            c.bucket.carry = 0;
+            self.stats.hints_applied += 1;
+            self.log_change(id, l.limit);
+        }
+    }
+
+    /// Parks what a claim could not put into a counter with the session that claimed it.
+    pub(super) fn park(&mut self, s: &mut Session, id: QuotaId, excess: u64) {
+        if let Some(p) = s.parked.get_mut(&id) {
+            *p = p.saturating_add(excess);
+        } else if s.parked.len() < self.config.max_parked_per_limiter
+            && self.parked < self.config.max_parked
+        {
+            s.parked.insert(id, excess);
+            self.parked += 1;
+        } else {
+            self.stats.claims_dropped += 1;
+            return;
+        }
+        self.stats.claims_parked += 1;
+    }
+
+    /// Moves a session's parked claims into their counters as far as the ceilings allow.
+    pub(super) fn feed_parked(&mut self, s: &mut Session, now: u64) {
+        if s.parked.is_empty() {
+            return;
+        }
+        let parked = std::mem::take(&mut s.parked);
+        let before = parked.len();
+        s.parked = parked
+            .into_iter()
+            .filter_map(|(id, p)| {
+                let left = self.fill_up(id, p, now)?;
+                (left > 0).then_some((id, left))
+            })
+            .collect();
+        self.parked -= before - s.parked.len();
+    }
+}
