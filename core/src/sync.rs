@@ -24,7 +24,7 @@
 //! flight with its `seq` (the roots apply it once), and sends hints to roots for which the
 //! previous engine still held older unacknowledged batches (those lived in its memory).
 
-use crate::limiter::{Estimator, Limiter};
+use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
@@ -733,8 +733,13 @@ impl SyncEngine {
         let active = &mut self.active;
         let shards = self.shards;
         let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        // How long this round's batch was counted over: since the previous round began, but
+        // no less than the shortest gap between early rounds.
+        let round_ns = last_began
+            .map_or(interval, |b| round.began.saturating_sub(b).max(interval / EARLY_GAP));
         let prune = self.limiter.zone_status().rounds % 16 == 0;
         self.limiter.with_counters_paced(self.pacer, |c| {
+            let estimator = c.estimator();
             // Fold this round's batch into the local view.
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
                 if k % WARM_CHUNK == 0 {
@@ -788,59 +793,21 @@ impl SyncEngine {
                             // Nothing counted here in a whole interval: no rate to run ahead of.
                             c.set_own_rate(s, 0.0);
                         }
-                        let Some((b1, t1)) = facts.seen else {
+                        let Some(before) = facts.seen else {
                             c.set_rates(s, 0.0, 0.0);
                             return c.is_active(s, now);
                         };
-                        let demand = facts.demand as f64;
-                        let limit = c.limit(s) as f64;
-                        let own = own.unwrap_or(0);
-                        let inflow = match c.estimator() {
-                            Estimator::Static { correction_ratio }
-                            | Estimator::StaticOrMeasured { correction_ratio } => {
-                                // The ratio is the whole cluster's inflow; this limiter's own
-                                // share is counted exactly in `local`, so the others add the rest.
-                                let secs = last_began.map_or(interval, |b| {
-                                    round.began.saturating_sub(b).max(interval / EARLY_GAP)
-                                }) as f64
-                                    * 1e-9;
-                                let own_rate = own as f64 / secs;
-                                let stat = (correction_ratio * limit - own_rate).max(0.0);
-                                let (b2, t2) = c.base(s).unwrap_or((0, now));
-                                let dt = t2.saturating_sub(t1) as f64 * 1e-9;
-                                let surge = matches!(
-                                c.estimator(),
-                                Estimator::StaticOrMeasured { .. }
-                            ) && t1 != 0
-                                && dt > 0.0
-                                // Only a bucket that cannot have emptied in between says
-                                // what flowed in: an emptied one hides the drain it missed.
-                                && b1 as f64 >= limit * dt;
-                                if surge {
-                                    let total = (b2 as f64 - b1 as f64) / dt + limit;
-                                    stat.max(total - own_rate)
-                                } else {
-                                    stat
-                                }
-                            }
-                            Estimator::Measured => {
-                                let (b2, t2) = c.base(s).unwrap_or((0, now));
-                                let dt = if t1 == 0 { interval } else { t2.saturating_sub(t1) };
-                                if dt == 0 {
-                                    c.set_rates(s, c.inflow(s), demand);
-                                    return true;
-                                }
-                                let secs = dt as f64 * 1e-9;
-                                let total = (b2 as f64 - b1 as f64) / secs + limit;
-                                let others = (total - own as f64 / secs).max(0.0);
-                                let old = c.inflow(s);
-                                if old > 0.0 {
-                                    0.5 * old + 0.5 * others
-                                } else {
-                                    others
-                                }
-                            }
+                        let sample = inflow::Sample {
+                            limit: c.limit(s),
+                            before,
+                            after: c.base(s).unwrap_or((0, now)),
+                            own: own.unwrap_or(0),
+                            round_ns,
+                            interval_ns: interval,
+                            inflow: c.inflow(s),
                         };
+                        let inflow = inflow::estimate(estimator, &sample);
+                        let demand = facts.demand as f64;
                         c.set_rates(s, inflow, demand);
                         true
                     },
@@ -979,6 +946,7 @@ fn collect_hints(
     hints
 }
 
+mod inflow;
 mod slot_set;
 #[cfg(test)]
 mod tests;
