@@ -29,6 +29,8 @@ use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
+pub use round::RoundReport;
+use round::{Entry, RoundState};
 use serde::Serialize;
 use slot_set::SlotSet;
 // foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
@@ -165,15 +167,6 @@ pub struct RootCall {
     pub request: SyncRequest,
 }
 
-/// What a round achieved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RoundReport {
-    /// At least one root answered.
-    pub any_ok: bool,
-    /// A root has more quotas for us: run the next round at once.
-    pub more: bool,
-}
-
 #[derive(Debug)]
 struct RootLink {
     url: String,
@@ -184,88 +177,9 @@ struct RootLink {
     pending: VecDeque<Arc<DeltaBatch>>,
 }
 
-/// One entry of a round's batch: (slot, id, admitted, rejected).
-type Entry = (u32, QuotaId, u64, u64);
-
-/// What a round learned of one slot from the roots' answers.
-#[derive(Debug, Clone, Copy, Default)]
-struct Facts {
-    /// Its (`base`, `at`) before the first report this round, if some root reported it:
-    /// the measured estimator compares the two.
-    seen: Option<(u64, u64)>,
-    /// Highest demand any root reported for it this round.
-    demand: u64,
-}
-
 /// Slots brought into the cache at a time before a loop works on them
 /// (`CounterAccess::warm`): 16 KiB, well inside a core's first-level cache.
 const WARM_CHUNK: usize = 128;
-
-/// One round's batch and what the roots said of it. No hashing: the batch comes from the
-/// dirty bitmap in slot order, so a slot finds its entry by binary search over `keys`, and
-/// the end of the round walks the active slots, the batch and `others` in slot order
-/// together. A hash map of slot → facts cost three random probes per counter (a fifth of
-/// the agent's end of round under random-key traffic, measured).
-#[derive(Debug, Default)]
-struct RoundState {
-    /// This round's batch, in increasing slot order, one entry per slot.
-    entries: Vec<Entry>,
-    /// The entries' slots (a dense copy for the binary search).
-    keys: Vec<u32>,
-    /// (quota id, entry) in id order: a root's answer names counters by id, and most of
-    /// them are this round's batch; finding their slots here rather than in the writer's
-    /// id index saves that index's cache misses (with the versions loaded ahead, a sixth
-    /// of a round under random keys in `make bench`).
-    by_id: Vec<(QuotaId, u32)>,
-    /// Per entry: what the roots reported of its slot.
-    facts: Vec<Facts>,
-    /// Per entry: some root's fill includes it.
-    reported: Vec<bool>,
-    /// Slots reported by a root that have no entry, in the order the reports came.
-    others: Vec<(u32, Facts)>,
-    /// Per shard: some root of it answered.
-    ok_shards: Vec<bool>,
-    /// When the round began: once it ends, `local` only counts what came after.
-    began: u64,
-    any_ok: bool,
-    more: bool,
-    /// Started by [`SyncEngine::wants_early_round`].
-    early: bool,
-}
-
-impl RoundState {
-    /// The batch entry of slot `s`.
-    fn entry_of(&self, s: u32) -> Option<usize> {
-        self.keys.binary_search(&s).ok()
-    }
-
-    /// The batch entry that carries quota `id`.
-    fn entry_of_id(&self, id: QuotaId) -> Option<usize> {
-        let i = self.by_id.binary_search_by_key(&id, |e| e.0).ok()?;
-        Some(self.by_id[i].1 as usize)
-    }
-}
-
-/// Walks sorted `(slot, facts)` lists alongside an increasing sequence of slots.
-struct Cursor<'a, T> {
-    items: &'a [T],
-    at: usize,
-}
-
-impl<'a, T> Cursor<'a, T> {
-    fn new(items: &'a [T]) -> Self {
-        Cursor { items, at: 0 }
-    }
-
-    /// The position of `s` in the items, given `slot_of` each; `s` never decreases between
-    /// calls.
-    fn seek(&mut self, s: u32, slot_of: impl Fn(&T) -> u32) -> Option<usize> {
-        while self.items.get(self.at).is_some_and(|t| slot_of(t) < s) {
-            self.at += 1;
-        }
-        self.items.get(self.at).filter(|t| slot_of(t) == s).map(|_| self.at)
-    }
-}
 
 /// Early rounds start at least `interval / EARLY_GAP` after the previous round: a surge
 /// reaches the roots in slices of a sixteenth of an interval (a quarter made a 10x step
@@ -462,10 +376,10 @@ impl SyncEngine {
         let early = std::mem::take(&mut self.early_next);
         let interest = self.config.interest;
         let mut watched: Vec<QuotaId> = Vec::new();
-        let mut round = RoundState { began: now, early, ..RoundState::default() };
+        let mut entries = Vec::new();
         let seq = match recovered {
-            Some((seq, entries)) => {
-                round.entries = entries;
+            Some((seq, recovered)) => {
+                entries = recovered;
                 seq
             }
             None => {
@@ -488,7 +402,7 @@ impl SyncEngine {
                                 c.set_own_rate(s, v.saturating_add(r) as f64 / since);
                             }
                             match (v > 0 || r > 0, c.id_of(s)) {
-                                (true, Some(id)) => round.entries.push((s, id, v, r)),
+                                (true, Some(id)) => entries.push((s, id, v, r)),
                                 // Only checked (answers by interest): named, not counted.
                                 (false, Some(id)) if interest => watched.push(id),
                                 _ => {}
@@ -496,22 +410,16 @@ impl SyncEngine {
                         }
                     }
                 });
-                if round.entries.is_empty() {
+                if entries.is_empty() {
                     0
                 } else {
                     self.limiter.next_seq()
                 }
             }
         };
-        debug_assert!(round.entries.windows(2).all(|w| w[0].0 < w[1].0));
-        round.keys = round.entries.iter().map(|e| e.0).collect();
-        round.by_id = round.entries.iter().enumerate().map(|(k, e)| (e.1, k as u32)).collect();
-        round.by_id.sort_unstable();
-        round.facts = vec![Facts::default(); round.entries.len()];
-        round.reported = vec![false; round.entries.len()];
+        let round = RoundState::new(now, early, entries, self.shards);
         self.limiter.set_round_began(now);
         let seen_epoch = self.limiter.seen_epoch();
-        round.ok_shards = vec![false; self.shards as usize];
         // One batch per shard, all with this round's `seq`: each shard's roots get only
         // their counters' deltas, and an empty batch where a shard has none, so every root
         // sees every `seq` (a root refuses a `seq` far ahead of what it acknowledged).
@@ -636,10 +544,7 @@ impl SyncEngine {
             // Counts of this round's batch in a reset counter are gone with it: neither
             // take them out of `inflight` again nor fold them back in at the end.
             for s in resets {
-                if let Some(k) = self.round.entry_of(s) {
-                    self.round.entries[k].2 = 0;
-                    self.round.reported[k] = true;
-                }
+                self.round.drop_reset(s);
             }
         }
         if !resp.more {
@@ -682,28 +587,18 @@ impl SyncEngine {
                         // fill may hold counts the reset dropped. Other roots have it.
                         continue;
                     }
-                    let facts = match entry {
-                        Some(k) => &mut round.facts[k],
-                        None => {
-                            round.others.push((s, Facts::default()));
-                            let i = round.others.len() - 1;
-                            &mut round.others[i].1
-                        }
-                    };
+                    let facts = round.facts_mut(s, entry);
                     if facts.seen.is_none() {
                         facts.seen = c.base(s);
                     }
                     c.merge_report(s, fill, now);
                     facts.demand = facts.demand.max(demand);
                     active.insert(s);
-                    if let Some(k) =
-                        entry.filter(|&k| !round.reported[k] && round.entries[k].1 == id)
-                    {
+                    if let Some(v) = round.report(entry, id) {
                         // The root's fill includes this round's batch: take it out of
                         // `inflight` now, or the estimate counts it twice until the slowest
                         // root answers.
-                        c.sub_inflight(s, round.entries[k].2);
-                        round.reported[k] = true;
+                        c.sub_inflight(s, v);
                     }
                 }
             }
@@ -718,17 +613,7 @@ impl SyncEngine {
     /// Finishes the round at `now`.
     pub fn end_round(&mut self, now: u64) -> RoundReport {
         let mut round = std::mem::take(&mut self.round);
-        // Reports of one slot from several roots become one: the first `seen`, the highest
-        // demand (a stable sort keeps them in the order they came).
-        round.others.sort_by_key(|o| o.0);
-        round.others.dedup_by(|later, first| {
-            if later.0 != first.0 {
-                return false;
-            }
-            first.1.seen = first.1.seen.or(later.1.seen);
-            first.1.demand = first.1.demand.max(later.1.demand);
-            true
-        });
+        round.merge_others();
         let last_began = self.last_began.replace(round.began);
         let active = &mut self.active;
         let shards = self.shards;
@@ -768,24 +653,14 @@ impl SyncEngine {
                 // counts in flight): visiting every counter touched since the last prune,
                 // each round, took 100s of ms per round of the agent's core under random-key
                 // traffic (a million slots). It comes back when it is counted or reported.
-                let (mut batch, mut others) =
-                    (Cursor::new(&round.entries), Cursor::new(&round.others));
+                let mut walk = round.walk();
                 active.retain_in_chunks(
                     WARM_CHUNK,
                     |run| c.warm(run.iter().copied()),
                     |s| {
                         let Some(id) = c.id_of(s) else { return false };
-                        let entry = batch.seek(s, |e| e.0);
-                        let facts = match entry {
-                            Some(k) => round.facts[k],
-                            None => others
-                                .seek(s, |o| o.0)
-                                .map_or_else(Facts::default, |i| round.others[i].1),
-                        };
-                        // This round's batch entry of this quota (not of a former one of the slot).
-                        let own =
-                            entry.map(|k| round.entries[k]).filter(|e| e.1 == id).map(|e| e.2);
-                        if shards > 1 && !round.ok_shards[Shard::of(id, shards) as usize] {
+                        let (own, facts) = walk.at(s, id);
+                        if round.silent_shard(id, shards) {
                             // No root of its shard answered: nothing is known, keep the rates.
                             return true;
                         }
@@ -947,6 +822,7 @@ fn collect_hints(
 }
 
 mod inflow;
+mod round;
 mod slot_set;
 #[cfg(test)]
 mod tests;
