@@ -26,13 +26,13 @@
 
 use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
-use crate::quota::{Epoch, QuotaId};
+use crate::quota::QuotaId;
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
 pub use round::RoundReport;
 use round::{Entry, RoundState};
-use serde::Serialize;
 use slot_set::SlotSet;
+pub use status::{RootStatus, SyncStatus};
 // foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
 // integer keys the engine produced itself (no attacker chooses them), on the core of a
 // worker that serves requests.
@@ -96,64 +96,6 @@ pub enum EngineError {
     /// A shard without roots, more shards than allowed, or a root listed twice.
     #[error("bad shard map: {0}")]
     BadShards(String),
-}
-
-/// One root's health as last seen.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RootStatus {
-    /// The root's base URL.
-    pub url: String,
-    /// Result of the last call: `None` before the first.
-    pub ok: Option<bool>,
-    /// Error of the last failed call.
-    pub last_error: Option<String>,
-    /// Clock time (ns) of the last call.
-    pub last_attempt_ns: Option<u64>,
-    /// Clock time (ns) of the last successful call.
-    pub last_success_ns: Option<u64>,
-    /// Latency of the last successful call, µs.
-    pub last_latency_us: Option<u64>,
-    /// Successful calls.
-    pub successes: u64,
-    /// Failed calls.
-    pub failures: u64,
-    /// Failures since the last success.
-    pub consecutive_failures: u32,
-    /// Root instance id last seen.
-    pub instance: Option<u64>,
-    /// Batches waiting for this root's acknowledgement.
-    pub pending_batches: usize,
-    /// Upper bounds (µs) of the latency histogram's buckets.
-    #[serde(skip)]
-    pub latency_buckets_us: Vec<u64>,
-    /// Successful calls per latency bucket (not cumulative); one more than the bounds: the
-    /// last counts calls above every bound.
-    #[serde(skip)]
-    pub latency_counts: Vec<u64>,
-    /// Sum of the latencies counted in the histogram, µs.
-    #[serde(skip)]
-    pub latency_sum_us: u64,
-}
-
-/// The limiter's state as a whole, for `yarl_stats` and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct SyncStatus {
-    /// This limiter's id on the wire.
-    pub limiter_id: String,
-    /// Per root.
-    pub roots: Vec<RootStatus>,
-    /// Highest quota epoch held.
-    pub epoch: Epoch,
-    /// Quotas held.
-    pub quotas: u64,
-    /// Requests rejected so far.
-    pub rejections: u64,
-    /// Rounds completed.
-    pub rounds: u64,
-    /// Whether the last round reached at least one root.
-    pub cluster_fresh: bool,
-    /// Clock time (ns) the status was taken.
-    pub now_ns: u64,
 }
 
 /// A request to send to one root.
@@ -529,15 +471,7 @@ impl SyncEngine {
         e.set(zroots::ACKED, resp.acked_seq);
         link.pending.retain(|b| b.seq > resp.acked_seq);
         e.set(zroots::SKIP, 0);
-        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        e.set(zroots::OK, 1);
-        e.set(zroots::ERR_LEN, 0);
-        e.set(zroots::LAST_SUCCESS, now.max(1));
-        e.set(zroots::LATENCY_US, us);
-        e.add(zroots::SUCCESSES, 1);
-        e.set(zroots::CONSECUTIVE, 0);
-        e.set(zroots::PENDING, link.pending.len() as u64);
-        e.observe_latency(us);
+        status::record_success(e, latency, now, link.pending.len());
 
         if !resp.quotas.is_empty() {
             let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);
@@ -762,38 +696,10 @@ impl SyncEngine {
             self.limiter.refetch_all(now);
         }
     }
-
-    /// A snapshot of the state for stats pages.
-    pub fn status(&self, now: u64) -> SyncStatus {
-        let z = self.limiter.zone_status();
-        SyncStatus {
-            limiter_id: self.limiter_id.clone(),
-            roots: self
-                .roots
-                .iter()
-                .map(|l| {
-                    self.limiter.root_status(&l.url).unwrap_or_else(|| RootStatus {
-                        url: l.url.clone(),
-                        ..RootStatus::default()
-                    })
-                })
-                .collect(),
-            epoch: z.epoch,
-            quotas: z.usage.quotas,
-            rejections: z.rejections,
-            rounds: z.rounds,
-            cluster_fresh: z.cluster_fresh,
-            now_ns: now,
-        }
-    }
 }
 
 fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
-    e.set(zroots::OK, 2);
-    e.set_error(error);
-    e.add(zroots::FAILURES, 1);
-    let consecutive = e.get(zroots::CONSECUTIVE).saturating_add(1);
-    e.set(zroots::CONSECUTIVE, consecutive);
+    let consecutive = status::record_failure(e, error);
     let exp = consecutive.saturating_sub(1).min(16) as u32;
     e.set(zroots::SKIP, u64::from((1u32 << exp).min(max_backoff) - 1));
     // It may come back having lost what it had: it gets our view with its next request.
@@ -824,5 +730,6 @@ fn collect_hints(
 mod inflow;
 mod round;
 mod slot_set;
+mod status;
 #[cfg(test)]
 mod tests;
