@@ -26,18 +26,18 @@
 
 use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
-use crate::quota::QuotaId;
+use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
 pub use round::RoundReport;
 use round::{Entry, RoundState};
+use session::RootLink;
 use slot_set::SlotSet;
 pub use status::{RootStatus, SyncStatus};
 // foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
 // integer keys the engine produced itself (no attacker chooses them), on the core of a
 // worker that serves requests.
 use foldhash::HashSet;
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,16 +107,6 @@ pub struct RootCall {
     pub url: String,
     /// The body.
     pub request: SyncRequest,
-}
-
-#[derive(Debug)]
-struct RootLink {
-    url: String,
-    /// The shard this root aggregates (0 when unsharded).
-    shard: u32,
-    /// The root's entry in the block (instance, `since`, acknowledged `seq`, health).
-    entry: usize,
-    pending: VecDeque<Arc<DeltaBatch>>,
 }
 
 /// Slots brought into the cache at a time before a loop works on them
@@ -235,14 +225,7 @@ impl SyncEngine {
             .into_iter()
             .zip(entries)
             .map(|((url, shard), entry)| {
-                let e = limiter.root_entry(entry);
-                if e.get(zroots::PENDING) > 0 {
-                    // The previous engine had batches this root never acknowledged; they
-                    // were in its memory. Hints bring the root up to date instead.
-                    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
-                    e.set(zroots::PENDING, 0);
-                }
-                RootLink { url, shard, entry, pending: VecDeque::new() }
+                RootLink::resume(url, shard, entry, limiter.root_entry(entry))
             })
             .collect();
         Ok(SyncEngine {
@@ -282,6 +265,11 @@ impl SyncEngine {
         &self.config
     }
 
+    /// The sync interval in clock nanoseconds.
+    fn interval_ns(&self) -> u64 {
+        u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// The root URLs, in the order `RootCall::root` indexes them.
     pub fn root_urls(&self) -> impl Iterator<Item = &str> {
         self.roots.iter().map(|r| r.url.as_str())
@@ -316,69 +304,20 @@ impl SyncEngine {
             self.recover()
         };
         let early = std::mem::take(&mut self.early_next);
-        let interest = self.config.interest;
-        let mut watched: Vec<QuotaId> = Vec::new();
-        let mut entries = Vec::new();
-        let seq = match recovered {
-            Some((seq, recovered)) => {
-                entries = recovered;
-                seq
-            }
+        let (seq, entries, watched) = match recovered {
+            Some((seq, entries)) => (seq, entries, Vec::new()),
             None => {
-                let dirty = self.limiter.take_dirty();
-                let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
-                let since = match self.limiter.round_began() {
-                    0 => interval,
-                    b => now.saturating_sub(b).max(1),
-                } as f64
-                    * 1e-9;
-                self.limiter.with_counters_paced(self.pacer, |c| {
-                    for chunk in dirty.chunks(WARM_CHUNK) {
-                        c.warm(chunk.iter().copied());
-                        for &s in chunk {
-                            let (v, r) = (c.take_local(s), c.take_rejected(s));
-                            // What the request path compares its count with for an early
-                            // round; early rounds leave it, so a surge that lasts keeps
-                            // asking for them until the next regular round measures it.
-                            if !early {
-                                c.set_own_rate(s, v.saturating_add(r) as f64 / since);
-                            }
-                            match (v > 0 || r > 0, c.id_of(s)) {
-                                (true, Some(id)) => entries.push((s, id, v, r)),
-                                // Only checked (answers by interest): named, not counted.
-                                (false, Some(id)) if interest => watched.push(id),
-                                _ => {}
-                            }
-                        }
-                    }
-                });
-                if entries.is_empty() {
-                    0
-                } else {
-                    self.limiter.next_seq()
-                }
+                let (entries, watched) = self.take_counts(now, early);
+                let seq = if entries.is_empty() { 0 } else { self.limiter.next_seq() };
+                (seq, entries, watched)
             }
         };
         let round = RoundState::new(now, early, entries, self.shards);
         self.limiter.set_round_began(now);
-        let seen_epoch = self.limiter.seen_epoch();
-        // One batch per shard, all with this round's `seq`: each shard's roots get only
-        // their counters' deltas, and an empty batch where a shard has none, so every root
-        // sees every `seq` (a root refuses a `seq` far ahead of what it acknowledged).
-        // Sorted by id, which protocol v2 encodes in a byte or two.
-        let batches: Vec<Option<Arc<DeltaBatch>>> = if round.entries.is_empty() {
-            vec![None; self.shards as usize]
-        } else {
+        if !round.entries.is_empty() {
             self.limiter.set_inflight_seq(seq);
-            let mut per: Vec<Vec<(QuotaId, u64, u64)>> = vec![Vec::new(); self.shards as usize];
-            for &(id, k) in &round.by_id {
-                let (_, _, v, r) = round.entries[k as usize];
-                per[Shard::of(id, self.shards) as usize].push((id, v, r));
-            }
-            per.into_iter()
-                .map(|deltas| Some(Arc::new(DeltaBatch { seq, deltas, epoch: Some(seen_epoch) })))
-                .collect()
-        };
+        }
+        let batches = round.batches(seq, self.limiter.seen_epoch(), self.shards);
         self.round = round;
         let mut watch: Vec<Vec<QuotaId>> = vec![Vec::new(); self.shards as usize];
         for id in watched {
@@ -387,31 +326,64 @@ impl SyncEngine {
         for w in &mut watch {
             w.sort_unstable();
         }
+        self.root_calls(now, &batches, &watch)
+    }
 
+    /// Takes what was counted since the last round out of the dirty slots: the batch, in
+    /// slot order, and the quotas that were only checked (named to the roots when answers go
+    /// by interest).
+    fn take_counts(&self, now: u64, early: bool) -> (Vec<Entry>, Vec<QuotaId>) {
+        let interest = self.config.interest;
+        let dirty = self.limiter.take_dirty();
+        let since = match self.limiter.round_began() {
+            0 => self.interval_ns(),
+            b => now.saturating_sub(b).max(1),
+        } as f64
+            * 1e-9;
+        let (mut entries, mut watched) = (Vec::new(), Vec::new());
+        self.limiter.with_counters_paced(self.pacer, |c| {
+            for chunk in dirty.chunks(WARM_CHUNK) {
+                c.warm(chunk.iter().copied());
+                for &s in chunk {
+                    let (v, r) = (c.take_local(s), c.take_rejected(s));
+                    // What the request path compares its count with for an early round;
+                    // early rounds leave it, so a surge that lasts keeps asking for them
+                    // until the next regular round measures it.
+                    if !early {
+                        c.set_own_rate(s, v.saturating_add(r) as f64 / since);
+                    }
+                    match (v > 0 || r > 0, c.id_of(s)) {
+                        (true, Some(id)) => entries.push((s, id, v, r)),
+                        // Only checked (answers by interest): named, not counted.
+                        (false, Some(id)) if interest => watched.push(id),
+                        _ => {}
+                    }
+                }
+            }
+        });
+        (entries, watched)
+    }
+
+    /// The round's calls: one to each root that is not backing off, with every batch it
+    /// has not acknowledged (its shard's of `batches` queued first), hints if it needs them
+    /// and its shard's quotas of `watch`.
+    fn root_calls(
+        &mut self,
+        now: u64,
+        batches: &[Option<Arc<DeltaBatch>>],
+        watch: &[Vec<QuotaId>],
+    ) -> Vec<RootCall> {
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
         for (i, link) in self.roots.iter_mut().enumerate() {
             let e = self.limiter.root_entry(link.entry);
-            if let Some(b) = &batches[link.shard as usize] {
-                if e.get(zroots::ACKED) < b.seq {
-                    link.pending.push_back(b.clone());
-                }
-                if link.pending.len() > self.config.max_pending_batches {
-                    link.pending.pop_front();
-                    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
-                }
-            }
-            e.set(zroots::PENDING, link.pending.len() as u64);
-            let skip = e.get(zroots::SKIP);
-            if skip > 0 {
-                e.set(zroots::SKIP, skip - 1);
+            let batch = batches[link.shard as usize].as_ref();
+            link.queue(e, batch, self.config.max_pending_batches);
+            if session::backing_off(e) {
                 continue;
             }
-            let instance = Some(e.get(zroots::INSTANCE)).filter(|&i| i != 0);
-            let hints = if e.get(zroots::FLAGS) & zroots::FLAG_HINTS != 0
-                || (instance.is_none() && !self.active.is_empty())
-            {
-                collect_hints(&self.limiter, &self.active, now, link.shard, self.shards)
+            let hints = if session::wants_hints(e, &self.active) {
+                session::collect_hints(&self.limiter, &self.active, now, link.shard, self.shards)
             } else {
                 Vec::new()
             };
@@ -421,13 +393,13 @@ impl SyncEngine {
                 request: SyncRequest {
                     v: PROTOCOL_VERSION,
                     limiter: self.limiter_id.clone(),
-                    root_instance: instance,
+                    root_instance: Some(e.get(zroots::INSTANCE)).filter(|&i| i != 0),
                     since: e.get(zroots::SINCE),
                     epoch,
-                    batches: link.pending.iter().map(|b| (**b).clone()).collect(),
+                    batches: link.pending().map(|b| (**b).clone()).collect(),
                     hints,
                     seen_epoch: Some(self.limiter.seen_epoch()),
-                    interest,
+                    interest: self.config.interest,
                     watch: watch[link.shard as usize].clone(),
                 },
             });
@@ -449,34 +421,16 @@ impl SyncEngine {
         let Some(link) = self.roots.get_mut(root) else { return };
         let e = self.limiter.root_entry(link.entry);
         let want = (shards > 1).then_some(Shard { index: link.shard, count: shards });
-        let resp = match result {
-            Ok(r) if r.v == PROTOCOL_VERSION && r.shard != want => {
-                let show = |s: Option<Shard>| {
-                    s.map_or("every counter".to_string(), |s| format!("shard {s}"))
-                };
-                let msg = format!("root serves {}, configured as {}", show(r.shard), show(want));
-                return fail(e, &msg, max_backoff);
-            }
-            Ok(r) if r.v == PROTOCOL_VERSION => r,
-            Ok(r) => return fail(e, &format!("root speaks protocol version {}", r.v), max_backoff),
-            Err(err) => return fail(e, &err, max_backoff),
+        let resp = match session::accept(result, want) {
+            Ok(resp) => resp,
+            Err(err) => return session::fail(e, &err, max_backoff),
         };
-        let known = e.get(zroots::INSTANCE);
-        let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
-        // A root that restarted lost its counters: tell it what we know next round.
-        let restarted = known != 0 && known != resp.root_instance;
-        e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
-        e.set(zroots::INSTANCE, resp.root_instance);
-        e.set(zroots::SINCE, resp.version);
-        e.set(zroots::ACKED, resp.acked_seq);
-        link.pending.retain(|b| b.seq > resp.acked_seq);
-        e.set(zroots::SKIP, 0);
-        status::record_success(e, latency, now, link.pending.len());
+        let pending = link.acknowledge(e, &resp);
+        status::record_success(e, latency, now, pending);
+        let shard = link.shard;
 
         if !resp.quotas.is_empty() {
             let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);
-            // Counts of this round's batch in a reset counter are gone with it: neither
-            // take them out of `inflight` again nor fold them back in at the end.
             for s in resets {
                 self.round.drop_reset(s);
             }
@@ -484,14 +438,24 @@ impl SyncEngine {
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
-        let round = &mut self.round;
-        let active = &mut self.active;
-        let root_epoch = resp.root_epoch;
-        let limiter = &self.limiter;
-        let shard = link.shard;
-        self.limiter.with_counters_paced(self.pacer, |c| {
+        self.merge_counters(&resp.counters, resp.root_epoch, shard, now);
+        self.round.answered(shard, resp.more);
+    }
+
+    /// Merges the counters a root of `shard` reported (`(id, fill, demand)`) into the block
+    /// and records what the round learned of them.
+    fn merge_counters(
+        &mut self,
+        counters: &[(QuotaId, u64, u64)],
+        root_epoch: Option<Epoch>,
+        shard: u32,
+        now: u64,
+    ) {
+        let (round, active, limiter, shards) =
+            (&mut self.round, &mut self.active, &self.limiter, self.shards);
+        limiter.with_counters_paced(self.pacer, |c| {
             let mut slots = Vec::with_capacity(WARM_CHUNK);
-            for chunk in resp.counters.chunks(WARM_CHUNK) {
+            for chunk in counters.chunks(WARM_CHUNK) {
                 // Each id's slot and entry first, all at once (see `CounterAccess::warm`).
                 slots.clear();
                 slots.extend(chunk.iter().map(|&(id, ..)| {
@@ -537,11 +501,6 @@ impl SyncEngine {
                 }
             }
         });
-        round.any_ok = true;
-        if let Some(ok) = round.ok_shards.get_mut(shard as usize) {
-            *ok = true;
-        }
-        round.more |= resp.more;
     }
 
     /// Finishes the round at `now`.
@@ -549,21 +508,35 @@ impl SyncEngine {
         let mut round = std::mem::take(&mut self.round);
         round.merge_others();
         let last_began = self.last_began.replace(round.began);
-        let active = &mut self.active;
-        let shards = self.shards;
-        let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        let interval = self.interval_ns();
         // How long this round's batch was counted over: since the previous round began, but
         // no less than the shortest gap between early rounds.
         let round_ns = last_began
             .map_or(interval, |b| round.began.saturating_sub(b).max(interval / EARLY_GAP));
+        self.settle(&round, round_ns, now);
+        self.limiter.set_inflight_seq(0);
+        self.limiter.set_local_since(round.began);
+        // Fresh only if every shard answered: a counter of a silent shard is as stale as
+        // when no root answers.
+        self.limiter.set_cluster_fresh(round.ok_shards.iter().all(|&ok| ok) && round.any_ok);
+        self.limiter.count_round(now);
+        if round.any_ok && !round.more {
+            self.maybe_refetch(now);
+        }
+        RoundReport { any_ok: round.any_ok, more: round.more }
+    }
+
+    /// Brings the block up to date with the round, under one writer lock: folds the batch
+    /// no root took into the local view, then refreshes every active counter's rates from
+    /// what the roots reported, and lets counters with nothing left leave the active set.
+    fn settle(&mut self, round: &RoundState, round_ns: u64, now: u64) {
+        let (interval_ns, shards) = (self.interval_ns(), self.shards);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
+        let active = &mut self.active;
         self.limiter.with_counters_paced(self.pacer, |c| {
-            let estimator = c.estimator();
-            // Fold this round's batch into the local view.
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
                 if k % WARM_CHUNK == 0 {
-                    let next = round.entries[k..].iter().take(WARM_CHUNK);
-                    c.warm(next.map(|e| e.0));
+                    c.warm(round.entries[k..].iter().take(WARM_CHUNK).map(|e| e.0));
                 }
                 // A slot deleted (and reused) while the round was in flight is not this entry's.
                 if c.id_of(s) != Some(id) {
@@ -580,70 +553,52 @@ impl SyncEngine {
                 }
                 active.insert(s);
             }
-            if round.any_ok {
-                // What the rest of the cluster adds: reported counters are hot, the others
-                // did not change at any root this round and are cold.
-                // A cold counter leaves the set as soon as it has nothing left (no fill, no
-                // counts in flight): visiting every counter touched since the last prune,
-                // each round, took 100s of ms per round of the agent's core under random-key
-                // traffic (a million slots). It comes back when it is counted or reported.
-                let mut walk = round.walk();
-                active.retain_in_chunks(
-                    WARM_CHUNK,
-                    |run| c.warm(run.iter().copied()),
-                    |s| {
-                        let Some(id) = c.id_of(s) else { return false };
-                        let (own, facts) = walk.at(s, id);
-                        if round.silent_shard(id, shards) {
-                            // No root of its shard answered: nothing is known, keep the rates.
-                            return true;
-                        }
-                        if !round.early && own.is_none() {
-                            // Nothing counted here in a whole interval: no rate to run ahead of.
-                            c.set_own_rate(s, 0.0);
-                        }
-                        let Some(before) = facts.seen else {
-                            c.set_rates(s, 0.0, 0.0);
-                            return c.is_active(s, now);
-                        };
-                        let sample = inflow::Sample {
-                            limit: c.limit(s),
-                            before,
-                            after: c.base(s).unwrap_or((0, now)),
-                            own: own.unwrap_or(0),
-                            round_ns,
-                            interval_ns: interval,
-                            inflow: c.inflow(s),
-                        };
-                        let inflow = inflow::estimate(estimator, &sample);
-                        let demand = facts.demand as f64;
-                        c.set_rates(s, inflow, demand);
-                        true
-                    },
-                );
-            } else {
+            if !round.any_ok {
                 for &(s, ..) in &round.entries {
                     c.set_rates(s, 0.0, 0.0);
                 }
+            } else {
+                // What the rest of the cluster adds: reported counters are hot, the others
+                // did not change at any root this round and are cold. A cold counter leaves
+                // the set as soon as it has nothing left (no fill, no counts in flight), or
+                // every round would visit every counter touched since the last prune: 100s
+                // of ms of the agent's core under random-key traffic over a million slots.
+                // It comes back when it is counted or reported.
+                let (mut walk, estimator) = (round.walk(), c.estimator());
+                let warm = |run: &[u32]| c.warm(run.iter().copied());
+                active.retain_in_chunks(WARM_CHUNK, warm, |s| {
+                    let Some(id) = c.id_of(s) else { return false };
+                    let (own, facts) = walk.at(s, id);
+                    if round.silent_shard(id, shards) {
+                        // No root of its shard answered: nothing is known, keep the rates.
+                        return true;
+                    }
+                    if !round.early && own.is_none() {
+                        // Nothing counted here in a whole interval: no rate to run ahead of.
+                        c.set_own_rate(s, 0.0);
+                    }
+                    let Some(before) = facts.seen else {
+                        c.set_rates(s, 0.0, 0.0);
+                        return c.is_active(s, now);
+                    };
+                    let sample = inflow::Sample {
+                        limit: c.limit(s),
+                        before,
+                        after: c.base(s).unwrap_or((0, now)),
+                        own: own.unwrap_or(0),
+                        round_ns,
+                        interval_ns,
+                        inflow: c.inflow(s),
+                    };
+                    c.set_rates(s, inflow::estimate(estimator, &sample), facts.demand as f64);
+                    true
+                });
             }
             if prune {
-                active.retain_in_chunks(
-                    WARM_CHUNK,
-                    |run| c.warm(run.iter().copied()),
-                    |s| c.is_active(s, now),
-                );
+                let warm = |run: &[u32]| c.warm(run.iter().copied());
+                active.retain_in_chunks(WARM_CHUNK, warm, |s| c.is_active(s, now));
             }
         });
-        self.limiter.set_inflight_seq(0);
-        self.limiter.set_local_since(round.began);
-        // Fresh only if every shard answered: a counter of a silent shard is as stale as
-        // when no root answers.
-        self.limiter.set_cluster_fresh(round.ok_shards.iter().all(|&ok| ok) && round.any_ok);
-        self.limiter.count_round(now);
-        if round.any_ok && !round.more {
-            self.maybe_refetch(now);
-        }
-        RoundReport { any_ok: round.any_ok, more: round.more }
     }
 
     /// Whether to start a round now, before the interval is up: a request path saw this
@@ -654,7 +609,7 @@ impl SyncEngine {
     /// root's load at a quarter of the regular rounds, whatever the traffic looks like.
     /// Poll it every few milliseconds.
     pub fn wants_early_round(&mut self, now: u64) -> bool {
-        let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        let interval = self.interval_ns();
         if !self.config.early {
             return false;
         }
@@ -698,37 +653,9 @@ impl SyncEngine {
     }
 }
 
-fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
-    let consecutive = status::record_failure(e, error);
-    let exp = consecutive.saturating_sub(1).min(16) as u32;
-    e.set(zroots::SKIP, u64::from((1u32 << exp).min(max_backoff) - 1));
-    // It may come back having lost what it had: it gets our view with its next request.
-    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
-}
-
-fn collect_hints(
-    limiter: &Limiter,
-    active: &SlotSet,
-    now: u64,
-    shard: u32,
-    shards: u32,
-) -> Vec<(QuotaId, u64)> {
-    // In slot order, which is close to id order for quotas loaded together.
-    let mut hints: Vec<(QuotaId, u64)> = limiter.with_counters(|c| {
-        active
-            .iter()
-            .filter_map(|s| {
-                let v = c.synced(s, now);
-                Some((c.id_of(s)?, v)).filter(|&(id, _)| v > 0 && Shard::of(id, shards) == shard)
-            })
-            .collect()
-    });
-    hints.sort_unstable_by_key(|h| h.0);
-    hints
-}
-
 mod inflow;
 mod round;
+mod session;
 mod slot_set;
 mod status;
 #[cfg(test)]

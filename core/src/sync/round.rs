@@ -1,8 +1,10 @@
 //! One round's bookkeeping: the batch it sends, what the roots' answers say of each slot,
 //! and the walk that pairs both with the active slots at the end of the round.
 
-use crate::quota::QuotaId;
+use crate::proto::DeltaBatch;
+use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
+use std::sync::Arc;
 
 /// What a round achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -116,6 +118,33 @@ impl RoundState {
             self.entries[k].2 = 0;
             self.reported[k] = true;
         }
+    }
+
+    /// A root of `shard` answered; `more`: it has more quotas for this limiter.
+    pub fn answered(&mut self, shard: u32, more: bool) {
+        self.any_ok = true;
+        if let Some(ok) = self.ok_shards.get_mut(shard as usize) {
+            *ok = true;
+        }
+        self.more |= more;
+    }
+
+    /// The round's batch as each shard's roots get it, all with the round's `seq`: only
+    /// their counters' deltas, and an empty batch where a shard has none, so every root
+    /// sees every `seq` (a root refuses a `seq` far ahead of what it acknowledged). Sorted by
+    /// id, which protocol v2 encodes in a byte or two. None when nothing was counted.
+    pub fn batches(&self, seq: u64, epoch: Epoch, shards: u32) -> Vec<Option<Arc<DeltaBatch>>> {
+        if self.entries.is_empty() {
+            return vec![None; shards as usize];
+        }
+        let mut per: Vec<Vec<(QuotaId, u64, u64)>> = vec![Vec::new(); shards as usize];
+        for &(id, k) in &self.by_id {
+            let (_, _, v, r) = self.entries[k as usize];
+            per[Shard::of(id, shards) as usize].push((id, v, r));
+        }
+        per.into_iter()
+            .map(|deltas| Some(Arc::new(DeltaBatch { seq, deltas, epoch: Some(epoch) })))
+            .collect()
     }
 
     /// Makes the reports of one slot from several roots one: the first `seen`, the highest
