@@ -23,21 +23,25 @@
 //! every root session: no first contact, no refetch of quotas. It resends the batch in
 //! flight with its `seq` (the roots apply it once), and sends hints to roots for which the
 //! previous engine still held older unacknowledged batches (those lived in its memory).
+//!
+//! # Where things are
+//!
+//! This file holds the engine's state machine. Beside it: the inflow estimate, a pure
+//! function of one counter's numbers (`inflow.rs`); one round's batch and what the answers
+//! said of it (`round.rs`); each root's session, its pending batches, backoff and hints
+//! (`session.rs`); and what the engine reports of itself (`status.rs`).
 
 use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
+use foldhash::HashSet;
 pub use round::RoundReport;
 use round::{Entry, RoundState};
 use session::RootLink;
 use slot_set::SlotSet;
 pub use status::{RootStatus, SyncStatus};
-// foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
-// integer keys the engine produced itself (no attacker chooses them), on the core of a
-// worker that serves requests.
-use foldhash::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,8 +118,8 @@ pub struct RootCall {
 const WARM_CHUNK: usize = 128;
 
 /// Early rounds start at least `interval / EARLY_GAP` after the previous round: a surge
-/// reaches the roots in slices of a sixteenth of an interval (a quarter made a 10x step
-/// admit 2.71 times the limit over 2 s rather than 2.57 in the simulator).
+/// reaches the roots in slices of a sixteenth of an interval, where coarser slices let a
+/// step run further past the limit before the roots hear of it.
 pub const EARLY_GAP: u64 = 16;
 /// Early rounds one engine may have in hand: a whole interval of them.
 pub const EARLY_BUDGET: u64 = EARLY_GAP;
@@ -534,6 +538,7 @@ impl SyncEngine {
         let prune = self.limiter.zone_status().rounds % 16 == 0;
         let active = &mut self.active;
         self.limiter.with_counters_paced(self.pacer, |c| {
+            let warm = |run: &[u32]| c.warm(run.iter().copied());
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
                 if k % WARM_CHUNK == 0 {
                     c.warm(round.entries[k..].iter().take(WARM_CHUNK).map(|e| e.0));
@@ -565,7 +570,6 @@ impl SyncEngine {
                 // of ms of the agent's core under random-key traffic over a million slots.
                 // It comes back when it is counted or reported.
                 let (mut walk, estimator) = (round.walk(), c.estimator());
-                let warm = |run: &[u32]| c.warm(run.iter().copied());
                 active.retain_in_chunks(WARM_CHUNK, warm, |s| {
                     let Some(id) = c.id_of(s) else { return false };
                     let (own, facts) = walk.at(s, id);
@@ -595,7 +599,6 @@ impl SyncEngine {
                 });
             }
             if prune {
-                let warm = |run: &[u32]| c.warm(run.iter().copied());
                 active.retain_in_chunks(WARM_CHUNK, warm, |s| c.is_active(s, now));
             }
         });

@@ -87,8 +87,8 @@ fn static_or_surge(correction_ratio: f64, s: &Sample) -> f64 {
 /// estimate as it was.
 ///
 /// Each round's measure is averaged with the previous estimate (weights ½, ½), which damps
-/// the noise of answers that arrive at uneven times; with no previous estimate (a counter
-/// new or cold) the measure is taken as is.
+/// the noise of a single measure between two syncs; with no previous estimate (a counter new
+/// or cold) the measure is taken as is.
 fn measured(s: &Sample) -> f64 {
     let ((b1, t1), (b2, t2)) = (s.before, s.after);
     let dt = if t1 == 0 { s.interval_ns } else { t2.saturating_sub(t1) };
