@@ -520,9 +520,7 @@ impl SyncEngine {
         self.settle(&round, round_ns, now);
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
-        // Fresh only if every shard answered: a counter of a silent shard is as stale as
-        // when no root answers.
-        self.limiter.set_cluster_fresh(round.ok_shards.iter().all(|&ok| ok) && round.any_ok);
+        self.limiter.set_cluster_fresh(round.fresh());
         self.limiter.count_round(now);
         if round.any_ok && !round.more {
             self.maybe_refetch(now);

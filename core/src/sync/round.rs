@@ -41,7 +41,7 @@ pub(super) struct RoundState {
     /// (quota id, entry) in id order: a root's answer names counters by id, and most of
     /// them are this round's batch; finding their slots here rather than in the writer's id
     /// index spares a cache miss in that index per counter.
-    pub by_id: Vec<(QuotaId, u32)>,
+    by_id: Vec<(QuotaId, u32)>,
     /// Per entry: what the roots reported of its slot.
     facts: Vec<Facts>,
     /// Per entry: some root's fill includes it.
@@ -49,10 +49,12 @@ pub(super) struct RoundState {
     /// Slots reported by a root that have no entry, in the order the reports came.
     others: Vec<(u32, Facts)>,
     /// Per shard: some root of it answered.
-    pub ok_shards: Vec<bool>,
+    ok_shards: Vec<bool>,
     /// When the round began: once it ends, `local` only counts what came after.
     pub began: u64,
+    /// Some root answered.
     pub any_ok: bool,
+    /// Some root has more quotas for this limiter.
     pub more: bool,
     /// Started by [`SyncEngine::wants_early_round`](super::SyncEngine::wants_early_round).
     pub early: bool,
@@ -159,6 +161,12 @@ impl RoundState {
             first.1.demand = first.1.demand.max(later.1.demand);
             true
         });
+    }
+
+    /// Every shard answered: a counter of a silent shard is as stale as when no root
+    /// answers.
+    pub fn fresh(&self) -> bool {
+        self.ok_shards.iter().all(|&ok| ok) && self.any_ok
     }
 
     /// No root of quota `id`'s shard answered: nothing is known of it this round.
