@@ -32,6 +32,7 @@ pub(crate) struct Sample {
 /// The inflow estimate of `estimator` after the round described by `s`: what the other
 /// limiters are estimated to add per second. Always finite and at least 0, as the block
 /// stores nothing else.
+#[inline]
 pub(crate) fn estimate(estimator: Estimator, s: &Sample) -> f64 {
     let inflow = match estimator {
         Estimator::Static { correction_ratio } => static_share(correction_ratio, s),

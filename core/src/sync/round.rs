@@ -191,6 +191,7 @@ impl Walk<'_> {
     /// What the round knows of slot `s`, which holds quota `id` now: this round's admitted
     /// count of that quota (not of a former one of the slot), and what the roots reported.
     /// `s` never decreases between calls.
+    #[inline]
     pub fn at(&mut self, s: u32, id: QuotaId) -> (Option<u64>, Facts) {
         let r = self.round;
         let entry = self.batch.seek(s, |e| e.0);
