@@ -23,19 +23,25 @@
 //! every root session: no first contact, no refetch of quotas. It resends the batch in
 //! flight with its `seq` (the roots apply it once), and sends hints to roots for which the
 //! previous engine still held older unacknowledged batches (those lived in its memory).
+//!
+//! # Where things are
+//!
+//! This file holds the engine's state machine. Beside it: the inflow estimate, a pure
+//! function of one counter's numbers (`inflow.rs`); one round's batch and what the answers
+//! said of it (`round.rs`); each root's session, its pending batches, backoff and hints
+//! (`session.rs`); and what the engine reports of itself (`status.rs`).
 
-use crate::limiter::{Estimator, Limiter};
+use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
 use crate::zone::roots as zroots;
-use serde::Serialize;
-use slot_set::SlotSet;
-// foldhash, not SipHash: these maps take 100,000s of inserts and lookups per round of
-// integer keys the engine produced itself (no attacker chooses them), on the core of a
-// worker that serves requests.
 use foldhash::HashSet;
-use std::collections::VecDeque;
+pub use round::RoundReport;
+use round::{Entry, RoundState};
+use session::RootLink;
+use slot_set::SlotSet;
+pub use status::{RootStatus, SyncStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,64 +102,6 @@ pub enum EngineError {
     BadShards(String),
 }
 
-/// One root's health as last seen.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RootStatus {
-    /// The root's base URL.
-    pub url: String,
-    /// Result of the last call: `None` before the first.
-    pub ok: Option<bool>,
-    /// Error of the last failed call.
-    pub last_error: Option<String>,
-    /// Clock time (ns) of the last call.
-    pub last_attempt_ns: Option<u64>,
-    /// Clock time (ns) of the last successful call.
-    pub last_success_ns: Option<u64>,
-    /// Latency of the last successful call, µs.
-    pub last_latency_us: Option<u64>,
-    /// Successful calls.
-    pub successes: u64,
-    /// Failed calls.
-    pub failures: u64,
-    /// Failures since the last success.
-    pub consecutive_failures: u32,
-    /// Root instance id last seen.
-    pub instance: Option<u64>,
-    /// Batches waiting for this root's acknowledgement.
-    pub pending_batches: usize,
-    /// Upper bounds (µs) of the latency histogram's buckets.
-    #[serde(skip)]
-    pub latency_buckets_us: Vec<u64>,
-    /// Successful calls per latency bucket (not cumulative); one more than the bounds: the
-    /// last counts calls above every bound.
-    #[serde(skip)]
-    pub latency_counts: Vec<u64>,
-    /// Sum of the latencies counted in the histogram, µs.
-    #[serde(skip)]
-    pub latency_sum_us: u64,
-}
-
-/// The limiter's state as a whole, for `yarl_stats` and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct SyncStatus {
-    /// This limiter's id on the wire.
-    pub limiter_id: String,
-    /// Per root.
-    pub roots: Vec<RootStatus>,
-    /// Highest quota epoch held.
-    pub epoch: Epoch,
-    /// Quotas held.
-    pub quotas: u64,
-    /// Requests rejected so far.
-    pub rejections: u64,
-    /// Rounds completed.
-    pub rounds: u64,
-    /// Whether the last round reached at least one root.
-    pub cluster_fresh: bool,
-    /// Clock time (ns) the status was taken.
-    pub now_ns: u64,
-}
-
 /// A request to send to one root.
 #[derive(Debug, Clone)]
 pub struct RootCall {
@@ -165,111 +113,13 @@ pub struct RootCall {
     pub request: SyncRequest,
 }
 
-/// What a round achieved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RoundReport {
-    /// At least one root answered.
-    pub any_ok: bool,
-    /// A root has more quotas for us: run the next round at once.
-    pub more: bool,
-}
-
-#[derive(Debug)]
-struct RootLink {
-    url: String,
-    /// The shard this root aggregates (0 when unsharded).
-    shard: u32,
-    /// The root's entry in the block (instance, `since`, acknowledged `seq`, health).
-    entry: usize,
-    pending: VecDeque<Arc<DeltaBatch>>,
-}
-
-/// One entry of a round's batch: (slot, id, admitted, rejected).
-type Entry = (u32, QuotaId, u64, u64);
-
-/// What a round learned of one slot from the roots' answers.
-#[derive(Debug, Clone, Copy, Default)]
-struct Facts {
-    /// Its (`base`, `at`) before the first report this round, if some root reported it:
-    /// the measured estimator compares the two.
-    seen: Option<(u64, u64)>,
-    /// Highest demand any root reported for it this round.
-    demand: u64,
-}
-
 /// Slots brought into the cache at a time before a loop works on them
 /// (`CounterAccess::warm`): 16 KiB, well inside a core's first-level cache.
 const WARM_CHUNK: usize = 128;
 
-/// One round's batch and what the roots said of it. No hashing: the batch comes from the
-/// dirty bitmap in slot order, so a slot finds its entry by binary search over `keys`, and
-/// the end of the round walks the active slots, the batch and `others` in slot order
-/// together. A hash map of slot → facts cost three random probes per counter (a fifth of
-/// the agent's end of round under random-key traffic, measured).
-#[derive(Debug, Default)]
-struct RoundState {
-    /// This round's batch, in increasing slot order, one entry per slot.
-    entries: Vec<Entry>,
-    /// The entries' slots (a dense copy for the binary search).
-    keys: Vec<u32>,
-    /// (quota id, entry) in id order: a root's answer names counters by id, and most of
-    /// them are this round's batch; finding their slots here rather than in the writer's
-    /// id index saves that index's cache misses (with the versions loaded ahead, a sixth
-    /// of a round under random keys in `make bench`).
-    by_id: Vec<(QuotaId, u32)>,
-    /// Per entry: what the roots reported of its slot.
-    facts: Vec<Facts>,
-    /// Per entry: some root's fill includes it.
-    reported: Vec<bool>,
-    /// Slots reported by a root that have no entry, in the order the reports came.
-    others: Vec<(u32, Facts)>,
-    /// Per shard: some root of it answered.
-    ok_shards: Vec<bool>,
-    /// When the round began: once it ends, `local` only counts what came after.
-    began: u64,
-    any_ok: bool,
-    more: bool,
-    /// Started by [`SyncEngine::wants_early_round`].
-    early: bool,
-}
-
-impl RoundState {
-    /// The batch entry of slot `s`.
-    fn entry_of(&self, s: u32) -> Option<usize> {
-        self.keys.binary_search(&s).ok()
-    }
-
-    /// The batch entry that carries quota `id`.
-    fn entry_of_id(&self, id: QuotaId) -> Option<usize> {
-        let i = self.by_id.binary_search_by_key(&id, |e| e.0).ok()?;
-        Some(self.by_id[i].1 as usize)
-    }
-}
-
-/// Walks sorted `(slot, facts)` lists alongside an increasing sequence of slots.
-struct Cursor<'a, T> {
-    items: &'a [T],
-    at: usize,
-}
-
-impl<'a, T> Cursor<'a, T> {
-    fn new(items: &'a [T]) -> Self {
-        Cursor { items, at: 0 }
-    }
-
-    /// The position of `s` in the items, given `slot_of` each; `s` never decreases between
-    /// calls.
-    fn seek(&mut self, s: u32, slot_of: impl Fn(&T) -> u32) -> Option<usize> {
-        while self.items.get(self.at).is_some_and(|t| slot_of(t) < s) {
-            self.at += 1;
-        }
-        self.items.get(self.at).filter(|t| slot_of(t) == s).map(|_| self.at)
-    }
-}
-
 /// Early rounds start at least `interval / EARLY_GAP` after the previous round: a surge
-/// reaches the roots in slices of a sixteenth of an interval (a quarter made a 10x step
-/// admit 2.71 times the limit over 2 s rather than 2.57 in the simulator).
+/// reaches the roots in slices of a sixteenth of an interval, where coarser slices let a
+/// step run further past the limit before the roots hear of it.
 pub const EARLY_GAP: u64 = 16;
 /// Early rounds one engine may have in hand: a whole interval of them.
 pub const EARLY_BUDGET: u64 = EARLY_GAP;
@@ -379,14 +229,7 @@ impl SyncEngine {
             .into_iter()
             .zip(entries)
             .map(|((url, shard), entry)| {
-                let e = limiter.root_entry(entry);
-                if e.get(zroots::PENDING) > 0 {
-                    // The previous engine had batches this root never acknowledged; they
-                    // were in its memory. Hints bring the root up to date instead.
-                    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
-                    e.set(zroots::PENDING, 0);
-                }
-                RootLink { url, shard, entry, pending: VecDeque::new() }
+                RootLink::resume(url, shard, entry, limiter.root_entry(entry))
             })
             .collect();
         Ok(SyncEngine {
@@ -426,6 +269,11 @@ impl SyncEngine {
         &self.config
     }
 
+    /// The sync interval in clock nanoseconds.
+    fn interval_ns(&self) -> u64 {
+        u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// The root URLs, in the order `RootCall::root` indexes them.
     pub fn root_urls(&self) -> impl Iterator<Item = &str> {
         self.roots.iter().map(|r| r.url.as_str())
@@ -460,75 +308,20 @@ impl SyncEngine {
             self.recover()
         };
         let early = std::mem::take(&mut self.early_next);
-        let interest = self.config.interest;
-        let mut watched: Vec<QuotaId> = Vec::new();
-        let mut round = RoundState { began: now, early, ..RoundState::default() };
-        let seq = match recovered {
-            Some((seq, entries)) => {
-                round.entries = entries;
-                seq
-            }
+        let (seq, entries, watched) = match recovered {
+            Some((seq, entries)) => (seq, entries, Vec::new()),
             None => {
-                let dirty = self.limiter.take_dirty();
-                let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
-                let since = match self.limiter.round_began() {
-                    0 => interval,
-                    b => now.saturating_sub(b).max(1),
-                } as f64
-                    * 1e-9;
-                self.limiter.with_counters_paced(self.pacer, |c| {
-                    for chunk in dirty.chunks(WARM_CHUNK) {
-                        c.warm(chunk.iter().copied());
-                        for &s in chunk {
-                            let (v, r) = (c.take_local(s), c.take_rejected(s));
-                            // What the request path compares its count with for an early
-                            // round; early rounds leave it, so a surge that lasts keeps
-                            // asking for them until the next regular round measures it.
-                            if !early {
-                                c.set_own_rate(s, v.saturating_add(r) as f64 / since);
-                            }
-                            match (v > 0 || r > 0, c.id_of(s)) {
-                                (true, Some(id)) => round.entries.push((s, id, v, r)),
-                                // Only checked (answers by interest): named, not counted.
-                                (false, Some(id)) if interest => watched.push(id),
-                                _ => {}
-                            }
-                        }
-                    }
-                });
-                if round.entries.is_empty() {
-                    0
-                } else {
-                    self.limiter.next_seq()
-                }
+                let (entries, watched) = self.take_counts(now, early);
+                let seq = if entries.is_empty() { 0 } else { self.limiter.next_seq() };
+                (seq, entries, watched)
             }
         };
-        debug_assert!(round.entries.windows(2).all(|w| w[0].0 < w[1].0));
-        round.keys = round.entries.iter().map(|e| e.0).collect();
-        round.by_id = round.entries.iter().enumerate().map(|(k, e)| (e.1, k as u32)).collect();
-        round.by_id.sort_unstable();
-        round.facts = vec![Facts::default(); round.entries.len()];
-        round.reported = vec![false; round.entries.len()];
+        let round = RoundState::new(now, early, entries, self.shards);
         self.limiter.set_round_began(now);
-        let seen_epoch = self.limiter.seen_epoch();
-        round.ok_shards = vec![false; self.shards as usize];
-        // One batch per shard, all with this round's `seq`: each shard's roots get only
-        // their counters' deltas, and an empty batch where a shard has none, so every root
-        // sees every `seq` (a root refuses a `seq` far ahead of what it acknowledged).
-        // Sorted by id, which protocol v2 encodes in a byte or two.
-        let batches: Vec<Option<Arc<DeltaBatch>>> = if round.entries.is_empty() {
-            vec![None; self.shards as usize]
-        } else {
+        if !round.entries.is_empty() {
             self.limiter.set_inflight_seq(seq);
-            let mut per: Vec<Vec<(QuotaId, u64, u64)>> = vec![Vec::new(); self.shards as usize];
-            for &(id, k) in &round.by_id {
-                let (_, _, v, r) = round.entries[k as usize];
-                per[Shard::of(id, self.shards) as usize].push((id, v, r));
-            }
-            per.into_iter()
-                .map(|deltas| Some(Arc::new(DeltaBatch { seq, deltas, epoch: Some(seen_epoch) })))
-                .collect()
-        };
+        }
+        let batches = round.batches(seq, self.limiter.seen_epoch(), self.shards);
         self.round = round;
         let mut watch: Vec<Vec<QuotaId>> = vec![Vec::new(); self.shards as usize];
         for id in watched {
@@ -537,31 +330,64 @@ impl SyncEngine {
         for w in &mut watch {
             w.sort_unstable();
         }
+        self.root_calls(now, &batches, &watch)
+    }
 
+    /// Takes what was counted since the last round out of the dirty slots: the batch, in
+    /// slot order, and the quotas that were only checked (named to the roots when answers go
+    /// by interest).
+    fn take_counts(&self, now: u64, early: bool) -> (Vec<Entry>, Vec<QuotaId>) {
+        let interest = self.config.interest;
+        let dirty = self.limiter.take_dirty();
+        let since = match self.limiter.round_began() {
+            0 => self.interval_ns(),
+            b => now.saturating_sub(b).max(1),
+        } as f64
+            * 1e-9;
+        let (mut entries, mut watched) = (Vec::new(), Vec::new());
+        self.limiter.with_counters_paced(self.pacer, |c| {
+            for chunk in dirty.chunks(WARM_CHUNK) {
+                c.warm(chunk.iter().copied());
+                for &s in chunk {
+                    let (v, r) = (c.take_local(s), c.take_rejected(s));
+                    // What the request path compares its count with for an early round;
+                    // early rounds leave it, so a surge that lasts keeps asking for them
+                    // until the next regular round measures it.
+                    if !early {
+                        c.set_own_rate(s, v.saturating_add(r) as f64 / since);
+                    }
+                    match (v > 0 || r > 0, c.id_of(s)) {
+                        (true, Some(id)) => entries.push((s, id, v, r)),
+                        // Only checked (answers by interest): named, not counted.
+                        (false, Some(id)) if interest => watched.push(id),
+                        _ => {}
+                    }
+                }
+            }
+        });
+        (entries, watched)
+    }
+
+    /// The round's calls: one to each root that is not backing off, with every batch it
+    /// has not acknowledged (its shard's of `batches` queued first), hints if it needs them
+    /// and its shard's quotas of `watch`.
+    fn root_calls(
+        &mut self,
+        now: u64,
+        batches: &[Option<Arc<DeltaBatch>>],
+        watch: &[Vec<QuotaId>],
+    ) -> Vec<RootCall> {
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
         for (i, link) in self.roots.iter_mut().enumerate() {
             let e = self.limiter.root_entry(link.entry);
-            if let Some(b) = &batches[link.shard as usize] {
-                if e.get(zroots::ACKED) < b.seq {
-                    link.pending.push_back(b.clone());
-                }
-                if link.pending.len() > self.config.max_pending_batches {
-                    link.pending.pop_front();
-                    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
-                }
-            }
-            e.set(zroots::PENDING, link.pending.len() as u64);
-            let skip = e.get(zroots::SKIP);
-            if skip > 0 {
-                e.set(zroots::SKIP, skip - 1);
+            let batch = batches[link.shard as usize].as_ref();
+            link.queue(e, batch, self.config.max_pending_batches);
+            if session::backing_off(e) {
                 continue;
             }
-            let instance = Some(e.get(zroots::INSTANCE)).filter(|&i| i != 0);
-            let hints = if e.get(zroots::FLAGS) & zroots::FLAG_HINTS != 0
-                || (instance.is_none() && !self.active.is_empty())
-            {
-                collect_hints(&self.limiter, &self.active, now, link.shard, self.shards)
+            let hints = if session::wants_hints(e, &self.active) {
+                session::collect_hints(&self.limiter, &self.active, now, link.shard, self.shards)
             } else {
                 Vec::new()
             };
@@ -571,13 +397,13 @@ impl SyncEngine {
                 request: SyncRequest {
                     v: PROTOCOL_VERSION,
                     limiter: self.limiter_id.clone(),
-                    root_instance: instance,
+                    root_instance: Some(e.get(zroots::INSTANCE)).filter(|&i| i != 0),
                     since: e.get(zroots::SINCE),
                     epoch,
-                    batches: link.pending.iter().map(|b| (**b).clone()).collect(),
+                    batches: link.pending().map(|b| (**b).clone()).collect(),
                     hints,
                     seen_epoch: Some(self.limiter.seen_epoch()),
-                    interest,
+                    interest: self.config.interest,
                     watch: watch[link.shard as usize].clone(),
                 },
             });
@@ -599,60 +425,41 @@ impl SyncEngine {
         let Some(link) = self.roots.get_mut(root) else { return };
         let e = self.limiter.root_entry(link.entry);
         let want = (shards > 1).then_some(Shard { index: link.shard, count: shards });
-        let resp = match result {
-            Ok(r) if r.v == PROTOCOL_VERSION && r.shard != want => {
-                let show = |s: Option<Shard>| {
-                    s.map_or("every counter".to_string(), |s| format!("shard {s}"))
-                };
-                let msg = format!("root serves {}, configured as {}", show(r.shard), show(want));
-                return fail(e, &msg, max_backoff);
-            }
-            Ok(r) if r.v == PROTOCOL_VERSION => r,
-            Ok(r) => return fail(e, &format!("root speaks protocol version {}", r.v), max_backoff),
-            Err(err) => return fail(e, &err, max_backoff),
+        let resp = match session::accept(result, want) {
+            Ok(resp) => resp,
+            Err(err) => return session::fail(e, &err, max_backoff),
         };
-        let known = e.get(zroots::INSTANCE);
-        let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
-        // A root that restarted lost its counters: tell it what we know next round.
-        let restarted = known != 0 && known != resp.root_instance;
-        e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
-        e.set(zroots::INSTANCE, resp.root_instance);
-        e.set(zroots::SINCE, resp.version);
-        e.set(zroots::ACKED, resp.acked_seq);
-        link.pending.retain(|b| b.seq > resp.acked_seq);
-        e.set(zroots::SKIP, 0);
-        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        e.set(zroots::OK, 1);
-        e.set(zroots::ERR_LEN, 0);
-        e.set(zroots::LAST_SUCCESS, now.max(1));
-        e.set(zroots::LATENCY_US, us);
-        e.add(zroots::SUCCESSES, 1);
-        e.set(zroots::CONSECUTIVE, 0);
-        e.set(zroots::PENDING, link.pending.len() as u64);
-        e.observe_latency(us);
+        let pending = link.acknowledge(e, &resp);
+        status::record_success(e, latency, now, pending);
+        let shard = link.shard;
 
         if !resp.quotas.is_empty() {
             let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);
-            // Counts of this round's batch in a reset counter are gone with it: neither
-            // take them out of `inflight` again nor fold them back in at the end.
             for s in resets {
-                if let Some(k) = self.round.entry_of(s) {
-                    self.round.entries[k].2 = 0;
-                    self.round.reported[k] = true;
-                }
+                self.round.drop_reset(s);
             }
         }
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
-        let round = &mut self.round;
-        let active = &mut self.active;
-        let root_epoch = resp.root_epoch;
-        let limiter = &self.limiter;
-        let shard = link.shard;
-        self.limiter.with_counters_paced(self.pacer, |c| {
+        self.merge_counters(&resp.counters, resp.root_epoch, shard, now);
+        self.round.answered(shard, resp.more);
+    }
+
+    /// Merges the counters a root of `shard` reported (`(id, fill, demand)`) into the block
+    /// and records what the round learned of them.
+    fn merge_counters(
+        &mut self,
+        counters: &[(QuotaId, u64, u64)],
+        root_epoch: Option<Epoch>,
+        shard: u32,
+        now: u64,
+    ) {
+        let (round, active, limiter, shards) =
+            (&mut self.round, &mut self.active, &self.limiter, self.shards);
+        limiter.with_counters_paced(self.pacer, |c| {
             let mut slots = Vec::with_capacity(WARM_CHUNK);
-            for chunk in resp.counters.chunks(WARM_CHUNK) {
+            for chunk in counters.chunks(WARM_CHUNK) {
                 // Each id's slot and entry first, all at once (see `CounterAccess::warm`).
                 slots.clear();
                 slots.extend(chunk.iter().map(|&(id, ..)| {
@@ -682,64 +489,57 @@ impl SyncEngine {
                         // fill may hold counts the reset dropped. Other roots have it.
                         continue;
                     }
-                    let facts = match entry {
-                        Some(k) => &mut round.facts[k],
-                        None => {
-                            round.others.push((s, Facts::default()));
-                            let i = round.others.len() - 1;
-                            &mut round.others[i].1
-                        }
-                    };
+                    let facts = round.facts_mut(s, entry);
                     if facts.seen.is_none() {
                         facts.seen = c.base(s);
                     }
                     c.merge_report(s, fill, now);
                     facts.demand = facts.demand.max(demand);
                     active.insert(s);
-                    if let Some(k) =
-                        entry.filter(|&k| !round.reported[k] && round.entries[k].1 == id)
-                    {
+                    if let Some(v) = round.report(entry, id) {
                         // The root's fill includes this round's batch: take it out of
                         // `inflight` now, or the estimate counts it twice until the slowest
                         // root answers.
-                        c.sub_inflight(s, round.entries[k].2);
-                        round.reported[k] = true;
+                        c.sub_inflight(s, v);
                     }
                 }
             }
         });
-        round.any_ok = true;
-        if let Some(ok) = round.ok_shards.get_mut(shard as usize) {
-            *ok = true;
-        }
-        round.more |= resp.more;
     }
 
     /// Finishes the round at `now`.
     pub fn end_round(&mut self, now: u64) -> RoundReport {
         let mut round = std::mem::take(&mut self.round);
-        // Reports of one slot from several roots become one: the first `seen`, the highest
-        // demand (a stable sort keeps them in the order they came).
-        round.others.sort_by_key(|o| o.0);
-        round.others.dedup_by(|later, first| {
-            if later.0 != first.0 {
-                return false;
-            }
-            first.1.seen = first.1.seen.or(later.1.seen);
-            first.1.demand = first.1.demand.max(later.1.demand);
-            true
-        });
+        round.merge_others();
         let last_began = self.last_began.replace(round.began);
-        let active = &mut self.active;
-        let shards = self.shards;
-        let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        let interval = self.interval_ns();
+        // How long this round's batch was counted over: since the previous round began, but
+        // no less than the shortest gap between early rounds.
+        let round_ns = last_began
+            .map_or(interval, |b| round.began.saturating_sub(b).max(interval / EARLY_GAP));
+        self.settle(&round, round_ns, now);
+        self.limiter.set_inflight_seq(0);
+        self.limiter.set_local_since(round.began);
+        self.limiter.set_cluster_fresh(round.fresh());
+        self.limiter.count_round(now);
+        if round.any_ok && !round.more {
+            self.maybe_refetch(now);
+        }
+        RoundReport { any_ok: round.any_ok, more: round.more }
+    }
+
+    /// Brings the block up to date with the round, under one writer lock: folds the batch
+    /// no root took into the local view, then refreshes every active counter's rates from
+    /// what the roots reported, and lets counters with nothing left leave the active set.
+    fn settle(&mut self, round: &RoundState, round_ns: u64, now: u64) {
+        let (interval_ns, shards) = (self.interval_ns(), self.shards);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
+        let active = &mut self.active;
         self.limiter.with_counters_paced(self.pacer, |c| {
-            // Fold this round's batch into the local view.
+            let warm = |run: &[u32]| c.warm(run.iter().copied());
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
                 if k % WARM_CHUNK == 0 {
-                    let next = round.entries[k..].iter().take(WARM_CHUNK);
-                    c.warm(next.map(|e| e.0));
+                    c.warm(round.entries[k..].iter().take(WARM_CHUNK).map(|e| e.0));
                 }
                 // A slot deleted (and reused) while the round was in flight is not this entry's.
                 if c.id_of(s) != Some(id) {
@@ -756,118 +556,50 @@ impl SyncEngine {
                 }
                 active.insert(s);
             }
-            if round.any_ok {
-                // What the rest of the cluster adds: reported counters are hot, the others
-                // did not change at any root this round and are cold.
-                // A cold counter leaves the set as soon as it has nothing left (no fill, no
-                // counts in flight): visiting every counter touched since the last prune,
-                // each round, took 100s of ms per round of the agent's core under random-key
-                // traffic (a million slots). It comes back when it is counted or reported.
-                let (mut batch, mut others) =
-                    (Cursor::new(&round.entries), Cursor::new(&round.others));
-                active.retain_in_chunks(
-                    WARM_CHUNK,
-                    |run| c.warm(run.iter().copied()),
-                    |s| {
-                        let Some(id) = c.id_of(s) else { return false };
-                        let entry = batch.seek(s, |e| e.0);
-                        let facts = match entry {
-                            Some(k) => round.facts[k],
-                            None => others
-                                .seek(s, |o| o.0)
-                                .map_or_else(Facts::default, |i| round.others[i].1),
-                        };
-                        // This round's batch entry of this quota (not of a former one of the slot).
-                        let own =
-                            entry.map(|k| round.entries[k]).filter(|e| e.1 == id).map(|e| e.2);
-                        if shards > 1 && !round.ok_shards[Shard::of(id, shards) as usize] {
-                            // No root of its shard answered: nothing is known, keep the rates.
-                            return true;
-                        }
-                        if !round.early && own.is_none() {
-                            // Nothing counted here in a whole interval: no rate to run ahead of.
-                            c.set_own_rate(s, 0.0);
-                        }
-                        let Some((b1, t1)) = facts.seen else {
-                            c.set_rates(s, 0.0, 0.0);
-                            return c.is_active(s, now);
-                        };
-                        let demand = facts.demand as f64;
-                        let limit = c.limit(s) as f64;
-                        let own = own.unwrap_or(0);
-                        let inflow = match c.estimator() {
-                            Estimator::Static { correction_ratio }
-                            | Estimator::StaticOrMeasured { correction_ratio } => {
-                                // The ratio is the whole cluster's inflow; this limiter's own
-                                // share is counted exactly in `local`, so the others add the rest.
-                                let secs = last_began.map_or(interval, |b| {
-                                    round.began.saturating_sub(b).max(interval / EARLY_GAP)
-                                }) as f64
-                                    * 1e-9;
-                                let own_rate = own as f64 / secs;
-                                let stat = (correction_ratio * limit - own_rate).max(0.0);
-                                let (b2, t2) = c.base(s).unwrap_or((0, now));
-                                let dt = t2.saturating_sub(t1) as f64 * 1e-9;
-                                let surge = matches!(
-                                c.estimator(),
-                                Estimator::StaticOrMeasured { .. }
-                            ) && t1 != 0
-                                && dt > 0.0
-                                // Only a bucket that cannot have emptied in between says
-                                // what flowed in: an emptied one hides the drain it missed.
-                                && b1 as f64 >= limit * dt;
-                                if surge {
-                                    let total = (b2 as f64 - b1 as f64) / dt + limit;
-                                    stat.max(total - own_rate)
-                                } else {
-                                    stat
-                                }
-                            }
-                            Estimator::Measured => {
-                                let (b2, t2) = c.base(s).unwrap_or((0, now));
-                                let dt = if t1 == 0 { interval } else { t2.saturating_sub(t1) };
-                                if dt == 0 {
-                                    c.set_rates(s, c.inflow(s), demand);
-                                    return true;
-                                }
-                                let secs = dt as f64 * 1e-9;
-                                let total = (b2 as f64 - b1 as f64) / secs + limit;
-                                let others = (total - own as f64 / secs).max(0.0);
-                                let old = c.inflow(s);
-                                if old > 0.0 {
-                                    0.5 * old + 0.5 * others
-                                } else {
-                                    others
-                                }
-                            }
-                        };
-                        c.set_rates(s, inflow, demand);
-                        true
-                    },
-                );
-            } else {
+            if !round.any_ok {
                 for &(s, ..) in &round.entries {
                     c.set_rates(s, 0.0, 0.0);
                 }
+            } else {
+                // What the rest of the cluster adds: reported counters are hot, the others
+                // did not change at any root this round and are cold. A cold counter leaves
+                // the set as soon as it has nothing left (no fill, no counts in flight), or
+                // every round would visit every counter touched since the last prune: 100s
+                // of ms of the agent's core under random-key traffic over a million slots.
+                // It comes back when it is counted or reported.
+                let (mut walk, estimator) = (round.walk(), c.estimator());
+                active.retain_in_chunks(WARM_CHUNK, warm, |s| {
+                    let Some(id) = c.id_of(s) else { return false };
+                    let (own, facts) = walk.at(s, id);
+                    if round.silent_shard(id, shards) {
+                        // No root of its shard answered: nothing is known, keep the rates.
+                        return true;
+                    }
+                    if !round.early && own.is_none() {
+                        // Nothing counted here in a whole interval: no rate to run ahead of.
+                        c.set_own_rate(s, 0.0);
+                    }
+                    let Some(before) = facts.seen else {
+                        c.set_rates(s, 0.0, 0.0);
+                        return c.is_active(s, now);
+                    };
+                    let sample = inflow::Sample {
+                        limit: c.limit(s),
+                        before,
+                        after: c.base(s).unwrap_or((0, now)),
+                        own: own.unwrap_or(0),
+                        round_ns,
+                        interval_ns,
+                        inflow: c.inflow(s),
+                    };
+                    c.set_rates(s, inflow::estimate(estimator, &sample), facts.demand as f64);
+                    true
+                });
             }
             if prune {
-                active.retain_in_chunks(
-                    WARM_CHUNK,
-                    |run| c.warm(run.iter().copied()),
-                    |s| c.is_active(s, now),
-                );
+                active.retain_in_chunks(WARM_CHUNK, warm, |s| c.is_active(s, now));
             }
         });
-        self.limiter.set_inflight_seq(0);
-        self.limiter.set_local_since(round.began);
-        // Fresh only if every shard answered: a counter of a silent shard is as stale as
-        // when no root answers.
-        self.limiter.set_cluster_fresh(round.ok_shards.iter().all(|&ok| ok) && round.any_ok);
-        self.limiter.count_round(now);
-        if round.any_ok && !round.more {
-            self.maybe_refetch(now);
-        }
-        RoundReport { any_ok: round.any_ok, more: round.more }
     }
 
     /// Whether to start a round now, before the interval is up: a request path saw this
@@ -878,7 +610,7 @@ impl SyncEngine {
     /// root's load at a quarter of the regular rounds, whatever the traffic looks like.
     /// Poll it every few milliseconds.
     pub fn wants_early_round(&mut self, now: u64) -> bool {
-        let interval = u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX);
+        let interval = self.interval_ns();
         if !self.config.early {
             return false;
         }
@@ -920,65 +652,12 @@ impl SyncEngine {
             self.limiter.refetch_all(now);
         }
     }
-
-    /// A snapshot of the state for stats pages.
-    pub fn status(&self, now: u64) -> SyncStatus {
-        let z = self.limiter.zone_status();
-        SyncStatus {
-            limiter_id: self.limiter_id.clone(),
-            roots: self
-                .roots
-                .iter()
-                .map(|l| {
-                    self.limiter.root_status(&l.url).unwrap_or_else(|| RootStatus {
-                        url: l.url.clone(),
-                        ..RootStatus::default()
-                    })
-                })
-                .collect(),
-            epoch: z.epoch,
-            quotas: z.usage.quotas,
-            rejections: z.rejections,
-            rounds: z.rounds,
-            cluster_fresh: z.cluster_fresh,
-            now_ns: now,
-        }
-    }
 }
 
-fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
-    e.set(zroots::OK, 2);
-    e.set_error(error);
-    e.add(zroots::FAILURES, 1);
-    let consecutive = e.get(zroots::CONSECUTIVE).saturating_add(1);
-    e.set(zroots::CONSECUTIVE, consecutive);
-    let exp = consecutive.saturating_sub(1).min(16) as u32;
-    e.set(zroots::SKIP, u64::from((1u32 << exp).min(max_backoff) - 1));
-    // It may come back having lost what it had: it gets our view with its next request.
-    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
-}
-
-fn collect_hints(
-    limiter: &Limiter,
-    active: &SlotSet,
-    now: u64,
-    shard: u32,
-    shards: u32,
-) -> Vec<(QuotaId, u64)> {
-    // In slot order, which is close to id order for quotas loaded together.
-    let mut hints: Vec<(QuotaId, u64)> = limiter.with_counters(|c| {
-        active
-            .iter()
-            .filter_map(|s| {
-                let v = c.synced(s, now);
-                Some((c.id_of(s)?, v)).filter(|&(id, _)| v > 0 && Shard::of(id, shards) == shard)
-            })
-            .collect()
-    });
-    hints.sort_unstable_by_key(|h| h.0);
-    hints
-}
-
+mod inflow;
+mod round;
+mod session;
 mod slot_set;
+mod status;
 #[cfg(test)]
 mod tests;

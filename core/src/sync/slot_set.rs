@@ -48,7 +48,7 @@ impl SlotSet {
     /// Keeps the slots `keep` says yes to, visiting them in increasing order, and hands
     /// each run of about `chunk` slots to `ahead` before `keep` sees them one by one: the
     /// caller loads their memory in one go (see `CounterAccess::warm`) rather than missing
-    /// on each in turn (four fifths of the walk's time went to those misses, measured).
+    /// on each in turn, misses that would take most of the walk's time.
     pub fn retain_in_chunks(
         &mut self,
         chunk: usize,

@@ -1,6 +1,7 @@
 use super::*;
 use crate::clock::{Clock, ManualClock};
 use crate::decision::{Outcome, SeededRandom};
+use crate::limiter::Estimator;
 use crate::quota::{Limits, QuotaUpdate};
 use crate::root::{RootConfig, RootState};
 

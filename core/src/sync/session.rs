@@ -1,0 +1,144 @@
+//! The engine's side of each root session: the batches the root has not acknowledged, and
+//! what a call's answer or failure changes in the root's entry of the block (instance,
+//! `since`, acknowledged `seq`, backoff, whether it needs hints to catch up).
+
+use super::slot_set::SlotSet;
+use crate::limiter::Limiter;
+use crate::proto::{DeltaBatch, SyncResponse, PROTOCOL_VERSION};
+use crate::quota::QuotaId;
+use crate::shard::Shard;
+use crate::zone::roots as zroots;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// One configured root.
+#[derive(Debug)]
+pub(super) struct RootLink {
+    pub url: String,
+    /// The shard this root aggregates (0 when unsharded).
+    pub shard: u32,
+    /// The root's entry in the block (instance, `since`, acknowledged `seq`, health).
+    pub entry: usize,
+    /// Batches sent and not acknowledged yet, oldest first: resent unchanged until they are.
+    pending: VecDeque<Arc<DeltaBatch>>,
+}
+
+impl RootLink {
+    /// Continues the session of the root at `url` kept in entry `e` (number `entry`).
+    pub fn resume(url: String, shard: u32, entry: usize, e: zroots::Entry<'_>) -> Self {
+        if e.get(zroots::PENDING) > 0 {
+            // The previous engine had batches this root never acknowledged; they were in
+            // its memory. Hints bring the root up to date instead.
+            add_hints(e);
+            e.set(zroots::PENDING, 0);
+        }
+        RootLink { url, shard, entry, pending: VecDeque::new() }
+    }
+
+    /// The batches to send, oldest first.
+    pub fn pending(&self) -> impl Iterator<Item = &Arc<DeltaBatch>> {
+        self.pending.iter()
+    }
+
+    /// Queues this round's `batch` unless the root already acknowledged it. Past `max`
+    /// batches the oldest is dropped, and hints bring the root up to date instead.
+    pub fn queue(&mut self, e: zroots::Entry<'_>, batch: Option<&Arc<DeltaBatch>>, max: usize) {
+        if let Some(b) = batch {
+            if e.get(zroots::ACKED) < b.seq {
+                self.pending.push_back(b.clone());
+            }
+            if self.pending.len() > max {
+                self.pending.pop_front();
+                add_hints(e);
+            }
+        }
+        e.set(zroots::PENDING, self.pending.len() as u64);
+    }
+
+    /// Takes in the root's answer: what it acknowledged, where its next answer starts, and
+    /// whether it restarted. Returns the batches still pending.
+    pub fn acknowledge(&mut self, e: zroots::Entry<'_>, resp: &SyncResponse) -> usize {
+        let known = e.get(zroots::INSTANCE);
+        let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
+        // A root that restarted lost its counters: tell it what we know next round.
+        let restarted = known != 0 && known != resp.root_instance;
+        e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
+        e.set(zroots::INSTANCE, resp.root_instance);
+        e.set(zroots::SINCE, resp.version);
+        e.set(zroots::ACKED, resp.acked_seq);
+        self.pending.retain(|b| b.seq > resp.acked_seq);
+        e.set(zroots::SKIP, 0);
+        self.pending.len()
+    }
+}
+
+/// The answer if the engine can use it: in its protocol version, from a root that serves
+/// the shard it is configured for (`want`; `None`: every counter). Otherwise the error to
+/// record.
+pub(super) fn accept(
+    result: Result<SyncResponse, String>,
+    want: Option<Shard>,
+) -> Result<SyncResponse, String> {
+    let r = result?;
+    if r.v != PROTOCOL_VERSION {
+        return Err(format!("root speaks protocol version {}", r.v));
+    }
+    if r.shard != want {
+        let show =
+            |s: Option<Shard>| s.map_or("every counter".to_string(), |s| format!("shard {s}"));
+        return Err(format!("root serves {}, configured as {}", show(r.shard), show(want)));
+    }
+    Ok(r)
+}
+
+/// Records a failed call: the root is skipped for an exponential backoff of up to
+/// `max_backoff` intervals, and gets hints with its next request.
+pub(super) fn fail(e: zroots::Entry<'_>, error: &str, max_backoff: u32) {
+    let consecutive = super::status::record_failure(e, error);
+    let exp = consecutive.saturating_sub(1).min(16) as u32;
+    e.set(zroots::SKIP, u64::from((1u32 << exp).min(max_backoff) - 1));
+    // It may come back having lost what it had: it gets our view with its next request.
+    add_hints(e);
+}
+
+/// Whether the root sits this round out, backing off after a failure (one round less).
+pub(super) fn backing_off(e: zroots::Entry<'_>) -> bool {
+    let skip = e.get(zroots::SKIP);
+    if skip > 0 {
+        e.set(zroots::SKIP, skip - 1);
+    }
+    skip > 0
+}
+
+/// Whether the root's next request carries hints: it asked for them (it failed, fell
+/// behind or restarted), or the engine never met it and has counters to tell it of.
+pub(super) fn wants_hints(e: zroots::Entry<'_>, active: &SlotSet) -> bool {
+    e.get(zroots::FLAGS) & zroots::FLAG_HINTS != 0
+        || (e.get(zroots::INSTANCE) == 0 && !active.is_empty())
+}
+
+fn add_hints(e: zroots::Entry<'_>) {
+    e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
+}
+
+/// The hints for the roots of `shard`: every active counter's synced fill, in id order.
+pub(super) fn collect_hints(
+    limiter: &Limiter,
+    active: &SlotSet,
+    now: u64,
+    shard: u32,
+    shards: u32,
+) -> Vec<(QuotaId, u64)> {
+    // In slot order, which is close to id order for quotas loaded together.
+    let mut hints: Vec<(QuotaId, u64)> = limiter.with_counters(|c| {
+        active
+            .iter()
+            .filter_map(|s| {
+                let v = c.synced(s, now);
+                Some((c.id_of(s)?, v)).filter(|&(id, _)| v > 0 && Shard::of(id, shards) == shard)
+            })
+            .collect()
+    });
+    hints.sort_unstable_by_key(|h| h.0);
+    hints
+}
