@@ -692,11 +692,7 @@ async fn probe(
     // would wait for it and their latencies would include it.
     let limiter = tokio::task::block_in_place(|| {
         let limiter = Arc::new(Limiter::builder().capacity(quotas as u32 + 16).build());
-        let limits = Limits::from_units(100.0, 150.0, 300.0).unwrap_or(Limits {
-            limit: 100_000,
-            low_burst: 150_000,
-            high_burst: 300_000,
-        });
+        let limits = Limits::from_milli(100_000, 150_000, 300_000).expect("valid limits");
         let all: Vec<QuotaUpdate> = (1..=quotas)
             .map(|id| QuotaUpdate {
                 id,

@@ -9,6 +9,7 @@ use crate::units::{
     milli_to_units, units_to_milli, MAX_BURST_UNITS, MAX_LIMIT_UNITS, MIN_LIMIT_UNITS,
 };
 use serde::{Deserialize, Serialize};
+use std::num::NonZeroU64;
 
 /// Longest quota name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -85,18 +86,44 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')
 }
 
-/// The numbers of a quota, validated and in fixed point (see [`crate::units`]).
+/// The numbers of a quota, validated and in fixed point (see [`crate::units`]). Only the
+/// constructors make one, so a `Limits` always holds a limit from 1 to 1e15 milli-units/s
+/// and bursts from 0 to 1e18 milli-units with `low_burst <= high_burst`; whatever arrives
+/// from the wire or a database goes through [`Limits::from_milli`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawLimits", into = "RawLimits")]
 pub struct Limits {
-    /// Drain rate, milli-units per second (1..=1e15).
-    pub limit: u64,
-    /// Fill up to which everything passes, milli-units.
-    pub low_burst: u64,
-    /// Fill from which everything is rejected, milli-units.
-    pub high_burst: u64,
+    limit: NonZeroU64,
+    low_burst: u64,
+    high_burst: u64,
+}
+
+/// [`Limits`] as they travel: checked on the way in.
+#[derive(Serialize, Deserialize)]
+struct RawLimits {
+    limit: u64,
+    low_burst: u64,
+    high_burst: u64,
+}
+
+impl TryFrom<RawLimits> for Limits {
+    type Error = QuotaError;
+
+    fn try_from(r: RawLimits) -> Result<Limits, QuotaError> {
+        Limits::from_milli(r.limit, r.low_burst, r.high_burst)
+    }
+}
+
+impl From<Limits> for RawLimits {
+    fn from(l: Limits) -> RawLimits {
+        RawLimits { limit: l.limit(), low_burst: l.low_burst, high_burst: l.high_burst }
+    }
 }
 
 impl Limits {
+    /// The smallest limit with no bursts: what a tombstone carries (its numbers mean nothing).
+    pub const NONE: Limits = Limits { limit: NonZeroU64::MIN, low_burst: 0, high_burst: 0 };
+
     /// Validates a quota's numbers given in units (as the admin API takes them).
     pub fn from_units(limit: f64, low_burst: f64, high_burst: f64) -> Result<Limits, QuotaError> {
         // `!(a <= x)` also catches NaN.
@@ -111,16 +138,55 @@ impl Limits {
         if low_burst > high_burst {
             return Err(QuotaError::BurstOrder { low: low_burst, high: high_burst });
         }
-        Ok(Limits {
-            limit: units_to_milli(limit).max(1),
-            low_burst: units_to_milli(low_burst),
-            high_burst: units_to_milli(high_burst),
-        })
+        Limits::from_milli(
+            units_to_milli(limit).max(1),
+            units_to_milli(low_burst),
+            units_to_milli(high_burst),
+        )
+    }
+
+    /// Validates numbers that arrived in fixed point (from the wire or a database).
+    pub fn from_milli(limit: u64, low_burst: u64, high_burst: u64) -> Result<Limits, QuotaError> {
+        let max_limit = units_to_milli(MAX_LIMIT_UNITS);
+        let limit = NonZeroU64::new(limit)
+            .filter(|l| l.get() <= max_limit)
+            .ok_or(QuotaError::LimitOutOfRange(milli_to_units(limit)))?;
+        let max_burst = units_to_milli(MAX_BURST_UNITS);
+        for (field, value) in [("low_burst", low_burst), ("high_burst", high_burst)] {
+            if value > max_burst {
+                return Err(QuotaError::BurstOutOfRange { field, value: milli_to_units(value) });
+            }
+        }
+        if low_burst > high_burst {
+            return Err(QuotaError::BurstOrder {
+                low: milli_to_units(low_burst),
+                high: milli_to_units(high_burst),
+            });
+        }
+        Ok(Limits { limit, low_burst, high_burst })
+    }
+
+    /// Drain rate, milli-units per second (1..=1e15).
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// Fill up to which everything passes, milli-units.
+    #[inline]
+    pub fn low_burst(&self) -> u64 {
+        self.low_burst
+    }
+
+    /// Fill from which everything is rejected, milli-units.
+    #[inline]
+    pub fn high_burst(&self) -> u64 {
+        self.high_burst
     }
 
     /// `limit` in units per second.
     pub fn limit_units(&self) -> f64 {
-        milli_to_units(self.limit)
+        milli_to_units(self.limit())
     }
 
     /// `low_burst` in units.
@@ -131,12 +197,6 @@ impl Limits {
     /// `high_burst` in units.
     pub fn high_burst_units(&self) -> f64 {
         milli_to_units(self.high_burst)
-    }
-
-    /// Checks values that arrived in fixed point (from the wire or a database).
-    pub fn validate(&self) -> Result<(), QuotaError> {
-        Limits::from_units(self.limit_units(), self.low_burst_units(), self.high_burst_units())
-            .map(|_| ())
     }
 }
 
@@ -245,7 +305,23 @@ mod tests {
             Err(QuotaError::BurstOrder { low: 3.0, high: 2.0 })
         );
         let l = Limits::from_units(2.5, 10.0, 10.0).unwrap();
-        assert_eq!(l, Limits { limit: 2_500, low_burst: 10_000, high_burst: 10_000 });
+        assert_eq!(l, Limits::from_milli(2_500, 10_000, 10_000).unwrap());
+    }
+
+    #[test]
+    fn fixed_point_limits_are_checked_wherever_they_come_from() {
+        let ok = Limits::from_milli(1, 0, 0).unwrap();
+        assert_eq!((ok.limit(), ok.low_burst(), ok.high_burst()), (1, 0, 0));
+        assert_eq!(Limits::from_milli(0, 0, 0), Err(QuotaError::LimitOutOfRange(0.0)));
+        assert!(Limits::from_milli(1_000_000_000_000_001, 0, 0).is_err(), "above 1e12/s");
+        assert!(Limits::from_milli(1, 0, 1_000_000_000_000_000_001).is_err(), "above 1e15");
+        assert!(matches!(Limits::from_milli(1, 5, 4), Err(QuotaError::BurstOrder { .. })));
+        // Through serde (the v1 wire, JSON) as well.
+        let json = r#"{"limit":0,"low_burst":0,"high_burst":0}"#;
+        let e = serde_json::from_str::<Limits>(json).unwrap_err().to_string();
+        assert!(e.contains("limit must be"), "{e}");
+        let back: Limits = serde_json::from_str(&serde_json::to_string(&ok).unwrap()).unwrap();
+        assert_eq!(back, ok);
     }
 
     #[test]
@@ -275,7 +351,7 @@ mod tests {
             epoch: 3,
             deleted: false,
             reset_epoch: 0,
-            limits: Limits { limit: 1000, low_burst: 0, high_burst: 5000 },
+            limits: Limits::from_milli(1000, 0, 5000).unwrap(),
             parent: Some("p".into()),
         };
         let j = serde_json::to_string(&u).unwrap();

@@ -205,22 +205,22 @@ fn run(
             rounds.until(&mut n, start + k * b.spacing_ms * MS, &[]);
             let now = n.now();
             rounds.last_activity = now;
-            exact.advance(now, limits.limit);
-            if exact.fill <= limits.low_burst {
+            exact.advance(now, limits.limit());
+            if exact.fill <= limits.low_burst() {
                 exact.fill = exact.fill.saturating_add(w);
                 want += 1;
             }
-            own.advance(now, limits.limit);
+            own.advance(now, limits.limit());
             if n.limiter.account("q", weight).unwrap().outcome == Outcome::Passed {
                 got += 1;
                 // What the limiter admitted, in an exact bucket of its own: it must not
                 // have admitted on credit the bucket never had.
-                if own.fill > limits.low_burst + SLACK {
+                if own.fill > limits.low_burst() + SLACK {
                     return Err(format!(
                         "burst {}, request {k}: admitted at a fill of {} milli-units (low_burst {})",
                         out.len(),
                         own.fill,
-                        limits.low_burst
+                        limits.low_burst()
                     ));
                 }
                 own.fill = own.fill.saturating_add(w);
@@ -246,7 +246,7 @@ proptest! {
     ) {
         let low = (burst_units * weight) as f64;
         let limits = Limits::from_units(limit, low, low).unwrap();
-        let tol = tolerance(with_root, limits.limit, weight);
+        let tol = tolerance(with_root, limits.limit(), weight);
         let (mut got_all, mut want_all) = (0, 0);
         let runs = run(with_root, limits, weight, &bursts, seed).map_err(TestCaseError::fail)?;
         for (i, (got, want)) in runs.into_iter().enumerate() {

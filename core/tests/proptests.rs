@@ -22,7 +22,7 @@ fn quota(id: u64, limit_milli: u64) -> QuotaUpdate {
         reset_epoch: 0,
         // Bursts far above any fill here: the root's cap (2 x high_burst + a minute of the
         // limit) must not interfere with the merge laws.
-        limits: Limits { limit: limit_milli, low_burst: 1 << 50, high_burst: 1 << 50 },
+        limits: Limits::from_milli(limit_milli, 1 << 50, 1 << 50).unwrap(),
         parent: None,
     }
 }
@@ -171,7 +171,7 @@ proptest! {
             let clock = ManualClock::at(NANOS_PER_SEC);
             let l = Arc::new(Limiter::builder().clock(Arc::new(clock.clone())).build());
             l.apply_quotas(&[QuotaUpdate {
-                limits: Limits { limit: 1, low_burst: 1 << 40, high_burst: 1 << 40 },
+                limits: Limits::from_milli(1, 1 << 40, 1 << 40).unwrap(),
                 ..quota(1, 1)
             }]);
             let urls = (0..3).map(|i| format!("http://r{i}")).collect();

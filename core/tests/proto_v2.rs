@@ -68,15 +68,13 @@ fn quota() -> impl Strategy<Value = QuotaUpdate> {
     )
         .prop_map(
             |((id, name, epoch, deleted), (limit, low_burst, high_burst, parent), reset)| {
-                QuotaUpdate {
-                    id,
-                    name,
-                    epoch,
-                    deleted,
-                    limits: Limits { limit, low_burst, high_burst },
-                    parent,
-                    reset_epoch: reset,
-                }
+                // Any valid numbers: a limit of 1..=1e15, bursts up to 1e18, in order.
+                let (a, b) =
+                    (low_burst % 1_000_000_000_000_000_001, high_burst % 1_000_000_000_000_000_001);
+                let limits =
+                    Limits::from_milli(1 + limit % 1_000_000_000_000_000, a.min(b), a.max(b))
+                        .unwrap();
+                QuotaUpdate { id, name, epoch, deleted, limits, parent, reset_epoch: reset }
             },
         )
 }
@@ -272,7 +270,7 @@ fn answers_carry_reset_epochs_and_the_roots_epoch() {
         name: format!("q{id}"),
         epoch: id,
         deleted: false,
-        limits: Limits { limit: 1000, low_burst: 1000, high_burst: 2000 },
+        limits: Limits::from_milli(1000, 1000, 2000).unwrap(),
         parent: None,
         reset_epoch,
     };
@@ -300,4 +298,48 @@ fn answers_carry_reset_epochs_and_the_roots_epoch() {
         v2::decode_response(&b, 100).unwrap_err().to_string(),
         "bad v2 body at resets: index past the quotas"
     );
+}
+
+#[test]
+fn a_live_quota_with_numbers_out_of_range_fails_the_answer_a_tombstone_does_not() {
+    let answer = |deleted: bool| SyncResponse {
+        v: PROTOCOL_VERSION,
+        root_instance: 1,
+        acked_seq: 0,
+        version: 1,
+        counters: Vec::new(),
+        quotas: vec![QuotaUpdate {
+            id: 1,
+            name: "a".into(),
+            epoch: 1,
+            deleted,
+            // 127 is one byte, 0x7f, found nowhere else in this body.
+            limits: Limits::from_milli(127, 0, 0).unwrap(),
+            parent: None,
+            reset_epoch: 0,
+        }],
+        epoch: 1,
+        more: false,
+        shard: None,
+        root_epoch: None,
+    };
+    for deleted in [false, true] {
+        let mut b = v2::encode_response(&answer(deleted));
+        assert_eq!(b.iter().filter(|&&x| x == 0x7f).count(), 1);
+        let at = b.iter().position(|&x| x == 0x7f).unwrap();
+        b[at] = 0; // a limit of 0
+        let got = v2::decode_response(&b, 100);
+        if deleted {
+            assert_eq!(
+                got.unwrap().quotas[0].limits,
+                Limits::NONE,
+                "a tombstone's numbers mean nothing"
+            );
+        } else {
+            assert_eq!(
+                got.unwrap_err().to_string(),
+                "bad v2 body at quotas: a quota's limit or bursts are out of range"
+            );
+        }
+    }
 }

@@ -76,9 +76,9 @@ impl From<StoredQuota> for QuotaJson {
         QuotaJson {
             id: q.id,
             epoch: q.epoch,
-            limit: milli_to_units(q.limits.limit),
-            low_burst: milli_to_units(q.limits.low_burst),
-            high_burst: milli_to_units(q.limits.high_burst),
+            limit: milli_to_units(q.limits.limit()),
+            low_burst: milli_to_units(q.limits.low_burst()),
+            high_burst: milli_to_units(q.limits.high_burst()),
             parent: q.parent,
             deleted: q.deleted,
             reset_epoch: q.reset_epoch,

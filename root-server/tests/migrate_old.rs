@@ -71,7 +71,7 @@ async fn check_adopted(url: &str) {
         let store = db::open(url).await.unwrap_or_else(|e| panic!("open #{round}: {e}"));
         let c = store.get("c".into()).await.unwrap().unwrap();
         assert_eq!((c.id, c.epoch, c.parent.as_deref()), (2, 2, Some("p")));
-        assert_eq!(c.limits, Limits { limit: 500, low_burst: 0, high_burst: 1000 });
+        assert_eq!(c.limits, Limits::from_milli(500, 0, 1000).unwrap());
         assert!(store.get("gone".into()).await.unwrap().is_none());
         let changes = store.changes_since(0, 10).await.unwrap();
         assert_eq!(changes.iter().map(|q| q.epoch).collect::<Vec<_>>()[..3], [1, 2, 3]);
@@ -81,7 +81,7 @@ async fn check_adopted(url: &str) {
             let w = store
                 .put_many(vec![NewQuota {
                     name: "new".into(),
-                    limits: Limits { limit: 1000, low_burst: 0, high_burst: 0 },
+                    limits: Limits::from_milli(1000, 0, 0).unwrap(),
                     parent: Some("c".into()),
                 }])
                 .await

@@ -12,7 +12,7 @@ use yarl_root::db::{self, NewQuota, QuotaStore, StoreError};
 fn nq(name: &str, parent: Option<&str>) -> NewQuota {
     NewQuota {
         name: name.into(),
-        limits: Limits { limit: 1_500, low_burst: 1_000, high_burst: 2_000 },
+        limits: Limits::from_milli(1_500, 1_000, 2_000).unwrap(),
         parent: parent.map(Into::into),
     }
 }
@@ -69,15 +69,12 @@ async fn writes_get_increasing_epochs_and_keep_ids(s: Arc<dyn QuotaStore>) {
     );
     let id_a = w.quotas[0].id;
     let w = s
-        .put_many(vec![NewQuota {
-            limits: Limits { limit: 7, low_burst: 0, high_burst: 0 },
-            ..nq("a", None)
-        }])
+        .put_many(vec![NewQuota { limits: Limits::from_milli(7, 0, 0).unwrap(), ..nq("a", None) }])
         .await
         .unwrap();
     assert_eq!((w.base_epoch, w.quotas[0].epoch, w.quotas[0].id), (2, 3, id_a));
     let a = s.get("a".into()).await.unwrap().unwrap();
-    assert_eq!((a.id, a.epoch, a.limits.limit, a.parent), (id_a, 3, 7, None));
+    assert_eq!((a.id, a.epoch, a.limits.limit(), a.parent), (id_a, 3, 7, None));
     assert_eq!(s.get("b".into()).await.unwrap().unwrap().parent.as_deref(), Some("a"));
     assert!(s.get("zz".into()).await.unwrap().is_none());
     // The change log: one row per quota at its latest epoch, in epoch order.

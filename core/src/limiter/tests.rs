@@ -226,13 +226,10 @@ fn quota_changes_apply_incrementally_by_epoch() {
     assert_eq!(l.check("b").outcome, Outcome::Unlimited);
     assert_eq!(l.quota_count(), 1);
     assert_eq!(l.epoch(), 5);
-    // Invalid updates are refused one by one.
-    let mut bad = q(9, "bad name", 6, 1.0, 0.0, 0.0, None);
-    assert_eq!(l.apply_quotas(&[bad.clone()]).invalid, 1);
-    bad.name = "ok".into();
-    bad.limits.low_burst = 10;
-    bad.limits.high_burst = 5;
+    // Invalid updates are refused one by one; invalid numbers cannot even be built.
+    let bad = q(9, "bad name", 6, 1.0, 0.0, 0.0, None);
     assert_eq!(l.apply_quotas(&[bad]).invalid, 1);
+    assert!(crate::Limits::from_milli(1_000, 10, 5).is_err());
 }
 
 #[test]

@@ -125,10 +125,7 @@ impl Limiter {
         let mut max_epoch = 0;
 
         for u in updates {
-            if validate_name(&u.name).is_err()
-                || (!u.deleted && u.limits.validate().is_err())
-                || u.id == 0
-            {
+            if validate_name(&u.name).is_err() || u.id == 0 {
                 report.invalid += 1;
                 continue;
             }
@@ -275,9 +272,9 @@ impl Limiter {
 
     fn store_limits(&self, s: u32, u: &QuotaUpdate) {
         if let Some(slot) = self.slot(s) {
-            slot.w(LIMIT).store(u.limits.limit, Relaxed);
-            slot.w(LOW).store(u.limits.low_burst, Relaxed);
-            slot.w(HIGH).store(u.limits.high_burst, Relaxed);
+            slot.w(LIMIT).store(u.limits.limit(), Relaxed);
+            slot.w(LOW).store(u.limits.low_burst(), Relaxed);
+            slot.w(HIGH).store(u.limits.high_burst(), Relaxed);
         }
         self.cold(s).0.store(u.epoch, Relaxed);
     }

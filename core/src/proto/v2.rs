@@ -139,9 +139,9 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for Quotas<'_, Q> {
                 q.name.as_str(),
                 q.epoch.wrapping_sub(epoch) as i64,
                 q.deleted,
-                q.limits.limit,
-                q.limits.low_burst,
-                q.limits.high_burst,
+                q.limits.limit(),
+                q.limits.low_burst(),
+                q.limits.high_burst(),
                 q.parent.as_deref(),
             ))?;
             id = q.id;
@@ -586,6 +586,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
             }),
         )?;
         let (mut id, mut ep) = (0u64, 0u64);
+        let mut bad_limits = false;
         let quotas = next(
             ctx,
             &mut seq,
@@ -593,18 +594,26 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
             Bounded::new(ctx, "quotas", true, |q: QuotaWire| {
                 id = id.wrapping_add(q.0 as u64);
                 ep = ep.wrapping_add(q.2 as u64);
+                // A tombstone's numbers mean nothing; a live quota's must be valid.
+                let limits = Limits::from_milli(q.4, q.5, q.6).unwrap_or_else(|_| {
+                    bad_limits |= !q.3;
+                    Limits::NONE
+                });
                 QuotaUpdate {
                     id,
                     name: q.1,
                     epoch: ep,
                     deleted: q.3,
-                    limits: Limits { limit: q.4, low_burst: q.5, high_burst: q.6 },
+                    limits,
                     parent: q.7,
                     // Field 11, read by `decode_response` when present.
                     reset_epoch: 0,
                 }
             }),
         )?;
+        if bad_limits {
+            return Err(ctx.malformed("a quota's limit or bursts are out of range"));
+        }
         Ok(SyncResponse {
             v: PROTOCOL_VERSION,
             root_instance,

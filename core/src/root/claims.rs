@@ -145,7 +145,7 @@ impl RootState {
     /// The highest fill a claim may lift a counter of limits `l` to: `high_burst` plus
     /// [`RootConfig::claim_slack_ns`](super::RootConfig::claim_slack_ns) of the limit.
     fn ceiling(&self, l: &Limits) -> u64 {
-        l.high_burst.saturating_add(limit_over(l.limit, self.config.claim_slack_ns))
+        l.high_burst().saturating_add(limit_over(l.limit(), self.config.claim_slack_ns))
     }
 
     /// Lifts counter `id` by up to `amount`, never past its ceiling; returns what did not
@@ -153,12 +153,12 @@ impl RootState {
     fn fill_up(&mut self, id: QuotaId, amount: u64, now: u64) -> Option<u64> {
         let l = self.live_limits(id)?;
         let ceiling = self.ceiling(&l);
-        let c = self.counter_now(id, l.limit, now)?;
+        let c = self.counter_now(id, l.limit(), now)?;
         let room = ceiling.saturating_sub(c.bucket.fill);
         let taken = amount.min(room);
         c.bucket.add(taken);
         if taken > 0 {
-            self.log_change(id, l.limit);
+            self.log_change(id, l.limit());
         }
         Some(amount - taken)
     }
@@ -185,13 +185,13 @@ impl RootState {
         };
         let ceiling = self.ceiling(&l);
         // The most one delta entry may add to the demand meter.
-        let cap = l.high_burst.saturating_add(l.limit).saturating_mul(DEMAND_CAP_FACTOR);
+        let cap = l.high_burst().saturating_add(l.limit()).saturating_mul(DEMAND_CAP_FACTOR);
         let attempted = amount.saturating_add(rejected);
         if attempted > cap {
             self.stats.rejected_capped += 1;
         }
         let rate_tau = self.config.rate_tau_ns;
-        let Some(c) = self.counter_now(id, l.limit, now) else {
+        let Some(c) = self.counter_now(id, l.limit(), now) else {
             // Not reached: `limits` came from this id's entry.
             self.stats.deltas_unknown += 1;
             return 0;
@@ -202,7 +202,7 @@ impl RootState {
         c.demand.add(attempted.min(cap), now);
         self.stats.deltas_applied += 1;
         // A delta changes the demand even when the fill stayed at the ceiling.
-        self.log_change(id, l.limit);
+        self.log_change(id, l.limit());
         amount - taken
     }
 
@@ -214,12 +214,12 @@ impl RootState {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
-        let Some(c) = self.counter_now(id, l.limit, now) else { return };
+        let Some(c) = self.counter_now(id, l.limit(), now) else { return };
         if fill > c.bucket.fill {
             c.bucket.fill = fill;
             c.bucket.carry = 0;
             self.stats.hints_applied += 1;
-            self.log_change(id, l.limit);
+            self.log_change(id, l.limit());
         }
     }
 

@@ -244,7 +244,7 @@ impl RootState {
         let q = self.quotas.get(&id).filter(|q| !q.deleted)?;
         let (fill, rate) = match self.counters.get(q.counter) {
             Some(c) => (
-                c.bucket.fill_at(now, q.limits.limit),
+                c.bucket.fill_at(now, q.limits.limit()),
                 meter_at(c.rate, c.rate_at, now, self.config.rate_tau_ns),
             ),
             None => (0, 0.0),
@@ -254,8 +254,8 @@ impl RootState {
             rate: rate / 1000.0,
             drop_probability: crate::decision::drop_probability(
                 fill as f64,
-                q.limits.low_burst,
-                q.limits.high_burst,
+                q.limits.low_burst(),
+                q.limits.high_burst(),
             ),
         })
     }

@@ -74,7 +74,7 @@ impl RootState {
                 }
                 self.by_epoch.remove(&old.update.epoch);
                 if let Some(c) = self.counters.get_mut(old.counter) {
-                    c.bucket.advance(now, old.limits.limit);
+                    c.bucket.advance(now, old.limits.limit());
                 }
                 if u.reset_epoch > old.reset_epoch {
                     self.reset(u.id);
@@ -105,7 +105,7 @@ impl RootState {
             self.quotas.insert(id, entry);
             if !deleted && counter != NO_COUNTER {
                 // The change log holds the limit it drains at: record the new one.
-                self.log_change(id, limits.limit);
+                self.log_change(id, limits.limit());
             }
             if let Some(h) = self.held.remove(&id) {
                 self.release_held(id, h, (!deleted).then_some((limits, reset_epoch)), now);

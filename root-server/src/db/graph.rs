@@ -213,7 +213,7 @@ mod tests {
     fn q(name: &str, parent: Option<&str>) -> NewQuota {
         NewQuota {
             name: name.into(),
-            limits: Limits { limit: 1000, low_burst: 0, high_burst: 0 },
+            limits: Limits::from_milli(1000, 0, 0).unwrap(),
             parent: parent.map(Into::into),
         }
     }

@@ -283,7 +283,8 @@ fn limits_from_row(name: &str, limit: i64, low: i64, high: i64) -> Result<Limits
             StoreError::Invalid(format!("quota {name:?} has a negative value in the database"))
         })
     };
-    Ok(Limits { limit: conv(limit)?, low_burst: conv(low)?, high_burst: conv(high)? })
+    Limits::from_milli(conv(limit)?, conv(low)?, conv(high)?)
+        .map_err(|e| StoreError::Invalid(format!("quota {name:?} in the database: {e}")))
 }
 
 fn to_i64(v: u64) -> i64 {

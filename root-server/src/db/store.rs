@@ -463,9 +463,9 @@ impl InsertChunk for Sqlite {
             );
             qb.push_values(chunk.iter().enumerate(), |mut b, (k, q)| {
                 b.push_bind(q.name.as_str())
-                    .push_bind(to_i64(q.limits.limit))
-                    .push_bind(to_i64(q.limits.low_burst))
-                    .push_bind(to_i64(q.limits.high_burst))
+                    .push_bind(to_i64(q.limits.limit()))
+                    .push_bind(to_i64(q.limits.low_burst()))
+                    .push_bind(to_i64(q.limits.high_burst()))
                     .push_bind(q.parent.as_deref())
                     .push_bind(to_i64(first + k as u64 + 1));
             });
@@ -484,9 +484,9 @@ impl InsertChunk for Postgres {
         Box::pin(async move {
             // Six arrays, one row per element: one statement whatever the chunk size.
             let names: Vec<&str> = chunk.iter().map(|q| q.name.as_str()).collect();
-            let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit)).collect();
-            let low: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.low_burst)).collect();
-            let high: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.high_burst)).collect();
+            let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit())).collect();
+            let low: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.low_burst())).collect();
+            let high: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.high_burst())).collect();
             let parent: Vec<Option<&str>> = chunk.iter().map(|q| q.parent.as_deref()).collect();
             let epoch: Vec<i64> = (0..chunk.len()).map(|k| to_i64(first + k as u64 + 1)).collect();
             let sql = format!(
