@@ -42,8 +42,8 @@ pub(super) struct ChangeLog {
     pub(super) first: usize,
     pub(super) live: usize,
     /// Emptied buffers of a whole chunk's size, for the next new chunks: a fresh one is
-    /// half a megabyte the allocator often maps anew, and the kernel zeroing those pages
-    /// (under the root's lock) was 6 % of a busy root's time.
+    /// half a megabyte the allocator often maps anew, and the kernel would zero those pages
+    /// under the root's lock.
     pub(super) spare: Vec<Vec<(u64, Option<Change>)>>,
 }
 

@@ -105,8 +105,8 @@ impl RootState {
         epoch: Option<Epoch>,
         now: u64,
     ) {
-        // One lookup of the quota for both the reset check and the delta (a probe of a
-        // million-entry map each; the second was 1.5 % of a busy root's samples).
+        // One lookup of the quota for both the reset check and the delta: each is a probe
+        // of a map of up to millions of entries, a cache miss on a busy root.
         let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
         if quota.is_none() && id > self.highest_id && self.in_shard(id) {
             self.hold(id, amount, rejected, epoch, now);
