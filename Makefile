@@ -135,7 +135,7 @@ bench-tower: deps
 # The root tier's capacity (release build): N simulated limiters with real sync messages
 # against real yarl-root processes on loopback, 1M quotas loaded through the batch API,
 # protocol v1 vs v2, 1 vs 2 shards. Prints a table; not part of `make test`. A few minutes;
-# BENCH_ROOT_ARGS=--full for the big grid (1,000 limiters too). See bench/src/bench_root.rs.
+# BENCH_ROOT_ARGS=--full for the big grid (1,000 limiters too). See bench/src/bench_root/main.rs.
 BENCH_ROOT_ARGS ?=
 bench-root: deps
 	$(CARGO) build --release -p yarl-root -p yarl-bench

@@ -35,6 +35,20 @@ pub(crate) struct Writer {
     unresolved: HashMap<u32, Box<str>>,
 }
 
+/// What one call of [`Limiter::apply_quotas_with_resets`] gathers on its way through the
+/// updates.
+#[derive(Default)]
+struct Applying<'u> {
+    now: u64,
+    report: ApplyReport,
+    resets: Vec<u32>,
+    max_epoch: u64,
+    /// Slots whose parent link is (re)made after the last update: `(child, parent name)`.
+    parent_jobs: Vec<(u32, Option<&'u str>)>,
+    /// Slots freed or renamed, by their former name: their children wait for that name.
+    deleted: HashMap<u32, Box<str>>,
+}
+
 fn hash_id(id: QuotaId) -> u64 {
     // Ids are sequential; spread them over the table with a multiplicative hash.
     id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -112,119 +126,151 @@ impl Limiter {
         &self,
         updates: &[QuotaUpdate],
     ) -> (ApplyReport, Vec<u32>) {
-        let mut report = ApplyReport::default();
-        let mut resets = Vec::new();
         if updates.is_empty() {
-            return (report, resets);
+            return (ApplyReport::default(), Vec::new());
         }
-        let now = self.clock.now_nanos();
+        let mut a = Applying { now: self.clock.now_nanos(), ..Applying::default() };
         let mut guard = self.writer();
         let w = &mut *guard;
-        let mut parent_jobs: Vec<(u32, Option<&str>)> = Vec::new();
-        let mut deleted: HashMap<u32, Box<str>> = HashMap::new();
-        let mut max_epoch = 0;
-
         for u in updates {
             if validate_name(&u.name).is_err() || u.id == 0 {
-                report.invalid += 1;
+                a.report.invalid += 1;
                 continue;
             }
-            max_epoch = max_epoch.max(u.epoch);
+            a.max_epoch = a.max_epoch.max(u.epoch);
             let existing = self.find_id(w, u.id);
             if u.deleted {
-                match existing {
-                    Some(s) if self.epoch_of(s) <= u.epoch => {
-                        let name = self.slot_name(s);
-                        self.free_slot(w, s, now);
-                        deleted.insert(s, name.into());
-                        report.deleted += 1;
-                    }
-                    Some(_) => report.stale += 1,
-                    None => {}
-                }
-                continue;
-            }
-            if let Some(s) = existing {
-                if self.epoch_of(s) > u.epoch {
-                    report.stale += 1;
-                    continue;
-                }
-                let same_name =
-                    self.slot(s).is_some_and(|x| x.name_eq(u.name.as_bytes(), &self.arena()));
-                if !same_name {
-                    // Ids keep their name in the database; follow a rename anyway, and, as
-                    // for a new id, the name's older holder is gone.
-                    if let Some((old, _)) = self.find(&u.name) {
-                        if self.epoch_of(old) > u.epoch {
-                            report.stale += 1;
-                            continue;
-                        }
-                        let n = self.slot_name(old);
-                        self.free_slot(w, old, now);
-                        deleted.insert(old, n.into());
-                    }
-                }
-                if !same_name {
-                    // Children link to a parent by name: those of the old name wait for it.
-                    let old = self.slot_name(s);
-                    let renamed = self.rename(s, &u.name, now);
-                    deleted.insert(s, old.into());
-                    if !renamed {
-                        self.free_slot(w, s, now);
-                        self.count_missing(&mut report);
-                        continue;
-                    }
-                }
-                if u.reset_epoch > self.epoch_of(s) {
-                    // A reset this limiter has not applied: everything counted before it goes.
-                    if let Some(slot) = self.slot(s) {
-                        slot.clear_counters();
-                        slot.write_base(0, now);
-                    }
-                    resets.push(s);
-                    report.reset += 1;
-                }
-                self.store_limits(s, u);
-                parent_jobs.push((s, u.parent.as_deref()));
-                report.updated += 1;
-                continue;
-            }
-            // A new id. If the name still points at an older quota, that one was deleted and
-            // re-created while this limiter was not looking.
-            if let Some((old, _)) = self.find(&u.name) {
-                if self.epoch_of(old) > u.epoch {
-                    report.stale += 1;
-                    continue;
-                }
-                self.free_slot(w, old, now);
-                deleted.insert(old, u.name.as_str().into());
-            }
-            match self.insert(w, u, now) {
-                Some(s) => {
-                    parent_jobs.push((s, u.parent.as_deref()));
-                    report.inserted += 1;
-                }
-                None => self.count_missing(&mut report),
+                self.apply_tombstone(w, &mut a, u, existing);
+            } else if let Some(s) = existing {
+                self.apply_change(w, &mut a, u, s);
+            } else {
+                self.apply_new(w, &mut a, u);
             }
         }
+        // Links are made once every update is in: a child may come before its parent.
+        self.unlink_children_of(w, &a.deleted);
+        self.link_parents(w, &a.parent_jobs);
+        self.link_waiting_children(w);
+        self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
+        self.hdr(hdr::EPOCH_SEEN).fetch_max(a.max_epoch, Relaxed);
+        self.hdr(hdr::QUOTAS).store(w.by_id.len() as u64, Relaxed);
+        (a.report, a.resets)
+    }
 
-        if !deleted.is_empty() {
-            // Children of a deleted quota lose the link but remember the name, so a re-created
-            // parent is linked again. Deleting a parent with children is refused by the admin
-            // API, so this scan is rare.
-            for i in 0..self.used_slots() {
-                let Some(s) = self.live_slot(i) else { continue };
-                let p = s.parent();
-                if p == 0 {
-                    continue;
-                }
-                if let Some(name) = deleted.get(&(p - 1)) {
-                    s.set_parent(0);
-                    self.set_unresolved(w, i, name);
-                }
+    fn apply_tombstone(
+        &self,
+        w: &mut Writer,
+        a: &mut Applying<'_>,
+        u: &QuotaUpdate,
+        existing: Option<u32>,
+    ) {
+        match existing {
+            Some(s) if self.epoch_of(s) <= u.epoch => {
+                let name = self.slot_name(s);
+                self.free_slot(w, s, a.now);
+                a.deleted.insert(s, name.into());
+                a.report.deleted += 1;
+            }
+            Some(_) => a.report.stale += 1,
+            None => {}
+        }
+    }
+
+    /// An update of the quota held in slot `s`.
+    fn apply_change<'u>(&self, w: &mut Writer, a: &mut Applying<'u>, u: &'u QuotaUpdate, s: u32) {
+        if self.epoch_of(s) > u.epoch {
+            a.report.stale += 1;
+            return;
+        }
+        let same_name = self.slot(s).is_some_and(|x| x.name_eq(u.name.as_bytes(), &self.arena()));
+        if !same_name && !self.follow_rename(w, a, u, s) {
+            return;
+        }
+        if u.reset_epoch > self.epoch_of(s) {
+            // A reset this limiter has not applied: everything counted before it goes.
+            if let Some(slot) = self.slot(s) {
+                slot.clear_counters();
+                slot.write_base(0, a.now);
+            }
+            a.resets.push(s);
+            a.report.reset += 1;
+        }
+        self.store_limits(s, u);
+        a.parent_jobs.push((s, u.parent.as_deref()));
+        a.report.updated += 1;
+    }
+
+    /// Gives slot `s` the update's new name; `false` (counted) when the update is stale or
+    /// the name does not fit, and the update goes no further.
+    fn follow_rename(&self, w: &mut Writer, a: &mut Applying<'_>, u: &QuotaUpdate, s: u32) -> bool {
+        // Ids keep their name in the database; follow a rename anyway, and, as for a new
+        // id, the name's older holder is gone.
+        if !self.evict_older_holder(w, a, u) {
+            return false;
+        }
+        // Children link to a parent by name: those of the old name wait for it.
+        let old = self.slot_name(s);
+        let renamed = self.rename(s, &u.name, a.now);
+        a.deleted.insert(s, old.into());
+        if !renamed {
+            self.free_slot(w, s, a.now);
+            self.count_missing(&mut a.report);
+            return false;
+        }
+        true
+    }
+
+    /// A quota this limiter does not hold yet.
+    fn apply_new<'u>(&self, w: &mut Writer, a: &mut Applying<'u>, u: &'u QuotaUpdate) {
+        // If the name still points at an older quota, that one was deleted and re-created
+        // while this limiter was not looking.
+        if !self.evict_older_holder(w, a, u) {
+            return;
+        }
+        match self.insert(w, u, a.now) {
+            Some(s) => {
+                a.parent_jobs.push((s, u.parent.as_deref()));
+                a.report.inserted += 1;
+            }
+            None => self.count_missing(&mut a.report),
+        }
+    }
+
+    /// Frees the slot that holds `u`'s name under another id, unless that quota is newer
+    /// than `u` (then `false`, counted as stale).
+    fn evict_older_holder(&self, w: &mut Writer, a: &mut Applying<'_>, u: &QuotaUpdate) -> bool {
+        let Some((old, _)) = self.find(&u.name) else { return true };
+        if self.epoch_of(old) > u.epoch {
+            a.report.stale += 1;
+            return false;
+        }
+        self.free_slot(w, old, a.now);
+        a.deleted.insert(old, u.name.as_str().into());
+        true
+    }
+
+    /// Children of a deleted quota lose the link but remember the name, so a re-created
+    /// parent is linked again.
+    fn unlink_children_of(&self, w: &mut Writer, deleted: &HashMap<u32, Box<str>>) {
+        if deleted.is_empty() {
+            return;
+        }
+        // Deleting a parent with children is refused by the admin API, so this scan is rare.
+        for i in 0..self.used_slots() {
+            let Some(s) = self.live_slot(i) else { continue };
+            let p = s.parent();
+            if p == 0 {
+                continue;
+            }
+            if let Some(name) = deleted.get(&(p - 1)) {
+                s.set_parent(0);
+                self.set_unresolved(w, i, name);
             }
         }
-        for (s, parent) in parent_jobs {
+    }
+
+    fn link_parents(&self, w: &mut Writer, jobs: &[(u32, Option<&str>)]) {
+        for &(s, parent) in jobs {
             let Some(slot) = self.live_slot(s) else { continue };
             match parent {
                 None => {
@@ -243,26 +289,27 @@ impl Limiter {
                 },
             }
         }
-        if !w.unresolved.is_empty() {
-            let waiting: Vec<(u32, Box<str>)> =
-                w.unresolved.iter().map(|(&c, p)| (c, p.clone())).collect();
-            for (child, parent) in waiting {
-                let Some(c) = self.live_slot(child) else {
-                    w.unresolved.remove(&child);
-                    continue;
-                };
-                if let Some((p, _)) = self.find(&parent) {
-                    if p != child {
-                        c.set_parent(p + 1);
-                        self.clear_unresolved(w, child);
-                    }
+    }
+
+    /// Links the children whose parent has arrived, in this call or an earlier one.
+    fn link_waiting_children(&self, w: &mut Writer) {
+        if w.unresolved.is_empty() {
+            return;
+        }
+        let waiting: Vec<(u32, Box<str>)> =
+            w.unresolved.iter().map(|(&c, p)| (c, p.clone())).collect();
+        for (child, parent) in waiting {
+            let Some(c) = self.live_slot(child) else {
+                w.unresolved.remove(&child);
+                continue;
+            };
+            if let Some((p, _)) = self.find(&parent) {
+                if p != child {
+                    c.set_parent(p + 1);
+                    self.clear_unresolved(w, child);
                 }
             }
         }
-        self.hdr(hdr::EPOCH).fetch_max(max_epoch, Relaxed);
-        self.hdr(hdr::EPOCH_SEEN).fetch_max(max_epoch, Relaxed);
-        self.hdr(hdr::QUOTAS).store(w.by_id.len() as u64, Relaxed);
-        (report, resets)
     }
 
     fn count_missing(&self, report: &mut ApplyReport) {
