@@ -220,7 +220,7 @@ impl Limiter {
             if self.demand && fill > low as f64 && fresh {
                 // Suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
-                let demand = Rates::unpack(slot.get(RATES)).demand;
+                let demand = Rates::demand_of(slot.get(RATES));
                 if demand > limit as f64 {
                     p = p.max(1.0 - limit as f64 / demand);
                 }
@@ -228,7 +228,8 @@ impl Limiter {
             let rejected = p > 0.0 && (p >= 1.0 || self.random.unit() < p);
             if rejected || chain.len < MAX_CHAIN {
                 chain.push(idx);
-                if fill <= 0.0 {
+                // Only an add needs to know (see `add_local`); a check adds nothing.
+                if weight > 0 && fill <= 0.0 {
                     chain.last_was_empty();
                 }
             }
@@ -308,7 +309,7 @@ impl Limiter {
     /// round, while the roots already learn of them at the next regular one.
     #[inline]
     fn surge_threshold(&self, s: &crate::zone::slot::Slot<'_>, now: u64) -> f64 {
-        let rate = Rates::unpack(s.get(RATES)).own;
+        let rate = Rates::own_of(s.get(RATES));
         if rate <= 0.0 {
             return f64::INFINITY;
         }

@@ -66,6 +66,7 @@ fn to_f21(x: f64) -> u64 {
     ((bits + (1 << 9)) >> 10).min(0x1F_FFFF)
 }
 
+#[inline]
 fn from_f21(b: u64) -> f64 {
     let x = f32::from_bits(((b & 0x1F_FFFF) << 10) as u32) as f64;
     if x.is_finite() {
@@ -83,6 +84,21 @@ impl Rates {
     #[inline]
     pub fn unpack(r: u64) -> Rates {
         Rates { inflow: from_f21(r), demand: from_f21(r >> 21), own: from_f21(r >> 42) }
+    }
+
+    #[inline]
+    pub fn inflow_of(r: u64) -> f64 {
+        from_f21(r)
+    }
+
+    #[inline]
+    pub fn demand_of(r: u64) -> f64 {
+        from_f21(r >> 21)
+    }
+
+    #[inline]
+    pub fn own_of(r: u64) -> f64 {
+        from_f21(r >> 42)
     }
 }
 
@@ -199,18 +215,50 @@ impl<'a> Slot<'a> {
     ///
     /// Within `horizon` of `at`, the rest of the cluster is assumed to add `inflow`
     /// (milli-units/s), so the bucket drains that much slower there.
-    #[inline]
+    #[inline(always)]
     pub fn estimate(&self, now: u64, fresh: bool, horizon: u64) -> f64 {
         let (base, at) = self.read_base();
-        let own = self.get(LOCAL).saturating_add(self.get(INFLIGHT)) as f64;
-        let since = from_ms32(self.get(REJECTS) as u32, now).filter(|&t| t > at);
-        let t0 = since.unwrap_or(at);
+        let own = self.get(LOCAL).saturating_add(self.get(INFLIGHT));
+        // Only counts of this limiter's own have a time of their own to drain from.
+        let since = if own == 0 { None } else { from_ms32(self.get(REJECTS) as u32, now) };
+        let t0 = match since {
+            Some(t) if t > at => t,
+            _ => at,
+        };
         if t0 == 0 {
             // Never synced nor anchored and nothing counted: no time to drain from.
-            return own;
+            return own as f64;
         }
-        let inflow = if fresh && at != 0 { Rates::unpack(self.get(RATES)).inflow } else { 0.0 };
+        let inflow = if fresh && at != 0 { Rates::inflow_of(self.get(RATES)) } else { 0.0 };
         let limit = self.get(LIMIT) as f64;
+        if t0 == at {
+            // Everything drains from the last sync: the common case, kept short.
+            let dt = now.saturating_sub(at);
+            let (inside, outside) = if dt <= horizon { (dt, 0) } else { (horizon, dt - horizon) };
+            let drain = ((limit - inflow) * inside as f64 + limit * outside as f64) * 1e-9;
+            return (base as f64 + own as f64 - drain).max(0.0);
+        }
+        if at == 0 {
+            // Never synced: only this limiter's own counts, draining from `t0`.
+            return (own as f64 - limit * now.saturating_sub(t0) as f64 * 1e-9).max(0.0);
+        }
+        Self::estimate_since(base, at, own as f64, t0, now, limit, inflow, horizon)
+    }
+
+    /// [`estimate`](Self::estimate) when this limiter's own counts drain from `t0`, later
+    /// than the last sync `at`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn estimate_since(
+        base: u64,
+        at: u64,
+        own: f64,
+        t0: u64,
+        now: u64,
+        limit: f64,
+        inflow: f64,
+        horizon: u64,
+    ) -> f64 {
         let edge = at.saturating_add(horizon);
         // Drain over [from, to]: `limit - inflow` before the horizon's edge, `limit` after.
         let drain = |from: u64, to: u64| {
@@ -218,7 +266,7 @@ impl<'a> Slot<'a> {
             ((limit - inflow) * inside as f64 + limit * to.saturating_sub(from.max(edge)) as f64)
                 * 1e-9
         };
-        let synced = if at == 0 { 0.0 } else { (base as f64 - drain(at, t0)).max(0.0) };
+        let synced = (base as f64 - drain(at, t0)).max(0.0);
         // The bucket drains what this limiter added since as well: draining only the synced
         // part counted a lone busy host's own traffic twice (once as `local`, once as the
         // cluster it stood for) and rejected it under the limit (docs/accuracy.md).
