@@ -7,15 +7,19 @@
 //! **max**), the time `at` it was stored, `local`, what was accounted here since the last
 //! sync round took it, `inflight`, what the current round took and no root has reported back
 //! yet, and `inflow`, what the rest of the cluster is estimated to add per second. The fill a
-//! decision uses is the article's extrapolation:
+//! decision uses is the article's extrapolation, with the bucket's floor at 0 kept:
 //!
 //! ```text
-//! F(now) = max(0, base + local + inflight + (inflow - limit)·min(dt, H) - limit·max(0, dt - H))
+//! B      = max(0, base - D(at, t0))
+//! F(now) = max(0, B + local + inflight - D(t0, now))
+//! D(a, b) = the drain over [a, b]: limit - inflow per second up to at + H, limit after
 //! ```
 //!
-//! with `dt = now - at` and `H` the horizon (one sync interval by default): the bucket drains
-//! at `limit`, and for one interval after a sync the others are assumed to keep adding
-//! `inflow`. [`Estimator`] says where `inflow` comes from: the article's static
+//! with `H` the horizon (one sync interval by default) and `t0` the time this limiter's own
+//! counts started from an empty bucket (or `at`, when they did not since): the bucket
+//! drains at `limit`, never below 0, so a bucket that emptied while nobody sent anything
+//! gives the next requests no credit for the time it was empty; and for one interval after
+//! a sync the others are assumed to keep adding `inflow`. [`Estimator`] says where `inflow` comes from: the article's static
 //! `correction_ratio · limit` for the whole cluster less this limiter's own last-interval
 //! rate, or the rate measured between two syncs (the article's "dynamic ratio"). A counter
 //! that no root reported as changed in the last round is cold: nobody adds to it, `inflow`
