@@ -54,7 +54,10 @@ pub use limiter::{
     AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, WeightError,
     ZoneStatus, DEFAULT_CAPACITY, MAX_CHAIN,
 };
-pub use quota::{validate_name, Epoch, Limits, QuotaError, QuotaId, QuotaSpec, QuotaUpdate};
+pub use quota::{
+    escape_name, is_template, raw_name, validate_name, Epoch, Limits, QuotaError, QuotaId,
+    QuotaSpec, QuotaUpdate,
+};
 pub use root::{RootConfig, RootState};
 pub use shard::Shard;
 pub use sync::{SyncConfig, SyncEngine, SyncStatus};

@@ -33,8 +33,11 @@ pub enum QuotaError {
         /// Its length in bytes.
         len: usize,
     },
-    /// The name has a character outside `[A-Za-z0-9._:@-]`.
-    #[error("name has {ch:?} at byte {pos}; allowed are A-Z a-z 0-9 . _ : @ -")]
+    /// The name has a character outside `[A-Za-z0-9._:@-]` (and not in a `%XX` escape).
+    #[error(
+        "name has {ch:?} at byte {pos}; allowed are A-Z a-z 0-9 . _ : @ -, %XX for any other \
+         byte, and a final * for a template"
+    )]
     NameInvalidChar {
         /// The offending character.
         ch: char,
@@ -60,6 +63,23 @@ pub enum QuotaError {
         /// The given high burst.
         high: f64,
     },
+    /// A `%` not followed by two hex digits.
+    #[error("name has a bad escape at byte {pos}: % must be followed by two hex digits")]
+    NameBadEscape {
+        /// Its byte offset.
+        pos: usize,
+    },
+    /// A `%XX` escape of a byte that needs none.
+    #[error("name escapes {ch:?} at byte {pos}; write it as it is")]
+    NameNotCanonical {
+        /// Its byte offset.
+        pos: usize,
+        /// The byte escaped.
+        ch: char,
+    },
+    /// The parent named is a template, which has no counter of its own to share.
+    #[error("the parent must be a quota, not the template {0:?}")]
+    ParentTemplate(String),
     /// The quota names itself as its parent.
     #[error("quota cannot be its own parent")]
     SelfParent,
@@ -68,18 +88,97 @@ pub enum QuotaError {
     Parent(Box<QuotaError>),
 }
 
-/// Checks a quota name: 1–255 bytes of `[A-Za-z0-9._:@-]`.
+/// Checks a quota name as the admin API and the database write it: 1–255 bytes (once
+/// unescaped) of `[A-Za-z0-9._:@-]`, where `%XX` (two hex digits) stands for any byte
+/// outside that set (`%25` for `%` itself), and a trailing `*` makes the quota a template
+/// (see [`is_template`]). Escapes are canonical: escaping a byte of the set is refused, so
+/// one key has one name.
 pub fn validate_name(name: &str) -> Result<(), QuotaError> {
     if name.is_empty() {
         return Err(QuotaError::EmptyName);
     }
-    if let Some((pos, ch)) = name.char_indices().find(|&(_, c)| !is_name_char(c)) {
-        return Err(QuotaError::NameInvalidChar { ch, pos });
+    let body = name.strip_suffix('*').unwrap_or(name);
+    if body.is_empty() {
+        return Err(QuotaError::EmptyName);
     }
-    if name.len() > MAX_NAME_LEN {
-        return Err(QuotaError::NameTooLong { len: name.len() });
+    let b = body.as_bytes();
+    let mut raw = 0usize;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let byte = b
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or(QuotaError::NameBadEscape { pos: i })?;
+                if is_name_char(byte as char) {
+                    return Err(QuotaError::NameNotCanonical { pos: i, ch: byte as char });
+                }
+                i += 3;
+            }
+            c if c.is_ascii() && is_name_char(c as char) => i += 1,
+            _ => {
+                let ch = body[i..].chars().next().unwrap_or('\u{fffd}');
+                return Err(QuotaError::NameInvalidChar { ch, pos: i });
+            }
+        }
+        raw += 1;
+    }
+    let raw = raw + usize::from(body.len() < name.len());
+    if raw > MAX_NAME_LEN {
+        return Err(QuotaError::NameTooLong { len: raw });
     }
     Ok(())
+}
+
+/// Whether `name` is a template: a quota whose name ends in `*`, limiting every name that
+/// starts with the rest (its prefix) and has no quota of its own, each with a bucket of
+/// its own.
+pub fn is_template(name: &str) -> bool {
+    name.len() > 1 && name.ends_with('*')
+}
+
+/// The bytes a name stands for: `%XX` escapes decoded (a template keeps its `*`). Limiters
+/// match these against the names requests give, which may hold any bytes. Call it on
+/// names [`validate_name`] accepted; anything else is decoded as far as it can be.
+pub fn raw_name(name: &str) -> Vec<u8> {
+    let b = name.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%')
+            .then(|| b.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The name the admin API uses for the bytes `raw`: bytes outside the name set escaped as
+/// `%XX` (upper-case hex), the inverse of [`raw_name`].
+pub fn escape_name(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for &c in raw {
+        if c.is_ascii() && is_name_char(c as char) {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
 }
 
 fn is_name_char(c: char) -> bool {
@@ -221,6 +320,9 @@ impl QuotaSpec {
         let limits = Limits::from_units(self.limit, self.low_burst, self.high_burst)?;
         if let Some(parent) = &self.parent {
             validate_name(parent).map_err(|e| QuotaError::Parent(Box::new(e)))?;
+            if is_template(parent) {
+                return Err(QuotaError::ParentTemplate(parent.clone()));
+            }
             if parent == name {
                 return Err(QuotaError::SelfParent);
             }
@@ -272,6 +374,50 @@ mod tests {
         assert_eq!(validate_name("a b"), Err(QuotaError::NameInvalidChar { ch: ' ', pos: 1 }));
         assert_eq!(validate_name("ä"), Err(QuotaError::NameInvalidChar { ch: 'ä', pos: 0 }));
         assert_eq!(validate_name("a/b"), Err(QuotaError::NameInvalidChar { ch: '/', pos: 1 }));
+    }
+
+    #[test]
+    fn templates_and_escapes() {
+        assert!(validate_name("api_key_*").is_ok() && is_template("api_key_*"));
+        assert!(!is_template("api_key_") && !is_template("*"));
+        assert_eq!(validate_name("*"), Err(QuotaError::EmptyName));
+        assert!(matches!(validate_name("a*b"), Err(QuotaError::NameInvalidChar { ch: '*', .. })));
+        assert!(matches!(validate_name("a**"), Err(QuotaError::NameInvalidChar { ch: '*', .. })));
+        // Any byte through %XX; canonical only.
+        assert!(validate_name("ip_%7F%00%00%01").is_ok());
+        assert_eq!(raw_name("ip_%7F%00%00%01"), b"ip_\x7f\x00\x00\x01");
+        assert_eq!(raw_name("api_key_*"), b"api_key_*");
+        assert_eq!(escape_name(b"ip_\x7f\x00\x00\x01"), "ip_%7F%00%00%01");
+        assert_eq!(escape_name("k_é%".as_bytes()), "k_%C3%A9%25");
+        assert_eq!(raw_name(&escape_name("k_é%".as_bytes())), "k_é%".as_bytes());
+        assert_eq!(validate_name("a%4"), Err(QuotaError::NameBadEscape { pos: 1 }));
+        assert_eq!(validate_name("a%zz"), Err(QuotaError::NameBadEscape { pos: 1 }));
+        assert_eq!(
+            validate_name("a%41"),
+            Err(QuotaError::NameNotCanonical { pos: 1, ch: 'A' }),
+            "A needs no escape"
+        );
+        // 255 bytes once unescaped, whatever the escapes' length.
+        assert!(validate_name(&"%00".repeat(255)).is_ok());
+        assert_eq!(validate_name(&"%00".repeat(256)), Err(QuotaError::NameTooLong { len: 256 }));
+        assert_eq!(
+            validate_name(&format!("{}*", "a".repeat(255))),
+            Err(QuotaError::NameTooLong { len: 256 })
+        );
+        // A template cannot be a parent.
+        let spec =
+            QuotaSpec { limit: 1.0, low_burst: 1.0, high_burst: 2.0, parent: Some("t*".into()) };
+        assert_eq!(spec.validate("a"), Err(QuotaError::ParentTemplate("t*".into())));
+    }
+
+    proptest::proptest! {
+        /// Escaping any bytes gives a valid name that decodes to them.
+        #[test]
+        fn escapes_round_trip(raw in proptest::collection::vec(proptest::num::u8::ANY, 1..200)) {
+            let name = escape_name(&raw);
+            proptest::prop_assert_eq!(validate_name(&name), Ok(()));
+            proptest::prop_assert_eq!(raw_name(&name), raw);
+        }
     }
 
     #[test]
