@@ -69,8 +69,11 @@ pub enum QuotaError {
         /// Its byte offset.
         pos: usize,
     },
-    /// A `%XX` escape of a byte that needs none.
-    #[error("name escapes {ch:?} at byte {pos}; write it as it is")]
+    /// A `%XX` escape of a byte that needs none, or of a final `*` (a template's mark).
+    #[error(
+        "name escapes {ch:?} at byte {pos}; write it as it is (a final * makes a template, \
+         and no other name may end in one)"
+    )]
     NameNotCanonical {
         /// Its byte offset.
         pos: usize,
@@ -125,6 +128,10 @@ pub fn validate_name(name: &str) -> Result<(), QuotaError> {
             }
         }
         raw += 1;
+    }
+    if body.len() == name.len() && body.ends_with("%2A") {
+        // Its bytes would be those of the template of the same prefix.
+        return Err(QuotaError::NameNotCanonical { pos: body.len() - 3, ch: '*' });
     }
     let raw = raw + usize::from(body.len() < name.len());
     if raw > MAX_NAME_LEN {
@@ -393,6 +400,12 @@ mod tests {
         assert_eq!(validate_name("a%4"), Err(QuotaError::NameBadEscape { pos: 1 }));
         assert_eq!(validate_name("a%zz"), Err(QuotaError::NameBadEscape { pos: 1 }));
         assert_eq!(
+            validate_name("api_key_%2A"),
+            Err(QuotaError::NameNotCanonical { pos: 8, ch: '*' }),
+            "the bytes of the template api_key_*"
+        );
+        assert!(validate_name("api_key_%2Ax").is_ok());
+        assert_eq!(
             validate_name("a%41"),
             Err(QuotaError::NameNotCanonical { pos: 1, ch: 'A' }),
             "A needs no escape"
@@ -411,9 +424,11 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Escaping any bytes gives a valid name that decodes to them.
+        /// Escaping any bytes gives a valid name that decodes to them (but for a final `*`,
+        /// which only a template's name ends in).
         #[test]
         fn escapes_round_trip(raw in proptest::collection::vec(proptest::num::u8::ANY, 1..200)) {
+            proptest::prop_assume!(raw.last() != Some(&b'*'));
             let name = escape_name(&raw);
             proptest::prop_assert_eq!(validate_name(&name), Ok(()));
             proptest::prop_assert_eq!(raw_name(&name), raw);

@@ -344,7 +344,8 @@ impl SyncEngine {
             b => now.saturating_sub(b).max(1),
         } as f64
             * 1e-9;
-        let (mut entries, mut watched) = (Vec::new(), Vec::new());
+        let (mut entries, mut watched, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        let first_key = self.limiter.key_slots().start;
         self.limiter.with_counters_paced(self.pacer, |c| {
             for chunk in dirty.chunks(WARM_CHUNK) {
                 c.warm(chunk.iter().copied());
@@ -356,7 +357,11 @@ impl SyncEngine {
                     if !early {
                         c.set_own_rate(s, v.saturating_add(r) as f64 / since);
                     }
-                    match (v > 0 || r > 0, c.id_of(s)) {
+                    let id = c.id_of(s);
+                    if let Some(id) = id.filter(|_| s >= first_key) {
+                        keys.push((s, id));
+                    }
+                    match (v > 0 || r > 0, id) {
                         (true, Some(id)) => entries.push((s, id, v, r)),
                         // Only checked (answers by interest): named, not counted.
                         (false, Some(id)) if interest => watched.push(id),
@@ -365,6 +370,7 @@ impl SyncEngine {
                 }
             }
         });
+        self.limiter.learn_keys(&keys);
         (entries, watched)
     }
 
@@ -518,6 +524,7 @@ impl SyncEngine {
         let round_ns = last_began
             .map_or(interval, |b| round.began.saturating_sub(b).max(interval / EARLY_GAP));
         self.settle(&round, round_ns, now);
+        self.limiter.sweep_keys(now);
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
         self.limiter.set_cluster_fresh(round.fresh());

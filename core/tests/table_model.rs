@@ -68,7 +68,7 @@ proptest! {
     fn table_matches_the_model(ops in proptest::collection::vec((op(), any::<bool>()), 1..120)) {
         let clock = ManualClock::at(1_000_000_000);
         let block = Block::for_quotas(1000);
-        prepare(&block).unwrap();
+        prepare(&block, 0).unwrap();
         let open = || Limiter::builder().clock(Arc::new(clock.clone())).open(block.clone()).unwrap();
         let handles = [open(), open()];
         let mut model = Model::default();

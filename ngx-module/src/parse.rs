@@ -17,7 +17,7 @@ pub fn usable_zone_bytes(size: usize) -> usize {
 /// The largest useful `yarl_zone`: the first whole megabyte that holds
 /// [`yarl_core::zone::MAX_QUOTAS`] (about 2.6 GiB).
 pub fn max_zone_size() -> usize {
-    let need = yarl_core::zone::bytes_for_quotas(yarl_core::zone::MAX_QUOTAS);
+    let need = yarl_core::zone::bytes_for(yarl_core::zone::MAX_QUOTAS, 0);
     let mut size = (need / 4096 * (4096 + 32) + 8192).next_multiple_of(1 << 20);
     while usable_zone_bytes(size) < need {
         size += 1 << 20;
@@ -37,10 +37,10 @@ pub fn check_zone_size(size: usize) -> Result<u32, String> {
             max >> 20
         ));
     }
-    match yarl_core::zone::quotas_for_bytes(usable_zone_bytes(size)) {
+    match yarl_core::zone::quotas_for_bytes(usable_zone_bytes(size), 0) {
         Some(q) if size >= min => Ok(q),
         _ => Err(format!("the zone must be at least 256k (about {} quotas)", {
-            yarl_core::zone::quotas_for_bytes(usable_zone_bytes(min)).unwrap_or(0)
+            yarl_core::zone::quotas_for_bytes(usable_zone_bytes(min), 0).unwrap_or(0)
         })),
     }
 }

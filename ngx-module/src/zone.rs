@@ -103,8 +103,8 @@ unsafe extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> 
             }
         }
         z.data = block.words().as_ptr().cast_mut().cast();
-        let capacity = yarl_core::zone::quotas_for_bytes(block.bytes()).unwrap_or(0);
-        match yarl_core::zone::prepare(&block) {
+        let capacity = yarl_core::zone::quotas_for_bytes(block.bytes(), 0).unwrap_or(0);
+        match yarl_core::zone::prepare(&block, 0) {
             Ok(Prepared::Formatted) => {
                 ngx_log_error!(
                     NGX_LOG_INFO,

@@ -103,6 +103,7 @@ fn without_a_zone_and_with_a_quota_query() {
         parent: Some("p".into()),
         fill: 3.5,
         rejections: 7,
+        template: None,
     };
     let page = parse(&render(&Input {
         pid: 1,

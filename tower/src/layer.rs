@@ -337,7 +337,7 @@ fn decide(limiter: &Limiter, q: &Quotas) -> (Option<Decision>, Option<usize>) {
     let (d, k) = match (&q.first, q.more.is_empty()) {
         (None, _) => return (None, None),
         // The common case, without a slice of borrowed names.
-        (Some((name, weight)), true) => match limiter.account(name, *weight) {
+        (Some((name, weight)), true) => match limiter.account(&**name, *weight) {
             Ok(d) => (d, Some(0)),
             // Weights are clamped when named; fail open if that ever changes.
             Err(_) => return (None, None),

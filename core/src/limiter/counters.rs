@@ -31,18 +31,25 @@ impl Limiter {
     /// Slots with counts since the last call (their dirty bits cleared), in slot order.
     pub(crate) fn take_dirty(&self) -> Vec<u32> {
         let words = self.words();
-        let bits =
-            &words[self.layout.dirty..self.layout.dirty + self.used_slots().div_ceil(64) as usize];
+        let n = (self.layout.all_slots() as usize).div_ceil(64);
+        let sums = &words[self.layout.dirty_sum..self.layout.dirty_sum + n.div_ceil(64)];
         let mut out = Vec::new();
-        for (k, cell) in bits.iter().enumerate() {
-            if cell.load(Relaxed) == 0 {
+        for (j, sum) in sums.iter().enumerate() {
+            if sum.load(Relaxed) == 0 {
                 continue;
             }
-            let mut b = cell.swap(0, Relaxed);
-            while b != 0 {
-                let i = b.trailing_zeros();
-                out.push(k as u32 * 64 + i);
-                b &= b - 1;
+            // The summary first: a bit set after this swap is seen by the next round.
+            let mut marked = sum.swap(0, Relaxed);
+            while marked != 0 {
+                let k = j * 64 + marked.trailing_zeros() as usize;
+                marked &= marked - 1;
+                let Some(cell) = words.get(self.layout.dirty + k) else { continue };
+                let mut b = cell.swap(0, Relaxed);
+                while b != 0 {
+                    let i = b.trailing_zeros();
+                    out.push(k as u32 * 64 + i);
+                    b &= b - 1;
+                }
             }
         }
         out
@@ -50,7 +57,12 @@ impl Limiter {
 
     /// Every live slot for which `keep` holds (a scan of all slots).
     pub(crate) fn scan_slots(&self, mut keep: impl FnMut(&Slot<'_>) -> bool) -> Vec<u32> {
-        (0..self.used_slots()).filter(|&i| self.live_slot(i).is_some_and(|s| keep(&s))).collect()
+        // The key table only when it holds keys (a walk of all of it otherwise for nothing).
+        let keys = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { self.key_slots() } else { 0..0 };
+        (0..self.used_slots())
+            .chain(keys)
+            .filter(|&i| self.live_slot(i).is_some_and(|s| keep(&s)))
+            .collect()
     }
 
     /// `local` now only holds what was accounted since `t` (a round that began at `t` ended).
@@ -72,8 +84,12 @@ impl Limiter {
         self.hdr(hdr::EPOCH_SEEN).load(Relaxed)
     }
 
-    /// The version epoch of the quota in slot `s` (0 if free).
+    /// The version epoch of the quota in slot `s` (0 if free, and for keys: they have no
+    /// version of their own).
     pub(crate) fn version_of(&self, s: u32) -> Epoch {
+        if self.is_key_slot(s) {
+            return 0;
+        }
         self.live_slot(s).map_or(0, |_| self.cold(s).0.load(Relaxed))
     }
 
@@ -184,7 +200,7 @@ impl CounterAccess<'_> {
     /// a loop that compares them.
     pub fn warm_versions(&self, slots: impl Iterator<Item = u32>) {
         let mut t = 0u64;
-        for s in slots {
+        for s in slots.filter(|&s| !self.limiter.is_key_slot(s)) {
             t ^= self.limiter.cold(s).0.load(Relaxed);
         }
         std::hint::black_box(t);

@@ -54,34 +54,44 @@ impl Limiter {
     /// Decides for `name` and its ancestors without counting anything (the nginx
     /// `yarl_check` role).
     #[inline]
-    pub fn check(&self, name: &str) -> Decision {
-        self.decide(name, 0)
+    pub fn check<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> Decision {
+        self.decide(name.as_ref(), 0)
     }
 
     /// Decides for `name` and its ancestors; if allowed, adds `weight` units to every counter
     /// of the chain, if rejected adds nothing (all-or-nothing: a request refused by one limit takes nothing from the others).
     #[inline]
-    pub fn account(&self, name: &str, weight: u64) -> Result<Decision, WeightError> {
+    pub fn account<N: AsRef<[u8]> + ?Sized>(
+        &self,
+        name: &N,
+        weight: u64,
+    ) -> Result<Decision, WeightError> {
         if weight > MAX_WEIGHT_UNITS {
             return Err(WeightError(weight));
         }
-        Ok(self.decide(name, weight * MILLI))
+        Ok(self.decide(name.as_ref(), weight * MILLI))
     }
 
     /// Adds `weight` units to every counter of `name`'s chain without deciding: a cost known
     /// only once the request is done (response bytes, tokens) limits the next requests.
-    /// `false` when no quota has that name.
-    pub fn charge(&self, name: &str, weight: u64) -> Result<bool, WeightError> {
+    /// `false` when no quota or template has that name.
+    pub fn charge<N: AsRef<[u8]> + ?Sized>(
+        &self,
+        name: &N,
+        weight: u64,
+    ) -> Result<bool, WeightError> {
         if weight > MAX_WEIGHT_UNITS {
             return Err(WeightError(weight));
         }
-        let Some((mut idx, mut slot)) = self.find(name) else { return Ok(false) };
+        let now = self.clock.now_nanos();
+        let Some((mut idx, mut slot)) = self.resolve(name.as_ref(), now) else {
+            return Ok(false);
+        };
         if weight == 0 {
             return Ok(true);
         }
         let mut chain = Chain::default();
-        let (now, fresh, horizon) =
-            (self.clock.now_nanos(), self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns());
+        let (fresh, horizon) = (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns());
         loop {
             chain.push(idx);
             if slot.estimate(now, fresh, horizon) <= 0.0 {
@@ -103,7 +113,7 @@ impl Limiter {
         Ok(true)
     }
 
-    fn decide(&self, name: &str, weight: u64) -> Decision {
+    fn decide(&self, name: &[u8], weight: u64) -> Decision {
         let now = self.clock.now_nanos();
         let mut chain = Chain::default();
         let d = match self.walk(name, now, weight, &mut chain) {
@@ -131,15 +141,18 @@ impl Limiter {
     /// of them: if any chain rejects, nothing is added anywhere (the refused weights count as
     /// demand). The first rejection is returned; otherwise the pass of the last name that
     /// matched a quota (`Unlimited` if none did).
-    pub fn account_many(&self, items: &[(&str, u64)]) -> Result<Decision, WeightError> {
+    pub fn account_many<N: AsRef<[u8]>>(
+        &self,
+        items: &[(N, u64)],
+    ) -> Result<Decision, WeightError> {
         self.account_many_matched(items).map(|(d, _)| d)
     }
 
     /// [`account_many`](Self::account_many), also saying which item decided: the rejecting
     /// one, or on a pass the last one that matched a quota (`None` when none did).
-    pub fn account_many_matched(
+    pub fn account_many_matched<N: AsRef<[u8]>>(
         &self,
-        items: &[(&str, u64)],
+        items: &[(N, u64)],
     ) -> Result<(Decision, Option<usize>), WeightError> {
         if let Some(&(_, w)) = items.iter().find(|(_, w)| *w > MAX_WEIGHT_UNITS) {
             return Err(WeightError(w));
@@ -151,8 +164,8 @@ impl Limiter {
         let mut more: Vec<(Chain, u64)> = Vec::new();
         let mut n = 0;
         let mut result = (Decision::unlimited(), None);
-        for (k, &(name, weight)) in items.iter().enumerate() {
-            let weight = weight * MILLI;
+        for (k, (name, weight)) in items.iter().enumerate() {
+            let (name, weight) = (name.as_ref(), weight * MILLI);
             let mut chain = Chain::default();
             match self.walk(name, now, weight, &mut chain) {
                 Walk::Unlimited => {}
@@ -184,8 +197,8 @@ impl Limiter {
 
     /// Decides for `name`'s chain at `now`, recording the walked slots in `chain` (on a
     /// rejection: those that passed, then the rejecting one and its ancestors).
-    fn walk(&self, name: &str, now: u64, weight: u64, chain: &mut Chain) -> Walk {
-        let Some((mut idx, mut slot)) = self.find(name) else {
+    fn walk(&self, name: &[u8], now: u64, weight: u64, chain: &mut Chain) -> Walk {
+        let Some((mut idx, mut slot)) = self.resolve(name, now) else {
             return Walk::Unlimited;
         };
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
@@ -245,7 +258,12 @@ impl Limiter {
                 }
                 return Walk::Rejected(Decision {
                     outcome: Outcome::Rejected,
-                    quota: Some(self.slot_name(idx).into()),
+                    // A key keeps no name: it is the one the request gave.
+                    quota: Some(if self.is_key_slot(idx) {
+                        crate::quota::escape_name(name).into()
+                    } else {
+                        self.slot_name(idx).into()
+                    }),
                     fill: fill / MILLI as f64,
                     retry_after: Some(retry_after_secs(fill, low, limit)),
                 });

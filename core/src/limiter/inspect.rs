@@ -43,13 +43,14 @@ pub struct ZoneStatus {
 
 impl Limiter {
     /// Whether a quota called `name` is held (an index lookup, nothing else).
-    pub fn contains(&self, name: &str) -> bool {
-        self.find(name).is_some()
+    pub fn contains<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> bool {
+        self.find(name.as_ref()).is_some()
     }
 
-    /// The quota called `name`, with its estimated fill now.
-    pub fn quota(&self, name: &str) -> Option<QuotaInfo> {
-        let (s, slot) = self.find(name)?;
+    /// The quota called `name`, or the key of that name under a template, with its
+    /// estimated fill now (a key seen nowhere yet is not created).
+    pub fn quota<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> Option<QuotaInfo> {
+        let (s, slot) = self.lookup(name.as_ref())?;
         let now = self.clock.now_nanos();
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let parent = match slot.parent() {
@@ -58,7 +59,8 @@ impl Limiter {
         };
         Some(QuotaInfo {
             id: slot.get(ID),
-            epoch: self.cold(s).0.load(Relaxed),
+            epoch: if self.is_key_slot(s) { 0 } else { self.cold(s).0.load(Relaxed) },
+            template: self.template_of_key(s).map(|t| self.slot_name(t)),
             limit: milli_to_units(slot.get(LIMIT)),
             low_burst: milli_to_units(slot.get(LOW)),
             high_burst: milli_to_units(slot.get(HIGH)),
@@ -71,13 +73,14 @@ impl Limiter {
     /// The chain of `name` (the quota, then its ancestors) with each level's estimated fill
     /// now: what the `RateLimit` header fields are made of ([`crate::ratelimit`]). Empty
     /// for an unknown name.
-    pub fn levels(&self, name: &str) -> Vec<Level> {
-        let Some((_, mut slot)) = self.find(name) else { return Vec::new() };
+    pub fn levels<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> Vec<Level> {
+        let Some((first, mut slot)) = self.lookup(name.as_ref()) else { return Vec::new() };
         let now = self.clock.now_nanos();
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
         let mut out = Vec::with_capacity(3);
-        let mut name = name.to_owned();
+        let _ = first;
+        let mut name = crate::quota::escape_name(name.as_ref());
         loop {
             out.push(Level {
                 name,

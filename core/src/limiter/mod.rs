@@ -44,6 +44,7 @@
 mod counters;
 mod decide;
 mod inspect;
+mod keys;
 mod writer;
 
 pub(crate) use counters::no_pace;
@@ -69,6 +70,10 @@ pub const MAX_CHAIN: usize = 16;
 /// Quotas a limiter built with [`LimiterBuilder::build`] holds unless told otherwise: the
 /// heap block is reserved for them, and pages are only backed by memory as they are used.
 pub const DEFAULT_CAPACITY: u32 = 1 << 20;
+
+/// Keys a limiter built with [`LimiterBuilder::build`] holds at once unless told otherwise;
+/// like quotas, their memory is only backed as it is used.
+pub const DEFAULT_KEYS: u32 = 1 << 20;
 
 /// A weight above [`crate::units::MAX_WEIGHT_UNITS`] was passed to [`Limiter::account`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -113,6 +118,9 @@ pub struct QuotaInfo {
     pub fill: f64,
     /// Requests this quota rejected since it was loaded.
     pub rejections: u64,
+    /// For a key (a name under a template): the template's name. Its `id` is the key's
+    /// wire id and its `epoch` 0.
+    pub template: Option<String>,
 }
 
 /// Where a counter's `inflow` (what the rest of the cluster adds per second) comes from.
@@ -165,6 +173,7 @@ pub struct LimiterBuilder {
     local_guard: bool,
     watch_checks: bool,
     capacity: u32,
+    keys: u32,
 }
 
 impl LimiterBuilder {
@@ -244,11 +253,18 @@ impl LimiterBuilder {
         self
     }
 
+    /// How many keys (names under templates, a bucket each) [`build`](Self::build)'s heap
+    /// block holds at once (default [`DEFAULT_KEYS`]); drained keys make room for new ones.
+    pub fn keys(mut self, keys: u32) -> Self {
+        self.keys = keys;
+        self
+    }
+
     /// Builds a limiter over a new heap block. It holds no quotas until
     /// [`Limiter::apply_quotas`] or a sync.
     pub fn build(self) -> Limiter {
-        let block = Block::for_quotas(self.capacity);
-        let layout = match zone::format_new(&block) {
+        let block = Block::for_capacity(self.capacity, self.keys);
+        let layout = match zone::format_new(&block, self.keys) {
             Ok(l) => l,
             // for_quotas sizes the block for at least MIN_QUOTAS, which always fits.
             Err(e) => unreachable!("a block sized for its capacity did not fit: {e}"),
@@ -333,6 +349,7 @@ impl Limiter {
             local_guard: false,
             watch_checks: false,
             capacity: DEFAULT_CAPACITY,
+            keys: DEFAULT_KEYS,
         }
     }
 
@@ -351,23 +368,39 @@ impl Limiter {
         &self.words()[i]
     }
 
+    /// Slot `i`: a quota's below the quota capacity, a key's above it (see `keys.rs`).
     #[inline]
     fn slot(&self, i: u32) -> Option<Slot<'_>> {
         if i >= self.layout.slot_cap {
-            return None;
+            return self.key_table().slot(i - self.layout.slot_cap);
         }
         let at = self.layout.slots + i as usize * SLOT_WORDS;
         let words = self.words().get(at..at + SLOT_WORDS)?;
         Some(Slot(words.try_into().ok()?))
     }
 
-    /// The slot `i` if it holds a quota.
+    /// The slot `i` if it holds a quota or a key.
     #[inline]
     fn live_slot(&self, i: u32) -> Option<Slot<'_>> {
+        if i >= self.layout.slot_cap {
+            return self.slot(i).filter(|s| zone::keys::is_key_id(s.id()));
+        }
         self.slot(i).filter(|s| s.id() != 0)
     }
 
-    /// A slot's cold words: (epoch or time freed, parent-name record or next free slot).
+    /// Whether slot `i` is in the key table.
+    #[inline]
+    fn is_key_slot(&self, i: u32) -> bool {
+        i >= self.layout.slot_cap
+    }
+
+    /// The slot numbers of the key table.
+    pub(crate) fn key_slots(&self) -> std::ops::Range<u32> {
+        self.layout.slot_cap..self.layout.all_slots()
+    }
+
+    /// A quota slot's cold words: (epoch or time freed, parent-name record or next free
+    /// slot). Key slots have none: callers check [`Self::is_key_slot`] first.
     fn cold(&self, i: u32) -> (&AtomicU64, &AtomicU64) {
         let at = self.layout.cold + (i % self.layout.slot_cap) as usize * COLD_WORDS;
         (&self.words()[at], &self.words()[at + 1])
@@ -391,17 +424,24 @@ impl Limiter {
     /// Sets `s`'s dirty bit: it has counts for the next sync round.
     #[inline]
     fn mark_dirty(&self, s: u32) {
-        let w = &self.words()[self.layout.dirty + (s / 64) as usize];
+        let k = (s / 64) as usize;
+        let w = &self.words()[self.layout.dirty + k];
         let bit = 1u64 << (s % 64);
         if w.load(Relaxed) & bit == 0 {
             w.fetch_or(bit, Relaxed);
+            // After the bit: a round clears the summary first, then takes the words it names.
+            let sum = &self.words()[self.layout.dirty_sum + k / 64];
+            let sbit = 1u64 << (k % 64);
+            if sum.load(Relaxed) & sbit == 0 {
+                sum.fetch_or(sbit, Relaxed);
+            }
         }
     }
 
     /// The slot of `name`, if a quota has it.
     #[inline]
-    fn find(&self, name: &str) -> Option<(u32, Slot<'_>)> {
-        let n = name.as_bytes();
+    fn find<N: AsRef<[u8]> + ?Sized>(&self, n: &N) -> Option<(u32, Slot<'_>)> {
+        let n = n.as_ref();
         let arena = self.arena();
         let s = self
             .index()
@@ -409,9 +449,21 @@ impl Limiter {
         Some((s, self.live_slot(s)?))
     }
 
+    /// A quota's name; for a key, its template's (keys keep no name, and their template is
+    /// what an operator configured).
     fn slot_name(&self, i: u32) -> String {
+        if let Some(t) = self.template_of_key(i) {
+            return self.slot_name(t);
+        }
         match self.slot(i) {
-            Some(s) => String::from_utf8_lossy(&s.name(&self.arena())).into_owned(),
+            Some(s) => {
+                // A template's `*` is the template's mark, not a byte of a key to escape.
+                let raw = s.name(&self.arena());
+                match raw.strip_suffix(b"*") {
+                    Some(prefix) => crate::quota::escape_name(prefix) + "*",
+                    None => crate::quota::escape_name(&raw),
+                }
+            }
             None => String::new(),
         }
     }

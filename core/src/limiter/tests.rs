@@ -456,7 +456,7 @@ fn local_guard_caps_one_hosts_own_rate_at_the_limit() {
 /// Two handles on one block stand for two nginx workers sharing a zone.
 fn shared_pair(clock: &ManualClock, quotas: u32) -> (Limiter, Limiter) {
     let block = Block::for_quotas(quotas);
-    crate::zone::prepare(&block).unwrap();
+    crate::zone::prepare(&block, 0).unwrap();
     let open = || {
         Limiter::builder()
             .clock(Arc::new(clock.clone()))
@@ -664,3 +664,5 @@ fn the_quotas_that_reject_most_now_are_ranked() {
     assert!(l.top_rejections(20, 60).is_empty());
     assert_eq!(l.quota("b").unwrap().rejections, 7);
 }
+
+mod keys;

@@ -13,9 +13,10 @@
 //! quota's numbers in it.
 
 use super::{ApplyReport, Limiter};
-use crate::quota::{validate_name, QuotaId, QuotaUpdate};
+use crate::quota::{is_template, raw_name, validate_name, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
 use crate::zone::hdr;
+use crate::zone::keys::{is_key_id, TEMPLATE};
 use crate::zone::slot::{HIGH, ID, LIMIT, LOW};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
@@ -33,6 +34,11 @@ pub(crate) struct Writer {
     by_id: HashTable<u32>,
     /// Children whose parent is not (yet) known: child slot → parent name.
     unresolved: HashMap<u32, Box<str>>,
+    /// Slots of the templates held.
+    templates: HashSet<u32>,
+    /// Claims the last sweep of the key table found (position → claim): one still there at
+    /// the next sweep belonged to a request path that died before publishing its key.
+    claims: HashMap<u32, u64>,
 }
 
 /// What one call of [`Limiter::apply_quotas_with_resets`] gathers on its way through the
@@ -47,6 +53,8 @@ struct Applying<'u> {
     parent_jobs: Vec<(u32, Option<&'u str>)>,
     /// Slots freed or renamed, by their former name: their children wait for that name.
     deleted: HashMap<u32, Box<str>>,
+    /// A template was created, changed or deleted: its keys follow (see `refresh_templates`).
+    templates: bool,
 }
 
 fn hash_id(id: QuotaId) -> u64 {
@@ -67,16 +75,31 @@ impl Limiter {
     fn rebuild_writer(&self, w: &mut Writer) {
         w.by_id.clear();
         w.unresolved.clear();
+        w.templates.clear();
         let n = self.used_slots();
         for i in 0..n {
             let Some(s) = self.live_slot(i) else { continue };
             let id = s.get(ID);
             w.by_id.insert_unique(hash_id(id), i, |&j| self.id_at(j));
+            if is_template(&self.slot_name(i)) {
+                w.templates.insert(i);
+            }
             let off = self.cold(i).1.load(Relaxed) as u32;
             if off != 0 {
                 let arena = self.arena();
                 let parent = name::decode(|k| arena.word(off, k));
                 w.unresolved.insert(i, String::from_utf8_lossy(&parent).into());
+            }
+        }
+        let keys = self.key_table();
+        // A walk of the whole table, only when it holds keys (a fresh block holds none).
+        let positions = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { keys.cap() } else { 0 };
+        for pos in 0..positions {
+            let Some(k) = keys.slot(pos) else { continue };
+            let id = k.id();
+            if is_key_id(id) {
+                let s = self.layout.slot_cap + pos;
+                w.by_id.insert_unique(hash_id(id), s, |&j| self.id_at(j));
             }
         }
         let token = fastrand::u64(1..);
@@ -138,6 +161,7 @@ impl Limiter {
                 continue;
             }
             a.max_epoch = a.max_epoch.max(u.epoch);
+            a.templates |= is_template(&u.name);
             let existing = self.find_id(w, u.id);
             if u.deleted {
                 self.apply_tombstone(w, &mut a, u, existing);
@@ -151,6 +175,11 @@ impl Limiter {
         self.unlink_children_of(w, &a.deleted);
         self.link_parents(w, &a.parent_jobs);
         self.link_waiting_children(w);
+        // Keys take their parent from their template: a parent deleted or re-created moves
+        // them too.
+        if a.templates || (!w.templates.is_empty() && !a.deleted.is_empty()) {
+            self.refresh_templates(w, a.now);
+        }
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::EPOCH_SEEN).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::QUOTAS).store(w.by_id.len() as u64, Relaxed);
@@ -182,7 +211,8 @@ impl Limiter {
             a.report.stale += 1;
             return;
         }
-        let same_name = self.slot(s).is_some_and(|x| x.name_eq(u.name.as_bytes(), &self.arena()));
+        let raw = raw_name(&u.name);
+        let same_name = self.slot(s).is_some_and(|x| x.name_eq(&raw, &self.arena()));
         if !same_name && !self.follow_rename(w, a, u, s) {
             return;
         }
@@ -210,7 +240,11 @@ impl Limiter {
         }
         // Children link to a parent by name: those of the old name wait for it.
         let old = self.slot_name(s);
-        let renamed = self.rename(s, &u.name, a.now);
+        let renamed = self.rename(s, &raw_name(&u.name), a.now);
+        a.templates |= w.templates.remove(&s);
+        if renamed && is_template(&u.name) {
+            w.templates.insert(s);
+        }
         a.deleted.insert(s, old.into());
         if !renamed {
             self.free_slot(w, s, a.now);
@@ -239,7 +273,7 @@ impl Limiter {
     /// Frees the slot that holds `u`'s name under another id, unless that quota is newer
     /// than `u` (then `false`, counted as stale).
     fn evict_older_holder(&self, w: &mut Writer, a: &mut Applying<'_>, u: &QuotaUpdate) -> bool {
-        let Some((old, _)) = self.find(&u.name) else { return true };
+        let Some((old, _)) = self.find(&raw_name(&u.name)) else { return true };
         if self.epoch_of(old) > u.epoch {
             a.report.stale += 1;
             return false;
@@ -277,7 +311,7 @@ impl Limiter {
                     slot.set_parent(0);
                     self.clear_unresolved(w, s);
                 }
-                Some(p) => match self.find(p) {
+                Some(p) => match self.find(&raw_name(p)) {
                     Some((pi, _)) if pi != s => {
                         slot.set_parent(pi + 1);
                         self.clear_unresolved(w, s);
@@ -303,7 +337,7 @@ impl Limiter {
                 w.unresolved.remove(&child);
                 continue;
             };
-            if let Some((p, _)) = self.find(&parent) {
+            if let Some((p, _)) = self.find(&raw_name(&parent)) {
                 if p != child {
                     c.set_parent(p + 1);
                     self.clear_unresolved(w, child);
@@ -355,7 +389,8 @@ impl Limiter {
     }
 
     fn insert(&self, w: &mut Writer, u: &QuotaUpdate, now: u64) -> Option<u32> {
-        let n = u.name.as_bytes();
+        let raw = raw_name(&u.name);
+        let n = &raw[..];
         let h = self.hash(n);
         let s = self.alloc_slot(now)?;
         let slot = self.slot(s)?;
@@ -374,16 +409,18 @@ impl Limiter {
         }
         slot.w(ID).store(u.id, Release);
         w.by_id.insert_unique(hash_id(u.id), s, |&j| self.id_at(j));
+        if is_template(&u.name) {
+            w.templates.insert(s);
+        }
         Some(s)
     }
 
-    fn rename(&self, s: u32, new: &str, now: u64) -> bool {
+    fn rename(&self, s: u32, n: &[u8], now: u64) -> bool {
         let Some(slot) = self.slot(s) else { return false };
         let old = slot.name(&self.arena());
         let rehash = |x: u32| self.rehash_slot(x);
         self.index().remove(self.hash(&old), s, now, &rehash);
         self.drop_name(s);
-        let n = new.as_bytes();
         if !self.write_name(s, n) {
             return false;
         }
@@ -449,6 +486,7 @@ impl Limiter {
         if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
             e.remove();
         }
+        w.templates.remove(&s);
         self.clear_unresolved(w, s);
         self.drop_name(s);
         slot.clear_counters();
@@ -483,6 +521,123 @@ impl Limiter {
             cell.store(0, Relaxed);
         }
         w.unresolved.remove(&s);
+    }
+
+    /// After templates changed: their count and prefix lengths in the header (what the
+    /// request path matches names with), each key with its template's numbers and parent,
+    /// and the keys of templates that are gone freed. A walk of the key table, only when a
+    /// template changed.
+    fn refresh_templates(&self, w: &mut Writer, now: u64) {
+        let mut lens = [0u64; 4];
+        let mut held: HashMap<u32, (u64, u64, u64, u32)> = HashMap::new();
+        w.templates.retain(|&t| self.live_slot(t).is_some());
+        for &t in &w.templates {
+            let Some(s) = self.live_slot(t) else { continue };
+            let len = s.name(&self.arena()).len().saturating_sub(1);
+            lens[len / 64 % 4] |= 1 << (len % 64);
+            held.insert(t, (s.get(LIMIT), s.get(LOW), s.get(HIGH), s.parent()));
+        }
+        let keys = self.key_table();
+        let now_ms = now / 1_000_000;
+        let positions = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { keys.cap() } else { 0 };
+        for pos in 0..positions {
+            let Some(k) = keys.slot(pos) else { continue };
+            let id = k.id();
+            if !is_key_id(id) {
+                continue;
+            }
+            let t = k.get(TEMPLATE).wrapping_sub(1) as u32;
+            match held.get(&t) {
+                Some(&(limit, low, high, parent)) => {
+                    k.w(LIMIT).store(limit, Relaxed);
+                    k.w(LOW).store(low, Relaxed);
+                    k.w(HIGH).store(high, Relaxed);
+                    k.set_parent(parent);
+                }
+                None => {
+                    if keys.free(pos, id, now_ms) {
+                        self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                        let s = self.layout.slot_cap + pos;
+                        if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
+                            e.remove();
+                        }
+                    }
+                }
+            }
+        }
+        for (i, bits) in lens.iter().enumerate() {
+            self.hdr(hdr::TEMPLATE_LENS + i).store(*bits, Relaxed);
+        }
+        self.hdr(hdr::TEMPLATES).store(held.len() as u64, Release);
+    }
+
+    /// Lets the writer find keys the request paths inserted, by their wire id: they come to
+    /// the sync engine as dirty slots, and answers name them by id.
+    pub(crate) fn learn_keys(&self, keys: &[(u32, u64)]) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut guard = self.writer();
+        let w = &mut *guard;
+        for &(s, id) in keys {
+            if self.find_id(w, id).is_none() {
+                w.by_id.insert_unique(hash_id(id), s, |&j| self.id_at(j));
+            }
+        }
+    }
+
+    /// One step of the sweep of the key table (a sixteenth of it, from where the last
+    /// ended): while it is over half full, frees keys that are drained and have nothing
+    /// counted, in flight or waiting for a round (they rest before reuse, see `zone/keys.rs`),
+    /// and claims left by a request path that died. Returns the keys freed.
+    pub(crate) fn sweep_keys(&self, now: u64) -> usize {
+        let keys = self.key_table();
+        let cap = keys.cap();
+        let live = self.hdr(hdr::KEYS_LIVE).load(Relaxed);
+        if cap == 0 || (live == 0 && self.writer.lock().claims.is_empty()) {
+            return 0;
+        }
+        let mut guard = self.writer();
+        let w = &mut *guard;
+        let crowded = live > u64::from(cap) / 2;
+        let (fresh, horizon, now_ms) =
+            (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns(), now / 1_000_000);
+        let start = self.hdr(hdr::KEY_HAND).load(Relaxed) as u32 % cap;
+        let budget = cap.div_ceil(16);
+        let mut freed = 0;
+        for i in 0..budget {
+            let pos = (start + i) % cap;
+            let Some(k) = keys.slot(pos) else { continue };
+            let id = k.id();
+            let s = self.layout.slot_cap + pos;
+            if crate::zone::keys::is_claim(id) {
+                if w.claims.get(&pos) == Some(&id) && keys.free(pos, id, now_ms) {
+                    w.claims.remove(&pos);
+                } else {
+                    w.claims.insert(pos, id);
+                }
+                continue;
+            }
+            w.claims.remove(&pos);
+            if !crowded || !is_key_id(id) {
+                continue;
+            }
+            let idle = k.get(crate::zone::slot::LOCAL) == 0
+                && k.get(crate::zone::slot::INFLIGHT) == 0
+                && k.get(crate::zone::slot::REJECTED) == 0
+                && !self.is_dirty(s)
+                && k.estimate(now, fresh, horizon) <= 0.0;
+            if idle && keys.free(pos, id, now_ms) {
+                self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+                if let Ok(e) = w.by_id.find_entry(hash_id(id), |&j| j == s) {
+                    e.remove();
+                }
+                freed += 1;
+            }
+        }
+        self.hdr(hdr::KEY_HAND).store(u64::from((start + budget) % cap), Relaxed);
+        freed
     }
 
     /// Names of the quotas currently held (for tests and debugging; walks every slot).

@@ -381,7 +381,7 @@ fn a_new_engine_on_the_same_block_continues_every_session() {
     let clock = ManualClock::at(S);
     let mut r = root_with(&[quota(1, "a", 0.001, 1e6, 1e6)]);
     let block = crate::zone::Block::for_quotas(1000);
-    crate::zone::prepare(&block).unwrap();
+    crate::zone::prepare(&block, 0).unwrap();
     let first = shared(&clock, &block);
     let mut n1 = engine_on(&first);
     round(&mut n1, &mut [Some(&mut r)], clock.now_nanos());
@@ -417,7 +417,7 @@ fn a_batch_left_in_flight_by_a_dead_engine_is_counted_once() {
         let clock = ManualClock::at(S);
         let mut r = root_with(&[quota(1, "a", 0.001, 1e6, 1e6)]);
         let block = crate::zone::Block::for_quotas(1000);
-        crate::zone::prepare(&block).unwrap();
+        crate::zone::prepare(&block, 0).unwrap();
         let first = shared(&clock, &block);
         let mut n1 = engine_on(&first);
         round(&mut n1, &mut [Some(&mut r)], clock.now_nanos());

@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn exact_size_free_lists_and_full_arena() {
         let b = Block::heap(1 << 20);
-        let l = format_new(&b).unwrap();
+        let l = format_new(&b, 0).unwrap();
         let a = Arena::new(b.words(), &l);
         let x = a.alloc(3).unwrap();
         let y = a.alloc(5).unwrap();

@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn insert_find_remove_and_rebuild_keep_every_live_entry() {
         let b = Block::heap(256 << 10);
-        let l = format_new(&b).unwrap();
+        let l = format_new(&b, 0).unwrap();
         let ix = Index::new(b.words(), &l);
         let rehash = |s: u32| hash(s);
         let cap = l.shard_cap;
@@ -332,7 +332,7 @@ mod tests {
     #[test]
     fn the_highest_slot_and_tag_are_not_the_deleted_mark_and_halves_stay_apart() {
         let b = Block::heap(256 << 10);
-        let l = format_new(&b).unwrap();
+        let l = format_new(&b, 0).unwrap();
         let ix = Index::new(b.words(), &l);
         let rehash = |_: u32| unreachable!("no rebuild here");
         // Tag 0xFF, shard 0, home on the last entry (the high half of the area's last word),
@@ -367,7 +367,7 @@ mod tests {
     #[test]
     fn without_a_rested_spare_the_shard_refuses_rather_than_fill_up() {
         let b = Block::heap(256 << 10);
-        let l = format_new(&b).unwrap();
+        let l = format_new(&b, 0).unwrap();
         let ix = Index::new(b.words(), &l);
         let rehash = |s: u32| hash(s);
         let cap = l.shard_cap;

@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 3;
+pub const LAYOUT_VERSION: u64 = 4;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -61,6 +61,11 @@ pub const MAX_QUOTAS: u32 = (1 << 24) - 2;
 pub(crate) const RECENT_REJECTIONS: usize = 2048;
 /// Arena words reserved per slot (name tails and unresolved parents).
 const ARENA_WORDS_PER_SLOT: u64 = 2;
+/// Most keys a block can hold (slots of the key table, see `keys.rs`): slot numbers stay
+/// below 2^32 with the quotas'.
+pub const MAX_KEYS: u32 = 1 << 26;
+/// Bytes one key takes in a block: its slot and its dirty bit.
+pub const BYTES_PER_KEY: usize = SLOT_WORDS * 8 + 1;
 
 /// Header word indices.
 pub(crate) mod hdr {
@@ -116,6 +121,26 @@ pub(crate) mod hdr {
         pub const SPARES = 48;
         /// Free-list heads of the arena, by record size in words (index = size).
         pub const ARENA_FREE = 64;
+        /// Slots of the key table and where it starts.
+        pub const KEY_CAP = 100;
+        pub const KEYS_AT = 101;
+        /// The block's own secret (two words) for the 128-bit hash that names keys.
+        pub const KEY_SECRET = 102;
+        /// The cluster's secret (two words) the wire ids of keys are derived with, and
+        /// whether it is set (see `keys.rs`).
+        pub const CLUSTER_SECRET = 104;
+        pub const CLUSTER_SECRET_SET = 106;
+        /// Keys held, inserted, evicted, and refused for want of room.
+        pub const KEYS_LIVE = 107;
+        pub const KEYS_INSERTED = 108;
+        pub const KEY_EVICTIONS = 109;
+        pub const KEYS_REFUSED = 110;
+        /// Where the agent's eviction sweep of the key table stands.
+        pub const KEY_HAND = 111;
+        /// Templates held, and a bitmap of their prefixes' lengths (4 words, bit n: a
+        /// template's prefix is n bytes long).
+        pub const TEMPLATES = 112;
+        pub const TEMPLATE_LENS = 113;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
     }
@@ -143,6 +168,7 @@ impl NameHasher {
 pub(crate) struct Layout {
     pub words: usize,
     pub slot_cap: u32,
+    pub key_cap: u32,
     pub shards: u32,
     pub shard_cap: u32,
     pub arena_words: u32,
@@ -150,8 +176,10 @@ pub(crate) struct Layout {
     pub recent: usize,
     pub dir: usize,
     pub dirty: usize,
+    pub dirty_sum: usize,
     pub cold: usize,
     pub slots: usize,
+    pub keys: usize,
     pub index: usize,
     pub arena: usize,
     pub end: usize,
@@ -166,8 +194,9 @@ fn prev_pow2(x: u32) -> u32 {
 }
 
 impl Layout {
-    /// The layout of `slot_cap` slots in a block whose first word is at byte address `addr`.
-    fn with_slots(words: usize, addr: usize, slot_cap: u32) -> Layout {
+    /// The layout of `slot_cap` quota slots and `key_cap` key slots in a block whose first
+    /// word is at byte address `addr`.
+    fn with_slots(words: usize, addr: usize, slot_cap: u32, key_cap: u32) -> Layout {
         let shards = prev_pow2(slot_cap / 512).min(MAX_SHARDS as u32);
         let per = slot_cap.div_ceil(shards);
         // Load at most ~2/3 when shards are balanced, plus slack for the ones that are not.
@@ -183,7 +212,13 @@ impl Layout {
         let dir = at;
         at += MAX_SHARDS;
         let dirty = at;
-        at += (slot_cap as usize).div_ceil(64);
+        // One space of slot numbers: the quota slots, then the key table's.
+        let dirty_words = (slot_cap as usize + key_cap as usize).div_ceil(64);
+        at += dirty_words;
+        // A bit per dirty word that may have bits set: a round reads these, not every word
+        // of a large key table.
+        let dirty_sum = at;
+        at += dirty_words.div_ceil(64);
         let cold = at;
         at += slot_cap as usize * COLD_WORDS;
         // Slots start on a 128-byte boundary of the address space: one slot is one pair of
@@ -194,6 +229,8 @@ impl Layout {
         }
         let slots = at;
         at += slot_cap as usize * SLOT_WORDS;
+        let keys = at;
+        at += key_cap as usize * SLOT_WORDS;
         let index = at;
         at += (shards as usize + SPARE_AREAS) * shard_cap as usize / 2;
         let arena = at;
@@ -201,6 +238,7 @@ impl Layout {
         Layout {
             words,
             slot_cap,
+            key_cap,
             shards,
             shard_cap,
             arena_words,
@@ -208,23 +246,27 @@ impl Layout {
             recent,
             dir,
             dirty,
+            dirty_sum,
             cold,
             slots,
+            keys,
             index,
             arena,
             end: at,
         }
     }
 
-    /// The largest layout that fits `words` words at `addr`.
-    pub(crate) fn fit(words: usize, addr: usize) -> Option<Layout> {
-        let fits = |n: u32| Layout::with_slots(words, addr, n).end <= words;
+    /// The layout with `key_cap` key slots and as many quota slots as fit in `words` words
+    /// at `addr`.
+    pub(crate) fn fit(words: usize, addr: usize, key_cap: u32) -> Option<Layout> {
+        let key_cap = key_cap.min(MAX_KEYS);
+        let fits = |n: u32| Layout::with_slots(words, addr, n, key_cap).end <= words;
         if !fits(MIN_QUOTAS) {
             return None;
         }
         let (mut lo, mut hi) = (MIN_QUOTAS, MAX_QUOTAS);
         if fits(hi) {
-            return Some(Layout::with_slots(words, addr, hi));
+            return Some(Layout::with_slots(words, addr, hi, key_cap));
         }
         // Invariant: fits(lo), !fits(hi).
         while hi - lo > 1 {
@@ -235,7 +277,12 @@ impl Layout {
                 hi = mid;
             }
         }
-        Some(Layout::with_slots(words, addr, lo))
+        Some(Layout::with_slots(words, addr, lo, key_cap))
+    }
+
+    /// Slot numbers in use by either table: quota slots, then key slots.
+    pub(crate) fn all_slots(&self) -> u32 {
+        self.slot_cap + self.key_cap
     }
 
     fn stored(&self, w: &[AtomicU64]) -> bool {
@@ -246,20 +293,23 @@ impl Layout {
             && get(hdr::SHARD_CAP) == u64::from(self.shard_cap)
             && get(hdr::ARENA_WORDS) == u64::from(self.arena_words)
             && get(hdr::SLOTS_AT) == self.slots as u64
+            && get(hdr::KEY_CAP) == u64::from(self.key_cap)
+            && get(hdr::KEYS_AT) == self.keys as u64
     }
 }
 
-/// Bytes a block needs to hold `quotas` quotas (names up to 23 bytes), at any address.
-pub fn bytes_for_quotas(quotas: u32) -> usize {
+/// Bytes a block needs to hold `quotas` quotas (names up to 23 bytes) and `keys` keys, at
+/// any address.
+pub fn bytes_for(quotas: u32, keys: u32) -> usize {
     let n = quotas.clamp(MIN_QUOTAS, MAX_QUOTAS);
     // Room for the worst alignment of the slot region.
-    (Layout::with_slots(0, 0, n).end + SLOT_WORDS) * 8
+    (Layout::with_slots(0, 0, n, keys.min(MAX_KEYS)).end + SLOT_WORDS) * 8
 }
 
-/// How many quotas a block of `bytes` holds (names up to 23 bytes); `None` when fewer than
-/// [`MIN_QUOTAS`].
-pub fn quotas_for_bytes(bytes: usize) -> Option<u32> {
-    Layout::fit((bytes / 8).saturating_sub(SLOT_WORDS), 0).map(|l| l.slot_cap)
+/// How many quotas a block of `bytes` holds (names up to 23 bytes) beside `keys` keys;
+/// `None` when fewer than [`MIN_QUOTAS`].
+pub fn quotas_for_bytes(bytes: usize, keys: u32) -> Option<u32> {
+    Layout::fit((bytes / 8).saturating_sub(SLOT_WORDS), 0, keys).map(|l| l.slot_cap)
 }
 
 pub(super) fn addr_of(words: &[AtomicU64]) -> usize {
@@ -282,7 +332,8 @@ pub(crate) fn validate(words: &[AtomicU64]) -> Result<Layout, String> {
     if version != LAYOUT_VERSION {
         return Err(format!("layout version {version}, this build reads {LAYOUT_VERSION}"));
     }
-    let layout = Layout::fit(words.len(), addr_of(words))
+    let keys = u32::try_from(words[hdr::KEY_CAP].load(Relaxed)).unwrap_or(u32::MAX);
+    let layout = Layout::fit(words.len(), addr_of(words), keys)
         .ok_or_else(|| "the block is too small".to_string())?;
     if !layout.stored(words) {
         return Err("the block's size or layout differs from its header".into());
@@ -297,7 +348,9 @@ pub(super) fn format(w: &[AtomicU64], l: &Layout, zeroed: bool) {
         // read before that must start at zero.
         let zero = |from: usize, to: usize| w[from..to].iter().for_each(|x| x.store(0, Relaxed));
         zero(0, HEADER_WORDS);
-        zero(l.roots, l.dirty + (l.slot_cap as usize).div_ceil(64));
+        zero(l.roots, l.cold);
+        // Keys are claimed by a compare-and-swap on an empty slot, so the table starts zero.
+        zero(l.keys, l.index);
         zero(l.index, l.arena);
     }
     let set = |i: usize, v: u64| w[i].store(v, Relaxed);
@@ -308,6 +361,10 @@ pub(super) fn format(w: &[AtomicU64], l: &Layout, zeroed: bool) {
     set(hdr::SHARD_CAP, u64::from(l.shard_cap));
     set(hdr::ARENA_WORDS, u64::from(l.arena_words));
     set(hdr::SLOTS_AT, l.slots as u64);
+    set(hdr::KEY_CAP, u64::from(l.key_cap));
+    set(hdr::KEYS_AT, l.keys as u64);
+    set(hdr::KEY_SECRET, fastrand::u64(..));
+    set(hdr::KEY_SECRET + 1, fastrand::u64(..));
     set(hdr::SEED, fastrand::u64(..));
     set(hdr::LIMITER_ID, fastrand::u64(1..));
     set(hdr::GENERATION, 1);
@@ -330,27 +387,31 @@ mod tests {
     #[test]
     fn sizes_round_trip() {
         for n in [MIN_QUOTAS, 1_000, 190_000, 1_000_000] {
-            let bytes = bytes_for_quotas(n);
-            let got = quotas_for_bytes(bytes).unwrap();
+            let bytes = bytes_for(n, 0);
+            let got = quotas_for_bytes(bytes, 0).unwrap();
             assert!(got >= n, "{n} quotas need {bytes} bytes, which hold {got}");
             assert!(got < n + n / 50 + 200, "{n}: {got}");
         }
-        let per = bytes_for_quotas(1_000_000) as f64 / 1e6;
+        let per = bytes_for(1_000_000, 0) as f64 / 1e6;
         assert!(per < 170.0, "{per} bytes per quota");
-        assert_eq!(quotas_for_bytes(1000), None);
-        let q = quotas_for_bytes(32 << 20).unwrap();
+        assert_eq!(quotas_for_bytes(1000, 0), None);
+        let q = quotas_for_bytes(32 << 20, 0).unwrap();
         assert!((195_000..210_000).contains(&q), "32 MiB hold {q}");
     }
 
     #[test]
     fn layout_regions_do_not_overlap_and_slots_are_aligned() {
         for addr in [0usize, 8, 64, 4096 + 24] {
-            let l = Layout::fit(1 << 20, addr).unwrap();
-            let regions = [l.roots, l.dir, l.dirty, l.cold, l.slots, l.index, l.arena, l.end];
+            let l = Layout::fit(1 << 20, addr, 1000).unwrap();
+            let regions =
+                [l.roots, l.dir, l.dirty, l.cold, l.slots, l.keys, l.index, l.arena, l.end];
             assert!(regions.windows(2).all(|w| w[0] <= w[1]), "{l:?}");
             assert!(l.end <= l.words);
             assert_eq!((addr / 8 + l.slots) % SLOT_WORDS, 0);
-            assert!(l.dirty + (l.slot_cap as usize).div_ceil(64) <= l.cold);
+            assert_eq!((addr / 8 + l.keys) % SLOT_WORDS, 0);
+            assert_eq!(l.keys + l.key_cap as usize * SLOT_WORDS, l.index);
+            assert!(l.dirty + (l.all_slots() as usize).div_ceil(64) <= l.dirty_sum);
+            assert!(l.dirty_sum + (l.all_slots() as usize).div_ceil(64 * 64) <= l.cold);
             assert!(l.cold + l.slot_cap as usize * COLD_WORDS <= l.slots);
         }
     }
@@ -380,6 +441,7 @@ mod tests {
             ("arena_words_per_slot", ARENA_WORDS_PER_SLOT as usize),
             ("min_quotas", MIN_QUOTAS as usize),
             ("max_quotas", MAX_QUOTAS as usize),
+            ("max_keys", MAX_KEYS as usize),
             ("name_inline_words", name::INLINE),
         ] {
             line(k, v.to_string());
@@ -390,7 +452,7 @@ mod tests {
             }
         }
         for (bytes, addr) in [(256usize << 10, 0usize), (32 << 20, 64), (200 << 20, 4096 + 24)] {
-            let l = Layout::fit(bytes / 8, addr).unwrap();
+            let l = Layout::fit(bytes / 8, addr, (bytes / 4 / BYTES_PER_KEY) as u32).unwrap();
             line(&format!("layout {bytes}@{addr}"), format!("{l:?}"));
         }
         line("index.entry", format!("{:#010x}", index::entry(0xA5, 123_456)));

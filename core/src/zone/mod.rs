@@ -40,14 +40,15 @@
 
 pub(crate) mod arena;
 pub(crate) mod index;
+pub mod keys;
 mod layout;
 pub mod roots;
 pub(crate) mod slot;
 
 use layout::{addr_of, format};
 pub use layout::{
-    bytes_for_quotas, quotas_for_bytes, AUX_COUNTERS, AUX_LANES, LAYOUT_VERSION, MAGIC, MAX_QUOTAS,
-    MAX_ROOTS, MIN_QUOTAS,
+    bytes_for, quotas_for_bytes, AUX_COUNTERS, AUX_LANES, BYTES_PER_KEY, LAYOUT_VERSION, MAGIC,
+    MAX_KEYS, MAX_QUOTAS, MAX_ROOTS, MIN_QUOTAS,
 };
 pub(crate) use layout::{
     hdr, validate, Layout, NameHasher, COLD_WORDS, RECENT_REJECTIONS, ROOT_WORDS, SLOT_WORDS,
@@ -85,9 +86,16 @@ impl Block {
         Block(Arc::new(Mem::Heap(bytemuck::zeroed_slice_box(bytes.div_ceil(8)))))
     }
 
-    /// A heap block just large enough for `quotas` quotas (at least [`MIN_QUOTAS`]).
+    /// A heap block just large enough for `quotas` quotas (at least [`MIN_QUOTAS`]) and no
+    /// keys.
     pub fn for_quotas(quotas: u32) -> Block {
-        Block::heap(bytes_for_quotas(quotas))
+        Block::for_capacity(quotas, 0)
+    }
+
+    /// A heap block just large enough for `quotas` quotas (at least [`MIN_QUOTAS`]) and
+    /// `keys` keys (names under templates).
+    pub fn for_capacity(quotas: u32, keys: u32) -> Block {
+        Block::heap(bytes_for(quotas, keys))
     }
 
     /// Memory owned by the embedder, e.g. a shared-memory zone mapped at the same address in
@@ -124,8 +132,11 @@ impl Block {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ZoneError {
-    /// The block cannot hold even [`MIN_QUOTAS`] quotas.
-    #[error("{bytes} bytes hold fewer than {MIN_QUOTAS} quotas; at least {min_bytes} are needed")]
+    /// The block cannot hold even [`MIN_QUOTAS`] quotas beside its keys.
+    #[error(
+        "{bytes} bytes hold fewer than {MIN_QUOTAS} quotas beside the keys; at least \
+         {min_bytes} are needed"
+    )]
     TooSmall {
         /// Size given.
         bytes: usize,
@@ -155,13 +166,19 @@ pub enum Prepared {
 ///
 /// A reused block keeps its quotas, counters, limiter identity and sync state; its
 /// generation is bumped so that a sync agent of the previous configuration hands over.
-pub fn prepare(block: &Block) -> Result<Prepared, ZoneError> {
+/// `keys` is how many keys (names under templates) the key table holds; a block with
+/// another number is formatted again.
+pub fn prepare(block: &Block, keys: u32) -> Result<Prepared, ZoneError> {
     let words = block.words();
-    let layout = Layout::fit(words.len(), addr_of(words)).ok_or(ZoneError::TooSmall {
-        bytes: block.bytes(),
-        min_bytes: bytes_for_quotas(MIN_QUOTAS),
-    })?;
+    let layout = fit(block, keys)?;
     match validate(words) {
+        Ok(held) if held.key_cap != layout.key_cap => {
+            format(words, &layout, false);
+            Ok(Prepared::Reformatted(format!(
+                "the key table held {} keys, now {}",
+                held.key_cap, layout.key_cap
+            )))
+        }
         Ok(_) => {
             words[hdr::GENERATION].fetch_add(1, AcqRel);
             Ok(Prepared::Reused)
@@ -177,13 +194,17 @@ pub fn prepare(block: &Block) -> Result<Prepared, ZoneError> {
     }
 }
 
-/// Formats a heap block created by [`Block::heap`] (already zero) or any block.
-pub(crate) fn format_new(block: &Block) -> Result<Layout, ZoneError> {
+fn fit(block: &Block, keys: u32) -> Result<Layout, ZoneError> {
     let words = block.words();
-    let layout = Layout::fit(words.len(), addr_of(words)).ok_or(ZoneError::TooSmall {
-        bytes: block.bytes(),
-        min_bytes: bytes_for_quotas(MIN_QUOTAS),
-    })?;
+    Layout::fit(words.len(), addr_of(words), keys)
+        .ok_or(ZoneError::TooSmall { bytes: block.bytes(), min_bytes: bytes_for(MIN_QUOTAS, keys) })
+}
+
+/// Formats a heap block created by [`Block::heap`] (already zero) or any block, with room
+/// for `keys` keys.
+pub(crate) fn format_new(block: &Block, keys: u32) -> Result<Layout, ZoneError> {
+    let words = block.words();
+    let layout = fit(block, keys)?;
     let zeroed = block.is_heap() && words[hdr::MAGIC].load(Relaxed) == 0;
     format(words, &layout, zeroed);
     Ok(layout)
@@ -212,6 +233,19 @@ pub struct ZoneUsage {
     pub missing: u64,
     /// Index shards rebuilt to drop deleted entries.
     pub index_rebuilds: u64,
+    /// Templates held.
+    pub templates: u64,
+    /// Most keys (names under templates) the key table holds.
+    pub key_capacity: u64,
+    /// Keys held now.
+    pub keys: u64,
+    /// Keys inserted since the block was formatted.
+    pub keys_inserted: u64,
+    /// Drained keys whose slot a new key took.
+    pub key_evictions: u64,
+    /// New keys the table had no room for near their place: they shared their template's
+    /// own bucket.
+    pub keys_refused: u64,
 }
 
 pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
@@ -219,10 +253,11 @@ pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
     let slots_used = get(hdr::NEXT_SLOT);
     let arena_used =
         get(hdr::ARENA_BUMP).saturating_sub(1).saturating_sub(get(hdr::ARENA_FREE_WORDS));
-    let fixed = l.dirty + (l.slot_cap as usize).div_ceil(64);
+    let fixed = l.cold;
     let index = (l.arena - l.index) as u64;
     let bytes_used = (fixed as u64
         + slots_used * (SLOT_WORDS + COLD_WORDS) as u64
+        + get(hdr::KEYS_LIVE) * SLOT_WORDS as u64
         + index
         + get(hdr::ARENA_BUMP))
         * 8;
@@ -236,6 +271,12 @@ pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
         arena_used,
         missing: get(hdr::MISSING),
         index_rebuilds: get(hdr::REBUILDS),
+        templates: get(hdr::TEMPLATES),
+        key_capacity: u64::from(l.key_cap),
+        keys: get(hdr::KEYS_LIVE),
+        keys_inserted: get(hdr::KEYS_INSERTED),
+        key_evictions: get(hdr::KEY_EVICTIONS),
+        keys_refused: get(hdr::KEYS_REFUSED),
     }
 }
 
@@ -246,19 +287,24 @@ mod tests {
     #[test]
     fn prepare_formats_reuses_and_reformats() {
         let b = Block::heap(1 << 20);
-        assert_eq!(prepare(&b), Ok(Prepared::Formatted));
+        assert_eq!(prepare(&b, 100), Ok(Prepared::Formatted));
         let id = b.words()[hdr::LIMITER_ID].load(Relaxed);
-        assert_eq!(prepare(&b), Ok(Prepared::Reused));
+        assert_eq!(prepare(&b, 100), Ok(Prepared::Reused));
         assert_eq!(b.words()[hdr::LIMITER_ID].load(Relaxed), id, "identity survives");
         assert_eq!(b.words()[hdr::GENERATION].load(Relaxed), 2);
+        match prepare(&b, 200) {
+            Ok(Prepared::Reformatted(why)) => assert!(why.contains("key table"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let id = b.words()[hdr::LIMITER_ID].load(Relaxed);
         b.words()[hdr::VERSION].store(LAYOUT_VERSION + 1, Relaxed);
-        match prepare(&b) {
+        match prepare(&b, 200) {
             Ok(Prepared::Reformatted(why)) => assert!(why.contains("layout version"), "{why}"),
             other => panic!("{other:?}"),
         }
         assert_ne!(b.words()[hdr::LIMITER_ID].load(Relaxed), id, "a new limiter");
         b.words()[hdr::MAGIC].store(7, Relaxed);
-        assert!(matches!(prepare(&b), Ok(Prepared::Reformatted(w)) if w.contains("magic")));
-        assert!(matches!(prepare(&Block::heap(4096)), Err(ZoneError::TooSmall { .. })));
+        assert!(matches!(prepare(&b, 200), Ok(Prepared::Reformatted(w)) if w.contains("magic")));
+        assert!(matches!(prepare(&Block::heap(4096), 0), Err(ZoneError::TooSmall { .. })));
     }
 }

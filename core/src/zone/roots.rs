@@ -173,7 +173,7 @@ mod tests {
     #[test]
     fn entries_are_claimed_kept_and_recycled() {
         let b = Block::heap(1 << 20);
-        let l = format_new(&b).unwrap();
+        let l = format_new(&b, 0).unwrap();
         let r = Roots::new(b.words(), &l);
         let urls: Vec<String> = (0..3).map(|i| format!("http://r{i}:7700")).collect();
         let first = r.claim(&urls, 10);
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn errors_and_histogram() {
         let b = Block::heap(1 << 20);
-        let l = format_new(&b).unwrap();
+        let l = format_new(&b, 0).unwrap();
         let e = Roots::new(b.words(), &l).entry(0);
         assert_eq!(e.error(), None);
         e.set_error("connection failed");

@@ -1,0 +1,202 @@
+//! Names under templates: finding a name's template, and its key's slot, inserted on first
+//! sight by whichever request path meets it (the table and its rules are in
+//! `zone/keys.rs`).
+
+use super::{Limiter, MAX_CHAIN};
+use crate::zone::hdr;
+use crate::zone::keys::{self, is_key_id, KeyTable, Probe, TEMPLATE};
+use crate::zone::slot::{Slot, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, REJECTED};
+use std::sync::atomic::Ordering::*;
+
+/// Longest name a template can match: the length byte of a name.
+const MAX_PREFIX: usize = 255;
+/// Times a request path looks again for a key another is inserting right now.
+const BUSY_TRIES: u32 = 64;
+
+impl Limiter {
+    #[inline]
+    pub(super) fn key_table(&self) -> KeyTable<'_> {
+        KeyTable::new(self.words(), &self.layout)
+    }
+
+    /// The slot deciding for `name`: its quota's, or its key's under the template with the
+    /// longest prefix of it (inserted now if new). `None`: unlimited.
+    #[inline]
+    pub(super) fn resolve(&self, name: &[u8], now: u64) -> Option<(u32, Slot<'_>)> {
+        if let Some(found) = self.find(name) {
+            return Some(found);
+        }
+        if self.hdr(hdr::TEMPLATES).load(Relaxed) == 0 {
+            return None;
+        }
+        self.key_of(name, now)
+    }
+
+    /// The slot of `name` without creating anything: its quota's, or its key's if the key
+    /// is in the table.
+    pub(super) fn lookup(&self, name: &[u8]) -> Option<(u32, Slot<'_>)> {
+        if let Some(found) = self.find(name) {
+            return Some(found);
+        }
+        if self.hdr(hdr::TEMPLATES).load(Relaxed) == 0 {
+            return None;
+        }
+        self.template_for(name)?;
+        let h = keys::name_hash(self.key_secret(), name);
+        match self.key_table().probe(h, 0) {
+            Probe::Found(pos) => self.key_slot(pos),
+            _ => None,
+        }
+    }
+
+    /// The template slot whose prefix is the longest of `name`'s, if any.
+    pub(super) fn template_for(&self, name: &[u8]) -> Option<u32> {
+        let mut buf = [0u8; MAX_PREFIX + 1];
+        let longest = name.len().min(MAX_PREFIX - 1);
+        for word in (0..4).rev() {
+            let bits = self.hdr(hdr::TEMPLATE_LENS + word).load(Relaxed);
+            let mut b = bits;
+            while b != 0 {
+                let top = 63 - b.leading_zeros() as usize;
+                b &= !(1 << top);
+                let len = word * 64 + top;
+                if len == 0 || len > longest {
+                    continue;
+                }
+                buf[..len].copy_from_slice(&name[..len]);
+                buf[len] = b'*';
+                if let Some((t, _)) = self.find(&buf[..=len]) {
+                    return Some(t);
+                }
+            }
+        }
+        None
+    }
+
+    /// The template a key slot belongs to.
+    pub(super) fn template_of_key(&self, s: u32) -> Option<u32> {
+        if !self.is_key_slot(s) {
+            return None;
+        }
+        let t = self.slot(s)?.get(TEMPLATE);
+        (t != 0).then(|| t as u32 - 1)
+    }
+
+    /// The key slot of `name`, found or inserted; the template's own slot when the key
+    /// table has no room for it (the template's bucket then limits every key that did not
+    /// fit together, rather than none of them).
+    fn key_of(&self, name: &[u8], now: u64) -> Option<(u32, Slot<'_>)> {
+        let t = self.template_for(name)?;
+        let table = self.key_table();
+        let h = keys::name_hash(self.key_secret(), name);
+        let now_ms = now / 1_000_000;
+        let shared = || self.live_slot(t).map(|x| (t, x));
+        for _ in 0..BUSY_TRIES {
+            match table.probe(h, now_ms) {
+                Probe::Found(pos) => return self.key_slot(pos),
+                Probe::Busy => std::hint::spin_loop(),
+                Probe::Absent(free) => {
+                    let taken = free.or_else(|| self.drained_in_window(&table, h.0, now));
+                    let Some((pos, old)) = taken else {
+                        self.hdr(hdr::KEYS_REFUSED).fetch_add(1, Relaxed);
+                        return shared();
+                    };
+                    if !table.claim(pos, old, h.0) {
+                        continue;
+                    }
+                    let template = self.live_slot(t)?;
+                    let limits = (template.get(LIMIT), template.get(LOW), template.get(HIGH));
+                    let id = keys::key_id(self.cluster_secret(), name);
+                    table.publish(pos, h, id, t, limits, template.parent());
+                    if is_key_id(old) {
+                        self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+                    } else {
+                        self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
+                    }
+                    self.hdr(hdr::KEYS_INSERTED).fetch_add(1, Relaxed);
+                    return self.settle_duplicate(&table, h, pos, now_ms);
+                }
+            }
+        }
+        // Still being inserted (or its inserter died before publishing, which the agent
+        // cleans up): this request shares the template's bucket.
+        shared()
+    }
+
+    fn key_slot(&self, pos: u32) -> Option<(u32, Slot<'_>)> {
+        let s = self.layout.slot_cap + pos;
+        self.live_slot(s).map(|x| (s, x))
+    }
+
+    /// Two request paths that inserted one name at two positions at once: the later gives
+    /// what was counted on it to the earlier and frees itself.
+    fn settle_duplicate(
+        &self,
+        table: &KeyTable<'_>,
+        h: (u64, u64),
+        pos: u32,
+        now_ms: u64,
+    ) -> Option<(u32, Slot<'_>)> {
+        for earlier in table.before(h.0, pos) {
+            if let Probe::Found(p) = table.probe(h, now_ms) {
+                if p == earlier {
+                    let mine = table.slot(pos)?;
+                    let theirs = table.slot(p)?;
+                    let id = mine.id();
+                    if table.free(pos, id, now_ms) {
+                        self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                        for w in [LOCAL, REJECTED] {
+                            let v = mine.w(w).swap(0, Relaxed);
+                            theirs.w(w).fetch_add(v, Relaxed);
+                        }
+                    }
+                    return self.key_slot(p);
+                }
+            }
+        }
+        self.key_slot(pos)
+    }
+
+    /// A key of `h`'s window that no one is being limited by and that has nothing to tell
+    /// the roots: nothing counted, nothing in flight, not waiting for a round, drained.
+    fn drained_in_window(&self, table: &KeyTable<'_>, h0: u64, now: u64) -> Option<(u32, u64)> {
+        let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
+        let horizon = self.horizon_ns();
+        table.window(h0).find_map(|pos| {
+            let s = table.slot(pos)?;
+            let id = s.id();
+            let idle = is_key_id(id)
+                && s.get(LOCAL) == 0
+                && s.get(INFLIGHT) == 0
+                && s.get(REJECTED) == 0
+                && !self.is_dirty(self.layout.slot_cap + pos)
+                && s.estimate(now, fresh, horizon) <= 0.0;
+            idle.then_some((pos, id))
+        })
+    }
+
+    pub(super) fn key_secret(&self) -> (u64, u64) {
+        (self.hdr(hdr::KEY_SECRET).load(Relaxed), self.hdr(hdr::KEY_SECRET + 1).load(Relaxed))
+    }
+
+    /// The secret key ids are derived with: the cluster's once a root gave it, the block's
+    /// own before (a limiter that syncs with nobody).
+    pub(super) fn cluster_secret(&self) -> (u64, u64) {
+        if self.hdr(hdr::CLUSTER_SECRET_SET).load(Acquire) != 0 {
+            (
+                self.hdr(hdr::CLUSTER_SECRET).load(Relaxed),
+                self.hdr(hdr::CLUSTER_SECRET + 1).load(Relaxed),
+            )
+        } else {
+            self.key_secret()
+        }
+    }
+
+    /// Whether slot `s`'s dirty bit is set.
+    pub(super) fn is_dirty(&self, s: u32) -> bool {
+        let w = &self.words()[self.layout.dirty + (s / 64) as usize];
+        w.load(Relaxed) & 1 << (s % 64) != 0
+    }
+}
+
+const _: () = assert!(MAX_CHAIN < MAX_PREFIX);

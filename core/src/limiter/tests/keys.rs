@@ -1,0 +1,251 @@
+//! Names under templates: each key its own bucket, overrides, the longest prefix, any bytes,
+//! parents, template changes, a full table, concurrent first sights.
+
+use super::*;
+use crate::clock::Clock;
+use std::time::Duration;
+
+fn passes(l: &Limiter, name: &[u8], n: usize) -> usize {
+    (0..n).filter(|_| l.account(name, 1).unwrap().outcome == Outcome::Passed).count()
+}
+
+fn keyed(keys: u32) -> (Limiter, ManualClock) {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder()
+        .clock(Arc::new(clock.clone()))
+        .random(SeededRandom::new(42))
+        .capacity(1000)
+        .keys(keys)
+        .build();
+    (l, clock)
+}
+
+#[test]
+fn every_key_gets_a_bucket_of_its_own() {
+    let (l, _) = keyed(1000);
+    assert_eq!(l.check("api_key_a").outcome, Outcome::Unlimited, "no template yet");
+    // 1/s with a hard cutoff at 2: three requests pass from an empty bucket.
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
+    for k in ["api_key_a", "api_key_b", "api_key_c"] {
+        assert_eq!(passes(&l, k.as_bytes(), 10), 3, "{k}");
+    }
+    let u = l.zone_status().usage;
+    assert_eq!((u.templates, u.keys, u.keys_inserted), (1, 3, 3));
+    // A name the template does not cover passes unlimited.
+    assert_eq!(l.account("api_other", 1).unwrap().outcome, Outcome::Unlimited);
+    // The key's state reads like a quota's, with its template.
+    let info = l.quota("api_key_a").unwrap();
+    assert_eq!(info.template.as_deref(), Some("api_key_*"));
+    assert_eq!(info.fill, 3.0);
+    assert!(crate::zone::keys::is_key_id(info.id));
+    // The rejection names the key, not the template.
+    let d = l.account("api_key_a", 1).unwrap();
+    assert_eq!(d.quota.as_deref(), Some("api_key_a"));
+}
+
+#[test]
+fn an_override_wins_and_deleting_it_falls_back() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
+    assert_eq!(passes(&l, b"api_key_vip", 10), 3);
+    l.apply_quotas(&[q(2, "api_key_vip", 2, 1.0, 20.0, 20.0, None)]);
+    assert_eq!(passes(&l, b"api_key_vip", 30), 21, "its own quota, from 0");
+    l.apply_quotas(&[tomb(2, "api_key_vip", 3)]);
+    assert_eq!(passes(&l, b"api_key_vip", 10), 0, "back on its key, still full");
+}
+
+#[test]
+fn the_longest_prefix_wins() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[
+        q(1, "api_*", 1, 1.0, 1.0, 1.0, None),
+        q(2, "api_key_*", 2, 1.0, 4.0, 4.0, None),
+    ]);
+    assert_eq!(passes(&l, b"api_key_x", 10), 5);
+    assert_eq!(passes(&l, b"api_other", 10), 2);
+    assert_eq!(l.quota("api_key_x").unwrap().template.as_deref(), Some("api_key_*"));
+}
+
+#[test]
+fn keys_may_hold_any_bytes_and_overrides_name_them_escaped() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[q(1, "ip_*", 1, 1.0, 0.0, 0.0, None)]);
+    let a: &[u8] = b"ip_\x7f\x00\x00\x01";
+    let b: &[u8] = b"ip_\xff\xfe\x00\x00";
+    assert_eq!(passes(&l, a, 5), 1);
+    assert_eq!(passes(&l, b, 5), 1);
+    assert_eq!(passes(&l, b"ip_", 5), 1, "an empty key part is a key too");
+    // A long key costs the same: names are kept as a hash.
+    let long = [b"ip_".as_slice(), &[b'x'; 4000]].concat();
+    assert_eq!(passes(&l, &long, 5), 1);
+    // An override names the bytes with %XX escapes.
+    l.apply_quotas(&[q(2, "ip_%7F%00%00%01", 2, 1.0, 9.0, 9.0, None)]);
+    assert_eq!(passes(&l, a, 20), 10);
+    assert_eq!(l.check(b).outcome, Outcome::Rejected, "the other key is untouched");
+}
+
+#[test]
+fn keys_count_against_the_templates_parent() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[
+        q(1, "api_all", 1, 1.0, 4.0, 4.0, None),
+        q(2, "api_key_*", 2, 1.0, 2.0, 2.0, Some("api_all")),
+    ]);
+    assert_eq!(passes(&l, b"api_key_a", 10), 3);
+    assert_eq!(passes(&l, b"api_key_b", 10), 2, "the parent has room for 5 in all");
+    assert_eq!(l.quota("api_all").unwrap().fill, 5.0);
+    let d = l.account("api_key_c", 1).unwrap();
+    assert_eq!(d.quota.as_deref(), Some("api_all"), "the parent rejects");
+}
+
+#[test]
+fn keys_follow_their_template_and_go_with_it() {
+    let (l, clock) = keyed(1000);
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
+    assert_eq!(passes(&l, b"api_key_a", 10), 3);
+    // A higher burst reaches the existing key at once.
+    l.apply_quotas(&[q(1, "api_key_*", 2, 1.0, 5.0, 5.0, None)]);
+    assert_eq!(passes(&l, b"api_key_a", 10), 3, "3 more on top of 3");
+    // Deleted: its keys are freed and the names pass.
+    l.apply_quotas(&[tomb(1, "api_key_*", 3)]);
+    assert_eq!(l.zone_status().usage.keys, 0);
+    assert_eq!(l.account("api_key_a", 1).unwrap().outcome, Outcome::Unlimited);
+    // Created again: a fresh bucket.
+    clock.advance(Duration::from_secs(3));
+    l.apply_quotas(&[q(3, "api_key_*", 4, 1.0, 2.0, 2.0, None)]);
+    assert_eq!(passes(&l, b"api_key_a", 10), 3);
+}
+
+#[test]
+fn a_full_table_shares_the_templates_bucket_and_drained_keys_make_room() {
+    // 16 key slots: every window is the whole table.
+    let (l, clock) = keyed(16);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 0.0, 0.0, None)]);
+    let cap = l.zone_status().usage.key_capacity as usize;
+    for i in 0..cap {
+        assert_eq!(passes(&l, format!("k_{i}").as_bytes(), 1), 1);
+    }
+    // Every key holds a count: a new one cannot take a slot, it shares the template's.
+    assert_eq!(passes(&l, b"k_new1", 1), 1);
+    assert_eq!(passes(&l, b"k_new2", 1), 0, "the overflow bucket is full");
+    assert_eq!(l.zone_status().usage.keys_refused, 2);
+    // Once drained and taken by a round, their slots go to new keys.
+    let pending = l.take_dirty();
+    l.with_counters(|c| {
+        for s in pending {
+            c.take_local(s);
+            c.sub_inflight(s, u64::MAX);
+        }
+    });
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(passes(&l, b"k_new3", 1), 1);
+    assert_eq!(l.zone_status().usage.key_evictions, 1);
+}
+
+#[test]
+fn a_limited_key_stays_limited_while_others_are_sprayed() {
+    let (l, clock) = keyed(256);
+    // The client being limited drains slowly; the sprayed keys drain within a millisecond.
+    l.apply_quotas(&[q(1, "v_*", 1, 0.01, 5.0, 5.0, None), q(2, "k_*", 2, 1000.0, 5.0, 5.0, None)]);
+    assert_eq!(passes(&l, b"v_victim", 100), 6);
+    let mut rng = fastrand::Rng::with_seed(9);
+    for round in 0..50 {
+        for _ in 0..1000 {
+            l.account(format!("k_{}", rng.u64(..)).as_bytes(), 1).unwrap();
+        }
+        // A round takes what was counted (as the agent does), and time passes.
+        let pending = l.take_dirty();
+        l.with_counters(|c| {
+            for s in pending {
+                let v = c.take_local(s);
+                c.anchor(s, v, clock.now_nanos());
+                c.sub_inflight(s, v);
+            }
+        });
+        clock.advance(Duration::from_millis(20));
+        assert_eq!(l.check("v_victim").outcome, Outcome::Rejected, "round {round}");
+    }
+    let u = l.zone_status().usage;
+    assert!(u.key_evictions > 10_000, "the spray went through drained keys: {u:?}");
+}
+
+#[test]
+fn concurrent_first_sights_make_one_key_and_lose_no_count() {
+    for trial in 0..20 {
+        let (l, _) = keyed(1000);
+        l.apply_quotas(&[q(1, "k_*", 1, 1.0, 1e9, 1e9, None)]);
+        let l = Arc::new(l);
+        let name = format!("k_{trial}");
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (l, name) = (l.clone(), name.clone());
+                std::thread::spawn(move || passes(&l, name.as_bytes(), 500))
+            })
+            .collect();
+        let passed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(passed, 2000);
+        assert_eq!(l.zone_status().usage.keys, 1, "trial {trial}");
+        assert_eq!(l.quota(name.as_str()).unwrap().fill, 2000.0, "trial {trial}");
+    }
+}
+
+#[test]
+fn the_agents_sweep_frees_drained_keys_when_the_table_fills() {
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 100.0, 5.0, 5.0, None)]);
+    let cap = l.zone_status().usage.key_capacity;
+    // A quarter full: drained keys stay (a key used again later keeps its slot).
+    for i in 0..cap / 4 {
+        l.account(format!("k_{i}").as_bytes(), 1).unwrap();
+    }
+    let take = |l: &Limiter| {
+        let pending = l.take_dirty();
+        let keys: Vec<(u32, u64)> = pending
+            .iter()
+            .filter(|&&s| l.is_key_slot(s))
+            .map(|&s| (s, l.slot(s).unwrap().id()))
+            .collect();
+        l.learn_keys(&keys);
+        l.with_counters(|c| {
+            for s in pending {
+                let v = c.take_local(s);
+                c.anchor(s, v, clock.now_nanos());
+                c.sub_inflight(s, v);
+            }
+        });
+    };
+    take(&l);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!((0..16).map(|_| l.sweep_keys(clock.now_nanos())).sum::<usize>(), 0);
+    // Over half full: a whole sweep (16 steps) frees drained keys until half is free.
+    for i in cap / 4..cap * 3 / 4 {
+        l.account(format!("k_{i}").as_bytes(), 1).unwrap();
+    }
+    take(&l);
+    // One key still counts: it stays.
+    assert_eq!(passes(&l, b"k_0", 1), 1);
+    clock.advance(Duration::from_secs(1));
+    let freed: usize = (0..16).map(|_| l.sweep_keys(clock.now_nanos())).sum();
+    let u = l.zone_status().usage;
+    assert!(freed > 0 && u.keys <= cap / 2, "{freed} freed: {u:?}");
+    assert!(l.quota("k_0").is_some(), "a key that counts is never freed");
+}
+
+#[test]
+fn a_claim_left_by_a_dead_inserter_is_freed_by_the_second_sweep() {
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    passes(&l, b"k_a", 1);
+    // A request path claimed a slot and died before publishing.
+    let table = l.key_table();
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_dead");
+    let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, 0) else { panic!() };
+    assert!(table.claim(pos, old, h.0));
+    assert_eq!(l.check("k_dead").outcome, Outcome::Passed, "busy: on the template's bucket");
+    assert_eq!(l.quota("k_*").unwrap().fill, 0.0);
+    for _ in 0..32 {
+        l.sweep_keys(clock.now_nanos());
+    }
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(passes(&l, b"k_dead", 10), 6, "its slot is free again");
+}
