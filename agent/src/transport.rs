@@ -329,6 +329,7 @@ mod tests {
                 seen_epoch: None,
                 interest: false,
                 watch: Vec::new(),
+                key_templates: Vec::new(),
             };
             for _ in 0..3 {
                 let r = t.call(&url, req.clone(), Duration::from_secs(5)).await.unwrap();

@@ -196,6 +196,7 @@ fn bench(c: &mut Criterion) {
                     // As yarl-root answers: with the epoch it holds, which makes the agent
                     // compare it with each counter's quota version.
                     root_epoch: Some(limiter.epoch()),
+                    key_secret: None,
                     shard: None,
                 }
             },

@@ -82,6 +82,7 @@ impl Cluster {
             seen_epoch: Some(QUOTAS),
             interest: self.interest,
             watch: vec![],
+            key_templates: Vec::new(),
         }
     }
 

@@ -61,6 +61,12 @@ pub struct SyncRequest {
     /// (`yarl_check`), sorted: they join its interest like the counters of its batches.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub watch: Vec<QuotaId>,
+    /// For each key (a name under a template: its id has the top bit set, see
+    /// [`crate::zone::keys::key_id`]) this request names in a batch, a hint or `watch`: its
+    /// template's id, sorted by key. Keys have no row in the database: this is how a root
+    /// learns a key's limits and creates its counter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_templates: Vec<(QuotaId, QuotaId)>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -109,6 +115,10 @@ pub struct SyncResponse {
     /// would bring old counts back). Absent from roots that predate resets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_epoch: Option<Epoch>,
+    /// The cluster's secret that keys' ids are derived with (every root of a cluster reads
+    /// the same from the quota database); only to a limiter holding the sync token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<(u64, u64)>,
     /// The shard of the counter space this root aggregates (`"1/2"`), absent on a root
     /// that aggregates every counter. A limiter refuses an answer from a root that serves
     /// another shard than it was configured with.

@@ -397,6 +397,15 @@ impl SyncEngine {
             } else {
                 Vec::new()
             };
+            let batches: Vec<DeltaBatch> = link.pending().map(|b| (**b).clone()).collect();
+            let watch = watch[link.shard as usize].clone();
+            let key_templates = self.limiter.key_templates(
+                batches
+                    .iter()
+                    .flat_map(|b| b.deltas.iter().map(|d| d.0))
+                    .chain(hints.iter().map(|h| h.0))
+                    .chain(watch.iter().copied()),
+            );
             calls.push(RootCall {
                 root: i,
                 url: link.url.clone(),
@@ -406,11 +415,12 @@ impl SyncEngine {
                     root_instance: Some(e.get(zroots::INSTANCE)).filter(|&i| i != 0),
                     since: e.get(zroots::SINCE),
                     epoch,
-                    batches: link.pending().map(|b| (**b).clone()).collect(),
+                    batches,
                     hints,
                     seen_epoch: Some(self.limiter.seen_epoch()),
                     interest: self.config.interest,
-                    watch: watch[link.shard as usize].clone(),
+                    watch,
+                    key_templates,
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));
@@ -438,6 +448,9 @@ impl SyncEngine {
         let pending = link.acknowledge(e, &resp);
         status::record_success(e, latency, now, pending);
         let shard = link.shard;
+        if let Some(secret) = resp.key_secret {
+            self.limiter.set_cluster_secret(secret, now);
+        }
 
         if !resp.quotas.is_empty() {
             let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);

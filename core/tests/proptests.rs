@@ -45,6 +45,7 @@ fn request(limiter: &str, batches: Vec<DeltaBatch>, hints: Vec<(u64, u64)>) -> S
         seen_epoch: None,
         interest: false,
         watch: Vec::new(),
+        key_templates: Vec::new(),
     }
 }
 
@@ -184,6 +185,7 @@ proptest! {
                     v: PROTOCOL_VERSION, root_instance: 7 + root as u64, acked_seq: 0,
                     version: 1, counters: vec![(1, fill, 0)], quotas: vec![], epoch: 1, more: false,
                     root_epoch: None,
+                    key_secret: None,
                 };
                 e.on_response(root, Ok(resp), Duration::ZERO, now);
             }

@@ -31,6 +31,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
         prop::option::of(num()),
         any::<bool>(),
         prop::collection::vec(num(), 0..20),
+        prop::collection::vec((num(), num()), 0..20),
     )
         .prop_map(
             |(
@@ -43,6 +44,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                 seen_epoch,
                 interest,
                 watch,
+                key_templates,
             )| {
                 SyncRequest {
                     v: PROTOCOL_VERSION,
@@ -55,6 +57,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                     seen_epoch,
                     interest,
                     watch,
+                    key_templates,
                 }
             },
         )
@@ -90,6 +93,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
         prop::collection::vec(quota(), 0..10),
         prop::option::of((1u32..=64).prop_flat_map(|n| (0..n, Just(n)))),
         prop::option::of(num()),
+        prop::option::of((any::<u64>(), any::<u64>())),
     )
         .prop_map(
             |(
@@ -102,6 +106,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
                 quotas,
                 shard,
                 root_epoch,
+                key_secret,
             )| {
                 SyncResponse {
                     v: PROTOCOL_VERSION,
@@ -114,6 +119,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
                     more,
                     shard: shard.map(|(index, count)| yarl_core::Shard { index, count }),
                     root_epoch,
+                    key_secret,
                 }
             },
         )
@@ -161,7 +167,9 @@ proptest! {
         let bytes = v2::encode_request(&r);
         let cut = cut.index(bytes.len());
         // What each earlier revision of the format would have carried of it.
-        let mut no_interest = r.clone();
+        let mut no_keys = r.clone();
+        no_keys.key_templates.clear();
+        let mut no_interest = no_keys.clone();
         no_interest.interest = false;
         no_interest.watch.clear();
         let mut plain = no_interest.clone();
@@ -172,7 +180,9 @@ proptest! {
             Err(_) => {}
             // Cut where an earlier revision ended: exactly what that revision carried.
             Ok(got) => prop_assert!(
-                (cut == first_revision && got == plain) || (cut > first_revision && got == no_interest)
+                (cut == first_revision && got == plain)
+                    || (cut > first_revision && got == no_interest)
+                    || (cut == v2::encode_request(&no_keys).len() && got == no_keys)
             ),
         }
         let _ = v2::decode_request(&junk, 1_000);
@@ -195,6 +205,7 @@ fn sample_request() -> SyncRequest {
         seen_epoch: None,
         interest: false,
         watch: Vec::new(),
+        key_templates: Vec::new(),
     }
 }
 
@@ -253,10 +264,16 @@ fn hostile_bodies_name_what_is_wrong() {
     assert_eq!(v2::decode_request(&bytes, 10).unwrap(), with_interest);
     // They count against the entry budget (4 deltas, 2 batches, 3 ids).
     assert_eq!(err(&bytes, 8), DecodeError::TooLarge(9, 8));
+    // Field 12: the templates of keys named, against the budget as well (2 pairs).
+    let mut with_keys = with_interest.clone();
+    with_keys.key_templates = vec![(1 << 63 | 5, 3), (1 << 63 | 9, 4)];
+    let bytes = v2::encode_request(&with_keys);
+    assert_eq!(v2::decode_request(&bytes, 11).unwrap(), with_keys);
+    assert_eq!(err(&bytes, 10), DecodeError::TooLarge(11, 10));
     // Trailing bytes after every known field are left for later revisions.
     let mut b = bytes.clone();
     b.extend([1, 2, 3]);
-    assert_eq!(v2::decode_request(&b, 10).unwrap(), with_interest);
+    assert_eq!(v2::decode_request(&b, 11).unwrap(), with_keys);
     // An epoch list that does not match the batches is refused, by name.
     let mut b = good.clone();
     b.extend([1, 5, 3, 0, 0, 0]);
@@ -285,6 +302,7 @@ fn answers_carry_reset_epochs_and_the_roots_epoch() {
         more: false,
         shard: None,
         root_epoch: Some(3),
+        key_secret: None,
     };
     let bytes = v2::encode_response(&r);
     assert_eq!(v2::decode_response(&bytes, 100).unwrap(), r);
@@ -322,6 +340,7 @@ fn a_live_quota_with_numbers_out_of_range_fails_the_answer_a_tombstone_does_not(
         more: false,
         shard: None,
         root_epoch: None,
+        key_secret: None,
     };
     for deleted in [false, true] {
         let mut b = v2::encode_response(&answer(deleted));

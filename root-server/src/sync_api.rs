@@ -118,6 +118,7 @@ impl SyncEncoding {
                 quotas: &answer.quotas,
                 shard: answer.shard,
                 root_epoch: Some(answer.root_epoch),
+                key_secret: answer.key_secret,
             })),
         }
     }

@@ -47,6 +47,7 @@ fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
         seen_epoch: Some(0),
         interest: false,
         watch: Vec::new(),
+        key_templates: Vec::new(),
     }
 }
 

@@ -161,6 +161,7 @@ async fn limiter(
                 seen_epoch: Some(quotas),
                 interest: p.proto == Proto::V2Interest,
                 watch: vec![],
+                key_templates: Vec::new(),
             };
             let (client, url, shared) = (&client, &urls[k], &shared);
             async move {

@@ -586,6 +586,66 @@ impl Limiter {
         }
     }
 
+    /// Takes the cluster's secret for key ids from a root. Keys counted under another
+    /// secret (the block's own, before any root answered, or an earlier cluster's) have
+    /// other ids: they are freed, to be counted again under the new ones.
+    pub(crate) fn set_cluster_secret(&self, secret: (u64, u64), now: u64) {
+        let held = (
+            self.hdr(hdr::CLUSTER_SECRET).load(Relaxed),
+            self.hdr(hdr::CLUSTER_SECRET + 1).load(Relaxed),
+        );
+        let set = self.hdr(hdr::CLUSTER_SECRET_SET).load(Acquire) != 0;
+        if set && held == secret {
+            return;
+        }
+        let mut guard = self.writer();
+        let w = &mut *guard;
+        // Publish "unset" first: a request path inserting a key meanwhile uses the block's
+        // own secret, and its key is freed below with the others.
+        self.hdr(hdr::CLUSTER_SECRET_SET).store(0, Release);
+        self.hdr(hdr::CLUSTER_SECRET).store(secret.0, Relaxed);
+        self.hdr(hdr::CLUSTER_SECRET + 1).store(secret.1, Relaxed);
+        self.hdr(hdr::CLUSTER_SECRET_SET).store(1, Release);
+        if self.hdr(hdr::KEYS_LIVE).load(Relaxed) == 0 {
+            return;
+        }
+        let keys = self.key_table();
+        let now_ms = now / 1_000_000;
+        for pos in 0..keys.cap() {
+            let Some(k) = keys.slot(pos) else { continue };
+            let id = k.id();
+            if is_key_id(id) && keys.free(pos, id, now_ms) {
+                self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                let s = self.layout.slot_cap + pos;
+                if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    /// For the keys among `ids` (in any order, repeated or not): their template's id, sorted
+    /// by key, for a root that may meet them for the first time.
+    pub(crate) fn key_templates(
+        &self,
+        ids: impl Iterator<Item = QuotaId>,
+    ) -> Vec<(QuotaId, QuotaId)> {
+        let mut keys: Vec<QuotaId> = ids.filter(|&id| is_key_id(id)).collect();
+        if keys.is_empty() {
+            return keys.into_iter().map(|k| (k, 0)).collect();
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let w = self.writer();
+        keys.into_iter()
+            .filter_map(|k| {
+                let s = self.find_id(&w, k)?;
+                let t = self.template_of_key(s)?;
+                Some((k, self.live_slot(t)?.get(ID)))
+            })
+            .collect()
+    }
+
     /// One step of the sweep of the key table (a sixteenth of it, from where the last
     /// ended): while it is over half full, frees keys that are drained and have nothing
     /// counted, in flight or waiting for a round (they rest before reuse, see `zone/keys.rs`),

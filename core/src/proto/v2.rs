@@ -88,6 +88,8 @@ pub struct ResponseParts<'a, Q> {
     pub shard: Option<Shard>,
     /// See [`SyncResponse::root_epoch`].
     pub root_epoch: Option<u64>,
+    /// See [`SyncResponse::key_secret`].
+    pub key_secret: Option<(u64, u64)>,
 }
 
 fn to_vec(v: &impl Serialize) -> Vec<u8> {
@@ -124,6 +126,7 @@ pub fn encode_response(r: &SyncResponse) -> Vec<u8> {
         quotas: &quotas,
         shard: r.shard,
         root_epoch: r.root_epoch,
+        key_secret: r.key_secret,
     })
 }
 

@@ -41,6 +41,8 @@ pub struct SyncAnswer {
     pub root_epoch: Epoch,
     /// The shard this root aggregates.
     pub shard: Option<Shard>,
+    /// The cluster's secret for key ids ([`SyncResponse::key_secret`]).
+    pub key_secret: Option<(u64, u64)>,
 }
 
 impl SyncAnswer {
@@ -65,6 +67,7 @@ impl SyncAnswer {
             more: self.more,
             root_epoch: Some(self.root_epoch),
             shard: self.shard,
+            key_secret: self.key_secret,
         }
     }
 }
@@ -84,7 +87,8 @@ impl Serialize for QuotaList<'_> {
 impl Serialize for SyncAnswer {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
-        let mut st = s.serialize_struct("SyncResponse", 9 + usize::from(self.shard.is_some()))?;
+        let fields = 9 + usize::from(self.shard.is_some()) + usize::from(self.key_secret.is_some());
+        let mut st = s.serialize_struct("SyncResponse", fields)?;
         st.serialize_field("v", &self.v)?;
         st.serialize_field("root_instance", &self.root_instance)?;
         st.serialize_field("acked_seq", &self.acked_seq)?;
@@ -96,6 +100,9 @@ impl Serialize for SyncAnswer {
         st.serialize_field("root_epoch", &self.root_epoch)?;
         if let Some(shard) = &self.shard {
             st.serialize_field("shard", &shard.to_string())?;
+        }
+        if let Some(secret) = &self.key_secret {
+            st.serialize_field("key_secret", secret)?;
         }
         st.end()
     }
@@ -159,6 +166,7 @@ impl RootState {
             more,
             root_epoch: self.epoch,
             shard: self.config.shard,
+            key_secret: self.key_secret,
         }
     }
 

@@ -54,6 +54,7 @@ use super::RootState;
 use crate::proto::{DeltaBatch, SyncRequest};
 use crate::quota::{Epoch, Limits, QuotaId};
 use crate::units::NANOS_PER_SEC;
+use crate::zone::keys::is_key_id;
 
 /// `limit` milli-units/s over `ns`, saturating.
 fn limit_over(limit: u64, ns: u64) -> u64 {
@@ -107,8 +108,11 @@ impl RootState {
     ) {
         // One lookup of the quota for both the reset check and the delta: each is a probe
         // of a map of up to millions of entries, a cache miss on a busy root.
-        let quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
-        if quota.is_none() && id > self.highest_id && self.in_shard(id) {
+        let mut quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
+        if quota.is_none() && self.key_entry(id) {
+            quota = self.quotas.get(&id).map(|q| (q.limits, q.reset_epoch, q.deleted));
+        }
+        if quota.is_none() && !is_key_id(id) && id > self.highest_id && self.in_shard(id) {
             self.hold(id, amount, rejected, epoch, now);
             return;
         }
@@ -134,6 +138,9 @@ impl RootState {
                 self.stats.deltas_foreign += 1;
                 continue;
             }
+            // A key this root meets for the first time (after a restart, its limiters
+            // hint what it had).
+            self.key_entry(id);
             if hints_epoch < self.reset_epoch(id) {
                 self.stats.dropped_before_reset += 1;
                 continue;

@@ -211,6 +211,8 @@ impl RootState {
             q.counter = NO_COUNTER;
         }
         self.kill_change(c.log_at, c.version);
+        // A key has nothing beside its counter: it goes too (see `keys.rs`).
+        self.forget_key(id);
     }
 
     /// Brings the slots of these counters into the cache ahead of the work on them: the

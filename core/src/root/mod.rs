@@ -30,6 +30,7 @@ mod claims;
 mod counters;
 mod demand;
 mod interest;
+mod keys;
 mod quotas;
 mod sessions;
 mod stripes;
@@ -106,6 +107,10 @@ pub struct RootConfig {
     pub max_interest_per_limiter: usize,
     /// Most counters in the interest of all sessions together.
     pub max_interest: usize,
+    /// Most keys (counters of names under templates, see `root/keys.rs`) held in all.
+    pub max_keys: usize,
+    /// Most keys of one template.
+    pub max_keys_per_template: usize,
 }
 
 impl Default for RootConfig {
@@ -134,6 +139,9 @@ impl Default for RootConfig {
             max_interest_per_limiter: 250_000,
             // About 128 MiB over all sessions.
             max_interest: 4_000_000,
+            // About 250 bytes each with their counter: 1 GiB in all.
+            max_keys: 4_000_000,
+            max_keys_per_template: 2_000_000,
         }
     }
 }
@@ -189,6 +197,11 @@ pub struct RootStats {
     /// Syncs that asked for interest but got every changed counter: the session's or the
     /// root's interest was full.
     pub interest_full: u64,
+    /// Keys (names under templates) this root started counting.
+    pub keys_created: u64,
+    /// Keys refused: the template's or the root's bound on keys was reached (their deltas
+    /// count as unknown).
+    pub keys_refused: u64,
 }
 
 /// A counter's live view for the admin API.
@@ -249,6 +262,10 @@ pub struct RootState {
     inboxes: Vec<Inbox>,
     /// Numbers of forgotten sessions, for the next new ones.
     free_sids: Vec<Sid>,
+    /// Keys: counters of names under templates.
+    keys: keys::Keys,
+    /// The cluster's secret for key ids, handed to limiters in answers.
+    key_secret: Option<(u64, u64)>,
     stats: RootStats,
 }
 
@@ -279,6 +296,8 @@ impl RootState {
             watchers: IdMap::default(),
             inboxes: Vec::new(),
             free_sids: Vec::new(),
+            keys: keys::Keys::default(),
+            key_secret: None,
             stats: RootStats::default(),
         }
     }
@@ -318,6 +337,16 @@ impl RootState {
         self.stats
     }
 
+    /// Sets the cluster's secret that key ids are derived with; answers carry it.
+    pub fn set_key_secret(&mut self, secret: (u64, u64)) {
+        self.key_secret = Some(secret);
+    }
+
+    /// The cluster's secret for key ids, once set.
+    pub fn key_secret(&self) -> Option<(u64, u64)> {
+        self.key_secret
+    }
+
     /// Answers one limiter's sync at time `now` (ns). Same as [`RootState::sync_from`]
     /// without a peer address, with an owned answer.
     pub fn sync(&mut self, req: &SyncRequest, now: u64) -> Result<SyncResponse, SyncError> {
@@ -337,6 +366,7 @@ impl RootState {
         self.feed_parked(&mut s, now);
         // Batches up to here were applied, and named, by an earlier sync.
         let applied_before = s.acked;
+        self.note_key_templates(req);
         let acked = self.apply_batches(req, &mut s, now);
         self.apply_hints(req, now);
         let noted = self.update_interest(&mut s, req, applied_before, now);
@@ -358,7 +388,9 @@ impl RootState {
             .batches
             .iter()
             .map(|b| b.deltas.len() + 1)
-            .fold(req.hints.len(), usize::saturating_add);
+            .fold(req.hints.len(), usize::saturating_add)
+            .saturating_add(req.watch.len())
+            .saturating_add(req.key_templates.len());
         if entries > self.config.max_entries {
             return Err(SyncError::TooLarge(entries, self.config.max_entries));
         }

@@ -3,7 +3,7 @@
 
 use super::counters::NO_COUNTER;
 use super::RootState;
-use crate::quota::{Epoch, Limits, QuotaId, QuotaUpdate};
+use crate::quota::{is_template, Epoch, Limits, QuotaId, QuotaUpdate};
 use crate::units::NANOS_PER_SEC;
 use std::sync::Arc;
 
@@ -37,6 +37,8 @@ pub(super) struct QuotaEntry {
     /// Its counter's place in the slab ([`NO_COUNTER`]: none), here because every delta
     /// reads this entry anyway: a map of its own was one more cache miss per new counter.
     pub(super) counter: u32,
+    /// For a key's entry: its template's id (see `keys.rs`).
+    pub(super) template: Option<QuotaId>,
     pub(super) update: Arc<QuotaUpdate>,
 }
 
@@ -65,7 +67,8 @@ impl RootState {
         for u in updates {
             self.epoch = self.epoch.max(u.epoch);
             self.highest_id = self.highest_id.max(u.id);
-            if !lead && !self.stripe.contains(u.id) {
+            // Every stripe holds every template: its keys may be anywhere.
+            if !lead && !self.stripe.contains(u.id) && !is_template(&u.name) {
                 continue;
             }
             if let Some(old) = self.quotas.get(&u.id) {
@@ -100,9 +103,11 @@ impl RootState {
                 reset_epoch: u.reset_epoch,
                 deleted: u.deleted,
                 counter,
-                update: u,
+                template: None,
+                update: Arc::clone(&u),
             };
             self.quotas.insert(id, entry);
+            self.template_changed(&u, now);
             if !deleted && counter != NO_COUNTER {
                 // The change log holds the limit it drains at: record the new one.
                 self.log_change(id, limits.limit());

@@ -49,6 +49,7 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
         seen_epoch: None,
         interest: false,
         watch: Vec::new(),
+        key_templates: Vec::new(),
     }
 }
 
@@ -1071,4 +1072,46 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// Keys: made from the template their request names, bounded per template, following their
+/// template's limits, gone with it, and dropped once spent.
+#[test]
+fn keys_come_from_their_template_and_go_with_it() {
+    let template = |epoch: u64, limit: f64, deleted: bool| QuotaUpdate {
+        name: "k_*".into(),
+        limits: Limits::from_units(limit, 5.0, 5.0).unwrap(),
+        ..quota(7, epoch, limit, deleted)
+    };
+    let mut r = RootState::new(RootConfig { max_keys_per_template: 2, ..RootConfig::default() });
+    r.apply_quotas([template(1, 1.0, false), quota(3, 2, 1.0, false)], 0);
+    let key = |n: u64| 1 << 63 | n;
+    let with_keys = |seq: u64, ids: &[u64], templates: Vec<(u64, u64)>| SyncRequest {
+        key_templates: templates,
+        ..req("l", vec![(seq, ids.iter().map(|&id| (id, 1_000)).collect())])
+    };
+    // A key without its template named, or naming a quota that is no template: nothing.
+    r.sync(&with_keys(1, &[key(1)], vec![]), S).unwrap();
+    r.sync(&with_keys(2, &[key(1)], vec![(key(1), 3)]), S).unwrap();
+    assert_eq!(r.key_count(), 0);
+    // Named: counted with the template's limits; a third key is past the bound.
+    let named = vec![(key(1), 7), (key(2), 7), (key(3), 7)];
+    r.sync(&with_keys(3, &[key(1), key(2), key(3)], named), S).unwrap();
+    assert_eq!(r.key_count(), 2);
+    assert_eq!(r.stats().keys_refused, 1);
+    assert_eq!(r.counter(key(1), S).unwrap().fill, 1.0);
+    assert!(r.counter(key(3), S).is_none());
+    // The template's new limit reaches its keys: 1 unit drains in 0.1 s at 10/s.
+    r.apply_quotas([template(3, 10.0, false)], S);
+    assert_eq!(r.counter(key(1), S + S / 10).unwrap().fill, 0.0);
+    // Spent keys (drained, no demand in the last 2 s) are swept with their entries.
+    r.sweep(4 * S);
+    assert_eq!(r.key_count(), 0);
+    assert!(r.counter(key(1), 4 * S).is_none());
+    // Gone with the template.
+    r.sync(&with_keys(4, &[key(1)], vec![(key(1), 7)]), 4 * S).unwrap();
+    assert_eq!(r.key_count(), 1);
+    r.apply_quotas([template(4, 10.0, true)], 4 * S);
+    assert_eq!(r.key_count(), 0);
+    assert!(r.counter(key(1), 4 * S).is_none());
 }

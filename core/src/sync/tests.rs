@@ -706,3 +706,42 @@ fn an_answer_for_a_quota_deleted_in_flight_stays_off_the_quota_that_took_its_slo
     assert_eq!(n.limiter.quota("c").unwrap().fill, 0.0, "a's fill landed on c");
     assert!(n.limiter.quota("a").is_none());
 }
+
+/// Keys under a template are summed across limiters like any counter: the root learns each
+/// key's template from the request, the limiters its secret from the answer.
+#[test]
+fn keys_are_counted_cluster_wide() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "api_key_*", 0.001, 5.0, 5.0)]);
+    root.set_key_secret((11, 12));
+    let (mut a, mut b) = (node(&clock, 1), node(&clock, 1));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    let pass = |n: &Node, k: &str| n.limiter.account(k, 1).unwrap().outcome == Outcome::Passed;
+    for _ in 0..4 {
+        assert!(pass(&a, "api_key_x"));
+    }
+    assert!(pass(&b, "api_key_y"), "another key");
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    // B meets key x: limited from its first request on B, by B's own count at first …
+    assert!(pass(&b, "api_key_x"));
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    // … and by the cluster's from its next round: 4 + 1, the hard cutoff at 5.
+    assert_eq!(b.limiter.quota("api_key_x").unwrap().fill, 5.0);
+    assert!(pass(&b, "api_key_x"), "5 <= 5 passes");
+    assert!(!pass(&b, "api_key_x"));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    assert_eq!(a.limiter.quota("api_key_x").unwrap().fill, 5.0, "a sees b's count");
+    assert!(pass(&a, "api_key_x") && !pass(&a, "api_key_x"));
+    assert!(pass(&a, "api_key_y"), "keys are apart");
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    // The root holds two keys of the template, summed: 4 + 2 from b + 1 more from a, at
+    // most to the key's ceiling (high_burst), the rest parked with whoever claimed it.
+    let id = crate::zone::keys::key_id((11, 12), b"api_key_x");
+    assert_eq!(root.counter(id, clock.now_nanos()).unwrap().fill, 5.0);
+    assert!(root.parked_count() > 0);
+    assert_eq!(root.key_count(), 2);
+    assert_eq!(root.keys_per_template(), vec![(1, 2)]);
+}

@@ -265,8 +265,9 @@ impl<'de> Visitor<'de> for Message<'_, SyncRequest> {
             epoch,
             batches,
             hints,
-            // Fields 8 to 11, read by `decode_request` when present.
+            // Fields 8 to 12, read by `decode_request` when present.
             seen_epoch: None,
+            key_templates: Vec::new(),
             interest: false,
             watch: Vec::new(),
         })
@@ -344,9 +345,10 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
             quotas,
             epoch,
             more,
-            // Fields 9 and 10, read by `decode_response` when present.
+            // Fields 9 to 12, read by `decode_response` when present.
             shard: None,
             root_epoch: None,
+            key_secret: None,
         })
     }
 }
@@ -384,6 +386,7 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
             if used > max_entries {
                 return Err(DecodeError::TooLarge(used, max_entries));
             }
+            ctx.used.set(used);
             let mut watch = Vec::with_capacity(n as usize);
             let mut id = 0u64;
             for _ in 0..n {
@@ -393,9 +396,39 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
                 more = after;
             }
             r.watch = watch;
+            if !more.is_empty() {
+                r.key_templates = key_templates(&ctx, more, max_entries)?;
+            }
         }
     }
     Ok(r)
+}
+
+/// Field 12 of a request: (key id delta, template id) pairs, as bounded as the rest.
+fn key_templates(
+    ctx: &Ctx,
+    bytes: &[u8],
+    max_entries: usize,
+) -> Result<Vec<(u64, u64)>, DecodeError> {
+    let (n, mut more) = take::<u64>(bytes, "key_templates", "not a list")?;
+    // Each pair takes two bytes at least; the entries of the whole body stay bounded.
+    let used = ctx.used.get().saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
+    if n.saturating_mul(2) > more.len() as u64 {
+        return Err(malformed("key_templates", "list longer than the rest of the body"));
+    }
+    if used > max_entries {
+        return Err(DecodeError::TooLarge(used, max_entries));
+    }
+    ctx.used.set(used);
+    let mut out = Vec::with_capacity(n as usize);
+    let mut id = 0u64;
+    for _ in 0..n {
+        let ((d, t), after) = take::<(i64, u64)>(more, "key_templates", "not a pair of varints")?;
+        id = id.wrapping_add(d as u64);
+        out.push((id, t));
+        more = after;
+    }
+    Ok(out)
 }
 
 fn malformed(field: &'static str, why: &'static str) -> DecodeError {
@@ -459,6 +492,11 @@ pub(super) fn decode_response(
                     .ok_or_else(|| malformed("resets", "index past the quotas"))?;
                 q.reset_epoch = e;
                 rest = more;
+            }
+            if !rest.is_empty() {
+                let (secret, _) =
+                    take::<Option<(u64, u64)>>(rest, "key_secret", "not an option of two u64")?;
+                r.key_secret = secret;
             }
         }
     }

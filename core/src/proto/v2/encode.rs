@@ -98,10 +98,13 @@ impl Serialize for RequestWire<'_> {
         // Fields 8 and 9 (resets) only when they say something, 10 and 11 (interest) only
         // when asked for: a request from a limiter that predates them stays byte for byte
         // what it was.
-        let interest = r.interest || !r.watch.is_empty();
+        let keys = !r.key_templates.is_empty();
+        let interest = keys || r.interest || !r.watch.is_empty();
         let resets =
             interest || r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
-        let fields = if interest {
+        let fields = if keys {
+            12
+        } else if interest {
             11
         } else if resets {
             9
@@ -125,6 +128,9 @@ impl Serialize for RequestWire<'_> {
             t.serialize_element(&r.interest)?;
             t.serialize_element(&Delta(&r.watch, |_: &u64, k| k))?;
         }
+        if keys {
+            t.serialize_element(&Delta(&r.key_templates, |p: &(u64, u64), k| (k, p.1)))?;
+        }
         t.end()
     }
 }
@@ -142,8 +148,16 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
             .filter(|(_, q)| q.as_ref().reset_epoch != 0)
             .map(|(i, q)| (i as u32, q.as_ref().reset_epoch))
             .collect();
-        let more_fields = r.root_epoch.is_some() || !resets.is_empty();
-        let mut t = s.serialize_tuple(if more_fields { 11 } else { 9 })?;
+        let keys = r.key_secret.is_some();
+        let more_fields = keys || r.root_epoch.is_some() || !resets.is_empty();
+        let fields = if keys {
+            12
+        } else if more_fields {
+            11
+        } else {
+            9
+        };
+        let mut t = s.serialize_tuple(fields)?;
         t.serialize_element(&WIRE_VERSION)?;
         t.serialize_element(&r.root_instance)?;
         t.serialize_element(&r.acked_seq)?;
@@ -156,6 +170,9 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
         if more_fields {
             t.serialize_element(&r.root_epoch)?;
             t.serialize_element(&resets)?;
+        }
+        if keys {
+            t.serialize_element(&r.key_secret)?;
         }
         t.end()
     }

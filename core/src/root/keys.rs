@@ -1,0 +1,134 @@
+//! Keys at a root: counters of names under templates, which have no row in the database.
+//!
+//! A limiter names a key by its wire id (derived from the name with the cluster's secret,
+//! see [`crate::zone::keys::key_id`]) and says which template it belongs to
+//! ([`SyncRequest::key_templates`]). The first delta or hint of a key id this root does not
+//! know makes an entry for it with its template's limits, beside the quotas, and its counter
+//! is summed and answered like any other. An entry leaves with its counter when the counter
+//! is spent (drained, no recent demand), and with its template. Keys are bounded per template
+//! and in all ([`RootConfig::max_keys`], [`RootConfig::max_keys_per_template`]): a limiter
+//! naming more cannot grow a root, what is refused is counted and not summed.
+
+use super::counters::NO_COUNTER;
+use super::quotas::QuotaEntry;
+use super::{IdMap, IdSet, RootState};
+use crate::proto::SyncRequest;
+use crate::quota::{is_template, QuotaId, QuotaUpdate};
+use crate::zone::keys::is_key_id;
+use std::sync::Arc;
+
+/// The keys a root holds, by template.
+#[derive(Debug, Default)]
+pub(super) struct Keys {
+    /// The keys of each template.
+    pub(super) of: IdMap<IdSet>,
+    /// Keys held in all.
+    pub(super) count: usize,
+    /// This request's keys' templates ([`SyncRequest::key_templates`]).
+    pub(super) asked: IdMap<QuotaId>,
+}
+
+impl RootState {
+    /// Takes note of which template each key of `req` belongs to, for the deltas and hints
+    /// that follow.
+    pub(super) fn note_key_templates(&mut self, req: &SyncRequest) {
+        self.keys.asked.clear();
+        for &(key, template) in &req.key_templates {
+            if is_key_id(key) && self.stripe.contains(key) {
+                self.keys.asked.insert(key, template);
+            }
+        }
+    }
+
+    /// The entry of key `id`, made now from its template if this root holds none yet and
+    /// the bounds allow; `false` when there is none.
+    pub(super) fn key_entry(&mut self, id: QuotaId) -> bool {
+        if self.quotas.contains_key(&id) {
+            return true;
+        }
+        if !is_key_id(id) {
+            return false;
+        }
+        let Some(&template) = self.keys.asked.get(&id) else { return false };
+        let Some(t) = self.quotas.get(&template).filter(|t| !t.deleted) else { return false };
+        if !is_template(&t.update.name) {
+            return false;
+        }
+        let per_template = self.keys.of.get(&template).map_or(0, |k| k.len());
+        if self.keys.count >= self.config.max_keys
+            || per_template >= self.config.max_keys_per_template
+        {
+            self.stats.keys_refused += 1;
+            return false;
+        }
+        let entry = QuotaEntry {
+            limits: t.limits,
+            reset_epoch: t.reset_epoch,
+            deleted: false,
+            counter: NO_COUNTER,
+            template: Some(template),
+            update: Arc::clone(&t.update),
+        };
+        self.quotas.insert(id, entry);
+        self.keys.of.entry(template).or_default().insert(id);
+        self.keys.count += 1;
+        self.stats.keys_created += 1;
+        true
+    }
+
+    /// Removes key `id`'s entry (its counter is gone already, or goes now).
+    pub(super) fn forget_key(&mut self, id: QuotaId) {
+        let Some(q) = self.quotas.get(&id) else { return };
+        let Some(template) = q.template else { return };
+        self.drop_counter(id);
+        self.quotas.remove(&id);
+        if let Some(set) = self.keys.of.get_mut(&template) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.keys.of.remove(&template);
+            }
+        }
+        self.keys.count -= 1;
+    }
+
+    /// A template changed (`u`, applied already): its keys take its limits and reset, or
+    /// go with it. Their counters drain at the old limit up to `now` first.
+    pub(super) fn template_changed(&mut self, u: &Arc<QuotaUpdate>, now: u64) {
+        let Some(keys) = self.keys.of.get(&u.id) else { return };
+        let keys: Vec<QuotaId> = keys.iter().copied().collect();
+        if u.deleted || !is_template(&u.name) {
+            for k in keys {
+                self.forget_key(k);
+            }
+            return;
+        }
+        for k in keys {
+            let Some(q) = self.quotas.get(&k) else { continue };
+            let (old, counter, reset) = (q.limits, q.counter, u.reset_epoch > q.reset_epoch);
+            if let Some(c) = self.counters.get_mut(counter) {
+                c.bucket.advance(now, old.limit());
+            }
+            if reset {
+                self.reset(k);
+            }
+            if let Some(q) = self.quotas.get_mut(&k) {
+                q.limits = u.limits;
+                q.reset_epoch = u.reset_epoch;
+                q.update = Arc::clone(u);
+            }
+            if counter != NO_COUNTER && !reset {
+                self.log_change(k, u.limits.limit());
+            }
+        }
+    }
+
+    /// Keys held, in all.
+    pub fn key_count(&self) -> usize {
+        self.keys.count
+    }
+
+    /// Keys held per template: (template id, keys), for metrics.
+    pub fn keys_per_template(&self) -> Vec<(QuotaId, usize)> {
+        self.keys.of.iter().map(|(&t, k)| (t, k.len())).collect()
+    }
+}
