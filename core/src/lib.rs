@@ -55,8 +55,8 @@ pub use limiter::{
     ZoneStatus, DEFAULT_CAPACITY, MAX_CHAIN,
 };
 pub use quota::{
-    escape_name, is_template, raw_name, validate_name, Epoch, Limits, QuotaError, QuotaId,
-    QuotaSpec, QuotaUpdate,
+    display_name, escape_name, is_template, raw_name, validate_name, Epoch, Limits, QuotaError,
+    QuotaId, QuotaSpec, QuotaUpdate,
 };
 pub use root::{RootConfig, RootState};
 pub use shard::Shard;

@@ -174,6 +174,18 @@ pub fn raw_name(name: &str) -> Vec<u8> {
     out
 }
 
+/// `raw` as a printable name: itself when it holds only bytes of the name set (no copy),
+/// else [`escape_name`]'s form. For logs, variables and header fields, which must never
+/// carry a request's raw bytes.
+pub fn display_name(raw: &[u8]) -> std::borrow::Cow<'_, str> {
+    if raw.iter().all(|&c| c.is_ascii() && is_name_char(c as char)) {
+        // All ASCII: valid UTF-8.
+        std::borrow::Cow::Borrowed(std::str::from_utf8(raw).unwrap_or_default())
+    } else {
+        std::borrow::Cow::Owned(escape_name(raw))
+    }
+}
+
 /// The name the admin API uses for the bytes `raw`: bytes outside the name set escaped as
 /// `%XX` (upper-case hex), the inverse of [`raw_name`].
 pub fn escape_name(raw: &[u8]) -> String {

@@ -43,6 +43,8 @@ pub struct MainConf {
     pub ca: Option<PathBuf>,
     /// `yarl_zone`, bytes.
     pub zone_size: Option<usize>,
+    /// `yarl_zone`'s `keys=`: keys (names under templates) its key table holds.
+    pub zone_keys: Option<u32>,
     /// The shared-memory zone, once added (postconfiguration).
     pub shm_zone: Option<NonNull<ngx_shm_zone_t>>,
     /// Some directive of the module is used: only then is there a zone and an agent.
@@ -73,6 +75,11 @@ impl MainConf {
     /// The zone size in force.
     pub fn zone_size(&self) -> usize {
         self.zone_size.unwrap_or(parse::DEFAULT_ZONE_SIZE)
+    }
+
+    /// The keys the zone holds: `keys=`, or its default share of the zone.
+    pub fn zone_keys(&self) -> u32 {
+        self.zone_keys.unwrap_or_else(|| parse::parse_keys(None, self.zone_size()).unwrap_or(0))
     }
 }
 

@@ -75,7 +75,7 @@ pub(crate) static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 19] = [
     ),
     command(
         ngx_string!("yarl_zone"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE12,
         set_zone,
         NGX_HTTP_MAIN_CONF_OFFSET,
     ),
@@ -427,8 +427,19 @@ fn zone(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     let size = unsafe { ngx_parse_size(&mut args[1]) };
     let size = usize::try_from(size)
         .map_err(|_| invalid(args, 1, "it must be a size such as \"32m\" or \"1g\""))?;
-    parse::check_zone_size(size).map_err(|why| invalid(args, 1, &why))?;
+    let spec = match args.get(2) {
+        None => None,
+        Some(a) => Some(
+            a.to_str()
+                .ok()
+                .and_then(|s| s.strip_prefix("keys="))
+                .ok_or_else(|| invalid(args, 2, "the second parameter is keys=N or keys=P%"))?,
+        ),
+    };
+    let keys = parse::parse_keys(spec, size).map_err(|why| invalid(args, 2, &why))?;
+    parse::check_zone_size(size, keys).map_err(|why| invalid(args, 1, &why))?;
     mc.zone_size = Some(size);
+    mc.zone_keys = Some(keys);
     Ok(())
 }
 

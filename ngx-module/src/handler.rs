@@ -33,7 +33,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
 use ngx::ngx_log_error;
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use yarl_core::{Limiter, Outcome};
+use yarl_core::{display_name, Limiter, Outcome};
 
 /// The value of `$yarl_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,8 +173,9 @@ struct Verdict<'a> {
     quota: Option<Cow<'a, str>>,
     fill: f64,
     retry_after: Option<u32>,
-    /// The name whose chain decided (the rule's name): what the RateLimit fields describe.
-    chain: Option<&'a str>,
+    /// The name whose chain decided (the rule's name, its bytes as the request gave them):
+    /// what the RateLimit fields describe.
+    chain: Option<&'a [u8]>,
 }
 
 fn access(r: &mut Request) -> Status {
@@ -241,25 +242,25 @@ fn access(r: &mut Request) -> Status {
 }
 
 fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict<'a> {
-    let rejected = |d: yarl_core::Decision, name: &'a str| Verdict {
+    let rejected = |d: yarl_core::Decision, name: &'a [u8]| Verdict {
         status: if dry { YarlStatus::RejectedDryRun } else { YarlStatus::Rejected },
-        quota: Some(d.quota.map_or(Cow::Borrowed(name), |q| Cow::Owned(q.into_string()))),
+        quota: Some(d.quota.map_or(display_name(name), |q| Cow::Owned(q.into_string()))),
         fill: d.fill,
         retry_after: d.retry_after,
         chain: Some(name),
     };
-    let mut matched: Option<&str> = None;
+    let mut matched: Option<&[u8]> = None;
     // Account lines stay on the stack: a location rarely has more than a few.
-    let mut inline: [(&str, u64); 4] = [("", 0); 4];
-    let mut spill: Vec<(&str, u64)> = Vec::new();
+    let mut inline: [(&[u8], u64); 4] = [(b"", 0); 4];
+    let mut spill: Vec<(&[u8], u64)> = Vec::new();
     let mut n = 0;
     for rule in &lc.rules {
         // SAFETY: rule names are compiled complex values in the cycle pool, alive as long as
         // the configuration this request runs under.
         let Some(name) = r.get_complex_value(unsafe { &*rule.name }) else { continue };
-        // An empty or non-UTF-8 evaluated name cannot be a quota: it matches nothing, the way
-        // an empty `limit_req_zone` key does not limit.
-        let Ok(name) = name.to_str() else { continue };
+        // Names are bytes (a key under a template may be a binary address); an empty one
+        // matches nothing, the way an empty `limit_req_zone` key does not limit.
+        let name = name.as_bytes();
         if name.is_empty() {
             continue;
         }
@@ -308,7 +309,7 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
     Verdict {
         status,
         chain: matched,
-        quota: matched.map(Cow::Borrowed),
+        quota: matched.map(display_name),
         fill: 0.0,
         retry_after: None,
     }
@@ -318,7 +319,7 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
 /// pass, the levels up to the rejecting quota on a rejection, whose `t` is `Retry-After`.
 fn ratelimit_fields(
     limiter: &Limiter,
-    chain: &str,
+    chain: &[u8],
     status: YarlStatus,
     rejecting: Option<&str>,
     retry_after: Option<u32>,
@@ -361,7 +362,7 @@ fn charge(r: &mut Request) {
     for c in &lc.charges {
         // SAFETY: compiled complex values in the cycle pool (see `decide`).
         let Some(name) = r.get_complex_value(unsafe { &*c.name }) else { continue };
-        let Ok(name) = name.to_str() else { continue };
+        let name = name.as_bytes();
         if name.is_empty() {
             continue;
         }
@@ -381,8 +382,8 @@ fn charge(r: &mut Request) {
                             r.log(),
                             "yarl: charge weight \"{}\" for quota \"{}\" is {}, counted as 0 \
                              (logged once per worker for this yarl_charge line)",
-                            String::from_utf8_lossy(raw),
-                            name,
+                            raw.escape_ascii(),
+                            display_name(name),
                             if raw.trim_ascii().is_empty() { "empty" } else { "not a number" }
                         );
                     }
@@ -396,7 +397,8 @@ fn charge(r: &mut Request) {
     }
 }
 
-fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &str) -> u64 {
+fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &[u8]) -> u64 {
+    let name = display_name(name);
     // SAFETY: `cv` is a compiled complex value in the cycle pool (see `decide`).
     let raw = r.get_complex_value(unsafe { &*cv }).map(|s| s.as_bytes()).unwrap_or_default();
     let w = parse::runtime_weight(raw);
@@ -406,7 +408,7 @@ fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &st
                 NGX_LOG_WARN,
                 r.log(),
                 "yarl: weight \"{}\" for quota \"{}\" is not a number, counted as 0",
-                String::from_utf8_lossy(raw),
+                raw.escape_ascii(),
                 name
             );
         }
@@ -415,7 +417,7 @@ fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &st
                 NGX_LOG_WARN,
                 r.log(),
                 "yarl: weight \"{}\" for quota \"{}\" is too large, counted as {}",
-                String::from_utf8_lossy(raw),
+                raw.escape_ascii(),
                 name,
                 m
             );

@@ -4,6 +4,42 @@
 //! Everything here returns `None`/`Err` with a reason; the directive setters turn that into an
 //! `[emerg]` that names the directive and the value, as nginx's own slots do.
 
+/// The share of a `yarl_zone` its key table takes unless `keys=` says otherwise, percent.
+pub const DEFAULT_KEY_SHARE: usize = 25;
+
+/// How many keys (names under templates) a zone of `size` bytes keeps when `keys` is
+/// `Some(spec)` (`keys=N` with an optional `k` or `m` for thousands or millions, or
+/// `keys=P%` of the zone) or the default share.
+pub fn parse_keys(spec: Option<&str>, size: usize) -> Result<u32, String> {
+    let bytes = usable_zone_bytes(size);
+    let share = |p: usize| (bytes / 100 * p / yarl_core::zone::BYTES_PER_KEY) as u32;
+    let Some(spec) = spec else { return Ok(share(DEFAULT_KEY_SHARE)) };
+    let bad =
+        || format!("keys must be a number (k and m allowed) or a share such as 25%, got {spec:?}");
+    let keys = if let Some(p) = spec.strip_suffix('%') {
+        let p: usize = p.parse().map_err(|_| bad())?;
+        if p > 90 {
+            return Err(format!(
+                "keys={spec} leaves too little of the zone for quotas (at most 90%)"
+            ));
+        }
+        share(p)
+    } else {
+        let (digits, mult) = match spec.as_bytes().last() {
+            Some(b'k' | b'K') => (&spec[..spec.len() - 1], 1_000u64),
+            Some(b'm' | b'M') => (&spec[..spec.len() - 1], 1_000_000),
+            _ => (spec, 1),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        let n = n.checked_mul(mult).ok_or_else(bad)?;
+        if n > u64::from(yarl_core::zone::MAX_KEYS) {
+            return Err(format!("keys={spec} is more than {}", yarl_core::zone::MAX_KEYS));
+        }
+        n as u32
+    };
+    Ok(keys)
+}
+
 /// `yarl_zone`'s size when the directive is absent: 32 MiB, about 200,000 quotas.
 pub const DEFAULT_ZONE_SIZE: usize = 32 << 20;
 
@@ -14,10 +50,10 @@ pub fn usable_zone_bytes(size: usize) -> usize {
     size.saturating_sub(8192) / (4096 + 32) * 4096
 }
 
-/// The largest useful `yarl_zone`: the first whole megabyte that holds
-/// [`yarl_core::zone::MAX_QUOTAS`] (about 2.6 GiB).
-pub fn max_zone_size() -> usize {
-    let need = yarl_core::zone::bytes_for(yarl_core::zone::MAX_QUOTAS, 0);
+/// The largest useful `yarl_zone` for its quotas: the first whole megabyte that holds
+/// [`yarl_core::zone::MAX_QUOTAS`] (about 2.6 GiB) besides its keys.
+pub fn max_zone_size(keys: u32) -> usize {
+    let need = yarl_core::zone::bytes_for(yarl_core::zone::MAX_QUOTAS, keys);
     let mut size = (need / 4096 * (4096 + 32) + 8192).next_multiple_of(1 << 20);
     while usable_zone_bytes(size) < need {
         size += 1 << 20;
@@ -25,11 +61,12 @@ pub fn max_zone_size() -> usize {
     size
 }
 
-/// Checks a `yarl_zone` size; `Ok` with the number of quotas it holds (names up to 23
-/// bytes). Refuses a size past [`max_zone_size`]: the rest would be reserved and never used.
-pub fn check_zone_size(size: usize) -> Result<u32, String> {
+/// Checks a `yarl_zone` size with `keys` keys; `Ok` with the number of quotas it holds
+/// (names up to 23 bytes). Refuses a size past [`max_zone_size`]: the rest would be
+/// reserved and never used.
+pub fn check_zone_size(size: usize, keys: u32) -> Result<u32, String> {
     let min = 256 << 10;
-    let max = max_zone_size();
+    let max = max_zone_size(keys);
     if size > max {
         return Err(format!(
             "the zone holds at most {} quotas, which {}m is enough for",
@@ -37,8 +74,12 @@ pub fn check_zone_size(size: usize) -> Result<u32, String> {
             max >> 20
         ));
     }
-    match yarl_core::zone::quotas_for_bytes(usable_zone_bytes(size), 0) {
+    match yarl_core::zone::quotas_for_bytes(usable_zone_bytes(size), keys) {
         Some(q) if size >= min => Ok(q),
+        _ if size >= min => Err(format!(
+            "{keys} keys leave no room for quotas in {}k; give the zone more room or fewer keys",
+            size >> 10
+        )),
         _ => Err(format!("the zone must be at least 256k (about {} quotas)", {
             yarl_core::zone::quotas_for_bytes(usable_zone_bytes(min), 0).unwrap_or(0)
         })),
@@ -150,8 +191,8 @@ pub fn runtime_weight(raw: &[u8]) -> RuntimeWeight {
 pub use yarl_agent::parse_root_url;
 
 /// Decodes `%XX` escapes of a query argument (`yarl_stats?quota=a%3Ab`); `None` when the
-/// result is not UTF-8 or an escape is malformed.
-pub fn percent_decode(raw: &[u8]) -> Option<String> {
+/// an escape is malformed. Any bytes come out: a key under a template may hold any.
+pub fn percent_decode(raw: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -172,7 +213,7 @@ pub fn percent_decode(raw: &[u8]) -> Option<String> {
             }
         }
     }
-    String::from_utf8(out).ok()
+    Some(out)
 }
 
 /// The `yarl_roots` lines of an `http` block: one line of roots that all aggregate every

@@ -75,6 +75,23 @@ pub fn render(i: &Input<'_>) -> String {
 
     head(&mut o, "yarl_rejections_total", "counter", "Decisions that rejected, dry runs included.");
     let _ = writeln!(o, "yarl_rejections_total {}", z.rejections);
+    let u = &z.usage;
+    for (name, help, v) in [
+        (
+            "yarl_keys_inserted_total",
+            "Keys (names under templates) first seen here.",
+            u.keys_inserted,
+        ),
+        ("yarl_key_evictions_total", "Drained keys whose slot a new key took.", u.key_evictions),
+        (
+            "yarl_keys_refused_total",
+            "New keys with no room in the key table: counted on their template's own bucket.",
+            u.keys_refused,
+        ),
+    ] {
+        head(&mut o, name, "counter", help);
+        let _ = writeln!(o, "{name} {v}");
+    }
 
     head(
         &mut o,
@@ -153,8 +170,15 @@ pub fn render(i: &Input<'_>) -> String {
     }
 
     let u = &z.usage;
-    let gauges: [(&str, &str, String); 9] = [
+    let gauges: [(&str, &str, String); 12] = [
         ("yarl_quotas", "Quotas held in the zone.", u.quotas.to_string()),
+        ("yarl_templates", "Templates held in the zone.", u.templates.to_string()),
+        ("yarl_keys", "Keys (names under templates) held in the zone.", u.keys.to_string()),
+        (
+            "yarl_zone_capacity_keys",
+            "Keys the zone's key table holds at most (yarl_zone keys=).",
+            u.key_capacity.to_string(),
+        ),
         (
             "yarl_quotas_missing",
             "Quotas that did not fit in yarl_zone: not limited.",

@@ -64,6 +64,9 @@ struct Quota<'a> {
     parent: Option<&'a str>,
     fill: f64,
     rejections: u64,
+    /// For a key (a name under a template): the template.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    template: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -89,6 +92,12 @@ struct Zone {
     arena_words: u64,
     arena_used: u64,
     index_rebuilds: u64,
+    templates: u64,
+    key_capacity: u64,
+    keys: u64,
+    keys_inserted: u64,
+    key_evictions: u64,
+    keys_refused: u64,
 }
 
 #[derive(Serialize)]
@@ -190,6 +199,12 @@ pub fn render(input: &Input<'_>) -> String {
             arena_words: u.arena_words,
             arena_used: u.arena_used,
             index_rebuilds: u.index_rebuilds,
+            templates: u.templates,
+            key_capacity: u.key_capacity,
+            keys: u.keys,
+            keys_inserted: u.keys_inserted,
+            key_evictions: u.key_evictions,
+            keys_refused: u.keys_refused,
         },
         requests: input.requests,
         roots: input.roots.iter().map(|r| root(now, r)).collect(),
@@ -204,6 +219,7 @@ pub fn render(input: &Input<'_>) -> String {
                 parent: q.parent.as_deref(),
                 fill: q.fill,
                 rejections: q.rejections,
+                template: q.template.as_deref(),
             })
         }),
     };

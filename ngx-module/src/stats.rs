@@ -26,7 +26,7 @@ pub(crate) unsafe extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx
     }
 }
 
-fn quota_arg(r: &mut Request) -> Option<String> {
+fn quota_arg(r: &mut Request) -> Option<Vec<u8>> {
     let mut value = ngx_str_t::default();
     let raw: *mut ngx_http_request_t = (&mut *r).into();
     // SAFETY: ngx_http_arg only reads the request's args and points `value` into them.
@@ -91,9 +91,10 @@ fn render(r: &mut Request) -> String {
         answers: if w.interest { "touched" } else { "all" },
     });
     let info = match (&quota_name, w) {
-        (Some(n), Some(w)) => w.limiter.quota(n),
+        (Some(n), Some(w)) => w.limiter.quota(n.as_slice()),
         _ => None,
     };
+    let quota_name = quota_name.as_deref().map(yarl_core::display_name);
     report::render(&Input {
         pid: std::process::id(),
         zone: status.as_ref(),

@@ -11,7 +11,7 @@
 use crate::conf::MainConf;
 use core::ffi::c_void;
 use core::ptr::{addr_of_mut, NonNull};
-use core::sync::atomic::AtomicU64;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_conf_t, ngx_int_t, ngx_pagesize_shift, ngx_shared_memory_add, ngx_shm_zone_t,
@@ -20,6 +20,11 @@ use ngx::ffi::{
 use ngx::{ngx_log_error, ngx_string};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use yarl_core::{Block, Prepared};
+
+/// The key table size of the configuration being read (`yarl_zone ... keys=`), for the
+/// zone's init callback, which nginx calls in the master right after it (and gives no
+/// configuration).
+static ZONE_KEYS: AtomicU32 = AtomicU32::new(0);
 
 /// Adds the zone to the configuration being read; called once the `http` block is parsed.
 ///
@@ -43,6 +48,7 @@ pub(crate) unsafe fn add(cf: *mut ngx_conf_t, mc: &mut MainConf) -> Result<(), S
     z.init = Some(zone_init);
     z.data = core::ptr::null_mut();
     mc.shm_zone = Some(zone);
+    ZONE_KEYS.store(mc.zone_keys(), Relaxed);
     Ok(())
 }
 
@@ -103,15 +109,17 @@ unsafe extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> 
             }
         }
         z.data = block.words().as_ptr().cast_mut().cast();
-        let capacity = yarl_core::zone::quotas_for_bytes(block.bytes(), 0).unwrap_or(0);
-        match yarl_core::zone::prepare(&block, 0) {
+        let keys = ZONE_KEYS.load(Relaxed);
+        let capacity = yarl_core::zone::quotas_for_bytes(block.bytes(), keys).unwrap_or(0);
+        match yarl_core::zone::prepare(&block, keys) {
             Ok(Prepared::Formatted) => {
                 ngx_log_error!(
                     NGX_LOG_INFO,
                     log,
-                    "yarl: zone \"yarl\" of {} bytes holds up to {} quotas",
+                    "yarl: zone \"yarl\" of {} bytes holds up to {} quotas and {} keys",
                     z.shm.size,
-                    capacity
+                    capacity,
+                    keys
                 );
                 Status::NGX_OK
             }

@@ -93,28 +93,50 @@ fn root_urls() {
 
 #[test]
 fn percent_decoding() {
-    assert_eq!(percent_decode(b"a%3Ab%40c").as_deref(), Some("a:b@c"));
-    assert_eq!(percent_decode(b"plain.name").as_deref(), Some("plain.name"));
+    assert_eq!(percent_decode(b"a%3Ab%40c").as_deref(), Some(&b"a:b@c"[..]));
+    assert_eq!(percent_decode(b"plain.name").as_deref(), Some(&b"plain.name"[..]));
     assert_eq!(percent_decode(b"bad%4"), None);
     assert_eq!(percent_decode(b"bad%zz"), None);
-    assert_eq!(percent_decode(b"%ff"), None);
+    // Any bytes: a key under a template may be a binary address.
+    assert_eq!(percent_decode(b"ip_%7f%00%00%01").as_deref(), Some(&b"ip_\x7f\0\0\x01"[..]));
 }
 
 #[test]
 fn zone_sizes() {
-    assert!(check_zone_size(100 << 10).unwrap_err().contains("at least 256k"));
-    let small = check_zone_size(256 << 10).unwrap();
+    assert!(check_zone_size(100 << 10, 0).unwrap_err().contains("at least 256k"));
+    let small = check_zone_size(256 << 10, 0).unwrap();
     assert!(small >= 64, "{small}");
-    let default = check_zone_size(DEFAULT_ZONE_SIZE).unwrap();
+    let default = check_zone_size(DEFAULT_ZONE_SIZE, 0).unwrap();
     assert!((180_000..210_000).contains(&default), "32m holds {default}");
-    let big = check_zone_size(200 << 20).unwrap();
+    // With the default key table, a quarter of it.
+    let keys = parse_keys(None, DEFAULT_ZONE_SIZE).unwrap();
+    assert!((60_000..70_000).contains(&keys), "32m keeps {keys} keys");
+    let shared = check_zone_size(DEFAULT_ZONE_SIZE, keys).unwrap();
+    assert!((135_000..160_000).contains(&shared), "and {shared} quotas");
+    let big = check_zone_size(200 << 20, 0).unwrap();
     assert!(big > 1_000_000, "200m holds {big}");
-    let max = max_zone_size();
-    assert_eq!(check_zone_size(max), Ok(yarl_core::zone::MAX_QUOTAS), "{max}");
-    assert!(check_zone_size(max - (1 << 20)).unwrap() < yarl_core::zone::MAX_QUOTAS);
-    let err = check_zone_size(max + 1).unwrap_err();
+    let max = max_zone_size(0);
+    assert_eq!(check_zone_size(max, 0), Ok(yarl_core::zone::MAX_QUOTAS), "{max}");
+    assert!(check_zone_size(max - (1 << 20), 0).unwrap() < yarl_core::zone::MAX_QUOTAS);
+    let err = check_zone_size(max + 1, 0).unwrap_err();
     assert!(err.contains("at most 16777214 quotas"), "{err}");
-    assert!(check_zone_size(8 << 30).is_err());
+    assert!(check_zone_size(8 << 30, 0).is_err());
+    // Keys that leave no room for quotas.
+    let err = check_zone_size(1 << 20, 1_000_000).unwrap_err();
+    assert!(err.contains("leave no room for quotas"), "{err}");
+}
+
+#[test]
+fn key_counts() {
+    assert_eq!(parse_keys(Some("1000"), 64 << 20), Ok(1000));
+    assert_eq!(parse_keys(Some("20k"), 64 << 20), Ok(20_000));
+    assert_eq!(parse_keys(Some("2M"), 64 << 20), Ok(2_000_000));
+    assert_eq!(parse_keys(Some("0"), 64 << 20), Ok(0));
+    let half = parse_keys(Some("50%"), 64 << 20).unwrap();
+    assert!(half.abs_diff(2 * parse_keys(Some("25%"), 64 << 20).unwrap()) <= 1, "{half}");
+    for bad in ["", "x", "-1", "1g", "95%", "%", "99999999999m"] {
+        assert!(parse_keys(Some(bad), 64 << 20).is_err(), "{bad:?}");
+    }
 }
 
 #[test]

@@ -98,6 +98,10 @@ pub(crate) struct CounterJson {
 pub(crate) struct QuotaWithCounter {
     #[serde(flatten)]
     quota: QuotaJson,
+    /// For a key (a name under a template, with no quota of its own): the template that
+    /// limits it; the numbers and parent are the template's, the id the key's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    template: Option<String>,
     /// `null` until this root has loaded the quota (at most one poll interval).
     counter: Option<CounterJson>,
 }
@@ -194,13 +198,52 @@ pub(crate) async fn get(
     let name = path_name(name)?;
     validate_name(&name).map_err(|e| invalid(None, e))?;
     let q = st.0.store.get(name.clone()).await.map_err(|e| refused(&st, e.into()))?;
-    let q = q.ok_or(ApiError::Store { source: StoreError::NotFound(name), batch: false })?;
-    let (id, now) = (q.id, st.now());
+    let now = st.now();
+    let Some(q) = q else {
+        // No quota of that name: a key, if a template covers it.
+        let key = key_of(&st, &name, now).await?;
+        return key.ok_or(ApiError::Store { source: StoreError::NotFound(name), batch: false });
+    };
+    let id = q.id;
     let counter = st
         .with_stripe(st.stripe_of(id), move |r| r.counter(id, now))
         .await?
         .map(|c| CounterJson { fill: c.fill, rate: c.rate, drop_probability: c.drop_probability });
-    Ok(Json(QuotaWithCounter { quota: q.into(), counter }))
+    Ok(Json(QuotaWithCounter { quota: q.into(), template: None, counter }))
+}
+
+/// The key `name` under the template with the longest prefix of it, with its counter on
+/// this root (`null` when this root counts nothing for it now); `None` when no template
+/// covers it.
+async fn key_of(
+    st: &AppState,
+    name: &str,
+    now: u64,
+) -> Result<Option<Json<QuotaWithCounter>>, ApiError> {
+    let raw = yarl_core::raw_name(name);
+    let found = st
+        .with_stripe(0, move |r| {
+            let t = r.template_for(&raw)?.clone();
+            let secret = r.key_secret()?;
+            Some((t, yarl_core::zone::keys::key_id(secret, &raw)))
+        })
+        .await?;
+    let Some((template, id)) = found else { return Ok(None) };
+    let counter = st
+        .with_stripe(st.stripe_of(id), move |r| r.counter(id, now))
+        .await?
+        .map(|c| CounterJson { fill: c.fill, rate: c.rate, drop_probability: c.drop_probability });
+    let quota: QuotaJson = StoredQuota {
+        id,
+        name: name.to_owned(),
+        epoch: template.epoch,
+        deleted: false,
+        limits: template.limits,
+        parent: template.parent.clone(),
+        reset_epoch: template.reset_epoch,
+    }
+    .into();
+    Ok(Some(Json(QuotaWithCounter { quota, template: Some(template.name), counter })))
 }
 
 pub(crate) async fn delete(

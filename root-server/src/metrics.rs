@@ -83,6 +83,8 @@ pub(crate) struct Snapshot {
     pub quotas: usize,
     pub counters: usize,
     pub parked: usize,
+    /// Keys (counters of names under templates) held.
+    pub keys: usize,
     pub epoch: u64,
     /// States the counters are split into (`--stripes`).
     pub stripes: usize,
@@ -195,6 +197,16 @@ impl Metrics {
             s.stats.hints_capped,
         );
         counter(
+            "yarl_root_keys_created_total",
+            "Keys (names under templates) this root started counting.",
+            s.stats.keys_created,
+        );
+        counter(
+            "yarl_root_keys_refused_total",
+            "Keys refused because a template or the root held the most keys it may.",
+            s.stats.keys_refused,
+        );
+        counter(
             "yarl_root_limiters_evicted_total",
             "Limiter sessions forgotten to make room (table or address budget full).",
             s.stats.limiters_evicted,
@@ -247,6 +259,7 @@ impl Metrics {
         gauge("yarl_root_limiters", "Limiters currently tracked.", s.limiters as u64);
         gauge("yarl_root_quotas", "Live quotas held in memory.", s.quotas as u64);
         gauge("yarl_root_counters", "Non-empty counters held.", s.counters as u64);
+        gauge("yarl_root_keys", "Keys (names under templates) held.", s.keys as u64);
         gauge("yarl_root_parked_claims", "Parked claims held.", s.parked as u64);
         gauge("yarl_root_epoch", "Highest quota epoch held.", s.epoch);
         gauge(

@@ -211,6 +211,10 @@ impl AppState {
 
     /// Reads every quota from the database into memory; returns how many rows were read.
     pub async fn load(&self) -> Result<usize, StoreError> {
+        let secret = self.0.store.key_secret().await?;
+        for stripe in &self.0.root {
+            stripe.lock().set_key_secret(secret);
+        }
         let mut cursor = self.0.cursor.lock().await;
         self.poll_locked(&mut cursor).await
     }
@@ -420,16 +424,18 @@ impl AppState {
                     r.counter_count(),
                     r.parked_count(),
                     r.epoch(),
+                    r.key_count(),
                 )
             })
             .await?;
-        let (stats, limiters, quotas, _, _, epoch) = parts[0];
+        let (stats, limiters, quotas, _, _, epoch, _) = parts[0];
         let mut snap = Snapshot {
             stats,
             limiters,
             quotas,
             counters: 0,
             parked: 0,
+            keys: 0,
             epoch,
             stripes: parts.len(),
         };
@@ -439,6 +445,7 @@ impl AppState {
             }
             snap.counters += p.3;
             snap.parked += p.4;
+            snap.keys += p.6;
         }
         Ok(snap)
     }

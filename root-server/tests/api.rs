@@ -595,3 +595,54 @@ async fn a_striped_root_serves_as_one_root() {
         assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
     }
 }
+
+/// A template through the admin API, its keys through the sync route: a key has no row,
+/// `GET` of its name shows its template and its counter.
+#[tokio::test]
+async fn templates_and_their_keys() {
+    let (st, _d) = root().await;
+    let (s, v) =
+        call(&st, PUT, "/v1/quotas/api_key_*", Some(&quota(1.0, 5.0, 10.0, None)), None).await;
+    assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("api_key_*")), "{v}");
+    let template = v["id"].as_u64().unwrap();
+    // A template cannot be a parent.
+    let (s, v) =
+        call(&st, PUT, "/v1/quotas/x", Some(&quota(1.0, 5.0, 10.0, Some("api_key_*"))), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    // The sync answer hands out the cluster's secret; the key's id comes from it.
+    let first = json!({"v":1,"limiter":"l1"}).to_string();
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&first), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let secret = (v["key_secret"][0].as_u64().unwrap(), v["key_secret"][1].as_u64().unwrap());
+    let id = yarl_core::zone::keys::key_id(secret, b"api_key_abc");
+    let batch = json!({"v":1,"limiter":"l1","batches":[{"seq":1,"deltas":[[id,3000,0]]}],
+        "key_templates":[[id, template]]})
+    .to_string();
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&batch), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!((v["template"].as_str(), v["id"].as_u64()), (Some("api_key_*"), Some(id)), "{v}");
+    let fill = v["counter"]["fill"].as_f64().unwrap();
+    assert!((2.9..=3.0).contains(&fill), "{v}");
+    // Another key of the template, never seen: its template, no counter.
+    let (s, v) = call(&st, GET, "/v1/quotas/api_key_new", None, None).await;
+    assert_eq!((s, v["template"].as_str()), (StatusCode::OK, Some("api_key_*")), "{v}");
+    assert_eq!(v["counter"], Value::Null);
+    // A name no template covers: 404.
+    let (s, _) = call(&st, GET, "/v1/quotas/other", None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // An override for a key with bytes outside the name set: %XX, and % itself is %25 in a
+    // URL.
+    let (s, v) =
+        call(&st, PUT, "/v1/quotas/api_key_%2500%25FF", Some(&quota(9.0, 5.0, 10.0, None)), None)
+            .await;
+    assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("api_key_%00%FF")), "{v}");
+    let (_, m) = call(&st, GET, "/metrics", None, None).await;
+    let m = m.as_str().unwrap();
+    for line in
+        ["yarl_root_keys 1", "yarl_root_keys_created_total 1", "yarl_root_keys_refused_total 0"]
+    {
+        assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
+    }
+}

@@ -112,7 +112,8 @@ async fn an_old_sqlite_database_is_adopted() {
         rows,
         vec![
             (1, "adopted from yarl_schema_migrations".into(), true),
-            (2, "reset epoch".into(), true)
+            (2, "reset epoch".into(), true),
+            (3, "key secret".into(), true)
         ],
         "version 1 adopted, the later ones applied"
     );
@@ -133,7 +134,11 @@ async fn an_old_postgres_database_is_adopted() {
         .fetch_all(&mut conn)
         .await
         .unwrap();
-    assert_eq!(rows, vec![(1, true), (2, true)], "version 1 adopted, the later ones applied");
+    assert_eq!(
+        rows,
+        vec![(1, true), (2, true), (3, true)],
+        "version 1 adopted, the later ones applied"
+    );
 }
 
 #[tokio::test]

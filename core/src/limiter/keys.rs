@@ -96,7 +96,7 @@ impl Limiter {
                 Probe::Found(pos) => return self.key_slot(pos),
                 Probe::Busy => std::hint::spin_loop(),
                 Probe::Absent(free) => {
-                    let taken = free.or_else(|| self.drained_in_window(&table, h.0, now));
+                    let taken = free.or_else(|| self.evictable_in_window(&table, h.0, now));
                     let Some((pos, old)) = taken else {
                         self.hdr(hdr::KEYS_REFUSED).fetch_add(1, Relaxed);
                         return shared();
@@ -157,22 +157,34 @@ impl Limiter {
         self.key_slot(pos)
     }
 
-    /// A key of `h`'s window that no one is being limited by and that has nothing to tell
-    /// the roots: nothing counted, nothing in flight, not waiting for a round, drained.
-    fn drained_in_window(&self, table: &KeyTable<'_>, h0: u64, now: u64) -> Option<(u32, u64)> {
+    /// The key of `h`'s window closest to drained among those that limit no one (fill at or
+    /// below `low_burst`) and have nothing to tell the roots (nothing counted, nothing in
+    /// flight, not waiting for a round): a key being limited is never taken, so keys sprayed
+    /// by a client cannot reset the bucket that limits it, and the sprayed ones go first.
+    fn evictable_in_window(&self, table: &KeyTable<'_>, h0: u64, now: u64) -> Option<(u32, u64)> {
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
-        table.window(h0).find_map(|pos| {
-            let s = table.slot(pos)?;
+        let mut best: Option<(u32, u64, f64)> = None;
+        for pos in table.window(h0) {
+            let Some(s) = table.slot(pos) else { continue };
             let id = s.id();
-            let idle = is_key_id(id)
-                && s.get(LOCAL) == 0
-                && s.get(INFLIGHT) == 0
-                && s.get(REJECTED) == 0
-                && !self.is_dirty(self.layout.slot_cap + pos)
-                && s.estimate(now, fresh, horizon) <= 0.0;
-            idle.then_some((pos, id))
-        })
+            if !is_key_id(id)
+                || s.get(LOCAL) != 0
+                || s.get(INFLIGHT) != 0
+                || s.get(REJECTED) != 0
+                || self.is_dirty(self.layout.slot_cap + pos)
+            {
+                continue;
+            }
+            let fill = s.estimate(now, fresh, horizon);
+            if fill <= s.get(LOW) as f64 && best.map_or(true, |b| fill < b.2) {
+                best = Some((pos, id, fill));
+                if fill <= 0.0 {
+                    break;
+                }
+            }
+        }
+        best.map(|(pos, id, _)| (pos, id))
     }
 
     pub(super) fn key_secret(&self) -> (u64, u64) {

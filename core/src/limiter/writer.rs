@@ -586,16 +586,13 @@ impl Limiter {
         }
     }
 
-    /// Takes the cluster's secret for key ids from a root. Keys counted under another
-    /// secret (the block's own, before any root answered, or an earlier cluster's) have
-    /// other ids: they are freed, to be counted again under the new ones.
+    /// Takes the cluster's secret for key ids from a root, the first time one gives it
+    /// (every root of a cluster reads the same from its database; a block keeps the first
+    /// for its life, so roots that disagree cannot make its keys change ids every round).
+    /// Keys counted before, under the block's own secret, have other ids: they are freed,
+    /// to be counted again under the cluster's.
     pub(crate) fn set_cluster_secret(&self, secret: (u64, u64), now: u64) {
-        let held = (
-            self.hdr(hdr::CLUSTER_SECRET).load(Relaxed),
-            self.hdr(hdr::CLUSTER_SECRET + 1).load(Relaxed),
-        );
-        let set = self.hdr(hdr::CLUSTER_SECRET_SET).load(Acquire) != 0;
-        if set && held == secret {
+        if self.hdr(hdr::CLUSTER_SECRET_SET).load(Acquire) != 0 {
             return;
         }
         let mut guard = self.writer();

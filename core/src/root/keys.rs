@@ -26,6 +26,8 @@ pub(super) struct Keys {
     pub(super) count: usize,
     /// This request's keys' templates ([`SyncRequest::key_templates`]).
     pub(super) asked: IdMap<QuotaId>,
+    /// Live templates by their prefix (the bytes before `*`), for the admin API.
+    pub(super) by_prefix: std::collections::BTreeMap<Vec<u8>, QuotaId>,
 }
 
 impl RootState {
@@ -91,9 +93,26 @@ impl RootState {
         self.keys.count -= 1;
     }
 
+    /// The live template whose prefix is the longest of the name `raw` (its bytes), if any:
+    /// what limits `raw` when no quota has that name.
+    pub fn template_for(&self, raw: &[u8]) -> Option<&QuotaUpdate> {
+        (1..=raw.len()).rev().find_map(|len| {
+            let id = self.keys.by_prefix.get(&raw[..len])?;
+            self.quota(*id).filter(|q| !q.deleted)
+        })
+    }
+
     /// A template changed (`u`, applied already): its keys take its limits and reset, or
     /// go with it. Their counters drain at the old limit up to `now` first.
     pub(super) fn template_changed(&mut self, u: &Arc<QuotaUpdate>, now: u64) {
+        if is_template(&u.name) {
+            let prefix = crate::quota::raw_name(&u.name[..u.name.len() - 1]);
+            if u.deleted {
+                self.keys.by_prefix.remove(&prefix);
+            } else {
+                self.keys.by_prefix.insert(prefix, u.id);
+            }
+        }
         let Some(keys) = self.keys.of.get(&u.id) else { return };
         let keys: Vec<QuotaId> = keys.iter().copied().collect();
         if u.deleted || !is_template(&u.name) {

@@ -67,6 +67,8 @@ impl RootStats {
         self.hints_capped += o.hints_capped;
         self.resets += o.resets;
         self.dropped_before_reset += o.dropped_before_reset;
+        self.keys_created += o.keys_created;
+        self.keys_refused += o.keys_refused;
         self.interest_full = self.interest_full.max(o.interest_full);
     }
 }

@@ -227,6 +227,10 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// The live quota called `name`.
     fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>>;
 
+    /// The cluster's secret for the wire ids of keys (names under templates), made when
+    /// the database was created.
+    fn key_secret(&self) -> BoxFuture<'_, Result<(u64, u64), StoreError>>;
+
     /// Live quotas whose name starts with `prefix` and sorts after `after`, by name
     /// (bytewise), at most `limit`.
     fn list(

@@ -328,6 +328,20 @@ impl SqlStore {
         row.map(from_row).transpose()
     }
 
+    async fn key_secret_inner(&self) -> Result<(u64, u64), StoreError> {
+        let sql = "SELECT value FROM yarl_settings WHERE name = 'key_secret'";
+        let row: Option<(String,)> = each_backend!(
+            self,
+            read(r) => { sqlx::query_as(sql).fetch_optional(r).await? }
+        );
+        let hex = row.map(|r| r.0).unwrap_or_default();
+        let half = |h: &str| u64::from_str_radix(h, 16).ok();
+        match (hex.len(), hex.get(..16).and_then(half), hex.get(16..).and_then(half)) {
+            (32, Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(StoreError::Invalid("the database holds no valid key_secret setting".into())),
+        }
+    }
+
     async fn list_inner(
         &self,
         prefix: String,
@@ -535,6 +549,10 @@ impl QuotaStore for SqlStore {
 
     fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>> {
         Box::pin(self.get_inner(name))
+    }
+
+    fn key_secret(&self) -> BoxFuture<'_, Result<(u64, u64), StoreError>> {
+        Box::pin(self.key_secret_inner())
     }
 
     fn list(

@@ -1,0 +1,126 @@
+#!/usr/bin/perl
+
+# Per-client limits: a template (api_key_*) gives every API key a bucket of its own,
+# created on the key's first request, summed across two nginx by two roots (one database);
+# an override raises one key's limit live; a spray of random keys through a small key
+# table leaves the limited keys limited; a key may hold any bytes (a binary client address),
+# and its override names the bytes with %XX.
+
+use warnings;
+use strict;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use HTTP::Tiny;
+use Test::More;
+use Test::Yarl qw(http_get status_of body_of);
+use Time::HiRes qw(sleep);
+
+my $http = <<'EOF2';
+    yarl_roots %%ROOT_A%% %%ROOT_B%%;
+    yarl_sync_interval 200ms;
+    yarl_zone 8m keys=2000;
+    server {
+        listen 127.0.0.1:%%PORT_8080%%;
+        root %%TESTDIR%%;
+        location / { yarl_account api_key_$http_x_api_key; }
+        location /ip/ { alias %%TESTDIR%%/; yarl_account ip_$binary_remote_addr; }
+        location = /stats { access_log off; yarl_stats; }
+    }
+EOF2
+
+my $t = Test::Yarl->new();
+$t->run_root('A');
+$t->run_root('B', '--db', 'sqlite://' . $t->testdir . '/yarl_A.db');
+my $u = Test::Yarl->new()->use_roots_of($t);
+my @nginx = ($t, $u);
+for my $n (@nginx) {
+	$n->write_file('index.html', "hello\n");
+	$n->write_http_conf($http, workers => 2);
+	$n->run();
+}
+
+# 3 requests per key from an empty bucket (F <= 2 passes, F >= 3 is refused), draining 1 in
+# 100 s. (Not a hard cutoff at 2: a root keeps a counter at most at high_burst plus a quarter
+# second of its limit and parks what an nginx claimed beyond, so the other nginx sees the
+# counter just above high_burst, which a hard cutoff at the same number lets drain below.)
+$t->put_quota('api_key_*', 0.01, 2, 3);
+$t->put_quota('ip_*', 0.01, 0, 0);
+for my $n (@nginx) {
+	ok($n->wait_for(sub { ($n->stats($n->port(8080)) // {})->{zone}{templates} == 2 }, 5),
+		'nginx ' . ($n == $t ? 1 : 2) . ' holds both templates');
+}
+
+my $ua = HTTP::Tiny->new(keep_alive => 1, timeout => 5);
+sub get {
+	my ($n, $key, $path) = @_;
+	my %h = defined $key ? (headers => { 'X-Api-Key' => $key }) : ();
+	return $ua->get('http://127.0.0.1:' . $n->port(8080) . ($path // '/index.html'), \%h)->{status};
+}
+
+my @keys = qw(k1 k2 k3 k4);
+# Three requests of each key on nginx 1, one on nginx 2: all pass, each nginx on its own
+# count (nginx 2 meets the key for the first time).
+for my $k (@keys) {
+	is(get($t, $k), 200, "$k: request $_ on nginx 1") for 1 .. 3;
+	is(get($u, $k), 200, "$k: the 4th on nginx 2, its first sight there");
+}
+sleep(1);    # a few rounds: both nginx learn every key's cluster-wide fill
+for my $k (@keys) {
+	is(get($t, $k), 429, "$k: the 4th is refused on nginx 1");
+	is(get($u, $k), 429, "$k: and on nginx 2");
+}
+is(get($t, 'k5'), 200, 'a new key has a bucket of its own');
+
+# The roots count each key apart.
+my ($st, $v) = $t->admin('GET', '/v1/quotas/api_key_k1');
+is($st, 200, 'GET of a key');
+is($v->{template}, 'api_key_*', 'names its template');
+ok(($v->{counter}{fill} // 0) >= 2.9, "its counter at the root: $v->{counter}{fill}");
+
+# An override raises one key live; the others stay where they were.
+$t->put_quota('api_key_k4', 0.01, 10, 10);
+my $overridden = sub {
+	my $n = shift;
+	my $q = ($n->stats($n->port(8080), '/stats?quota=api_key_k4') // {})->{quota};
+	$q && !defined $q->{template};
+};
+ok($t->wait_for(sub { $overridden->($t) && $overridden->($u) }, 5), 'the override reached both nginx');
+my $passed = grep { get($t, 'k4') == 200 } 1 .. 8;
+is($passed, 8, 'k4 passes again under its override');
+is(get($t, 'k1'), 429, 'k1 is still limited');
+
+# A spray of random keys, ten times the key table, through nginx 1.
+my $sprayed = 0;
+my %sp;
+for my $i (1 .. 20000) {
+	$sp{get($t, "spray-$i-" . int(rand(1e9)))}++;
+	$sprayed++;
+}
+diag("sprayed $sprayed keys: " . join(', ', map { "$_: $sp{$_}" } sort keys %sp));
+my $z = $t->stats($t->port(8080))->{zone};
+diag("zone keys: $z->{keys} of $z->{key_capacity}, inserted $z->{keys_inserted}, "
+	. "evicted $z->{key_evictions}, refused $z->{keys_refused}");
+ok($z->{key_evictions} > 10000, 'the spray went through a full table, taking the slots of keys it left');
+ok(($sp{200} // 0) > 19000, 'sprayed keys got buckets of their own: ' . ($sp{200} // 0) . ' passed');
+for my $k (qw(k1 k2 k3)) {
+	is(get($t, $k), 429, "$k is still limited after the spray");
+}
+
+# A binary key: 127.0.0.1 as 4 bytes. One request passes, then its override raises it.
+is(get($t, undef, '/ip/index.html'), 200, 'the client address has a bucket');
+is(get($t, undef, '/ip/index.html'), 429, 'of one request');
+($st, $v) = $t->admin('PUT', '/v1/quotas/ip_%257F%2500%2500%2501',
+	{ limit => 0.01, low_burst => 5, high_burst => 5, parent => undef });
+is($st, 200, 'an override of the binary key');
+is($v->{name}, 'ip_%7F%00%00%01', 'named with %XX escapes');
+# (Until then the name shows the key, with its template.)
+ok($t->wait_for(sub {
+	my $q = ($t->stats($t->port(8080), '/stats?quota=ip_%7F%00%00%01') // {})->{quota};
+	$q && !defined $q->{template};
+}, 5), 'reached nginx');
+is(get($t, undef, '/ip/index.html'), 200, 'the address passes under its override');
+
+$t->finish();
+$u->finish();
+done_testing();
