@@ -51,6 +51,12 @@ for my $n (@nginx) {
 		'nginx ' . ($n == $t ? 1 : 2) . ' holds both templates');
 }
 
+# Each nginx learns from the roots how many limiters are live (new keys count for all).
+for my $n (@nginx) {
+	ok($n->wait_for(sub { ($n->stats($n->port(8080)) // {})->{cluster_limiters} == 2 }, 5),
+		'nginx ' . ($n == $t ? 1 : 2) . ' knows of 2 live limiters');
+}
+
 my $ua = HTTP::Tiny->new(keep_alive => 1, timeout => 5);
 sub get {
 	my ($n, $key, $path) = @_;
@@ -59,11 +65,13 @@ sub get {
 }
 
 my @keys = qw(k1 k2 k3 k4);
-# Three requests of each key on nginx 1, one on nginx 2: all pass, each nginx on its own
-# count (nginx 2 meets the key for the first time).
+# A key no root has reported yet counts for every live nginx (the roots say there are two):
+# on nginx 1 fills 0 and 2 pass, 4 does not, where nginx 1 alone would have let 3 pass and
+# both together 6. nginx 2 meets the key for the first time: its first request passes.
 for my $k (@keys) {
-	is(get($t, $k), 200, "$k: request $_ on nginx 1") for 1 .. 3;
-	is(get($u, $k), 200, "$k: the 4th on nginx 2, its first sight there");
+	is(get($t, $k), 200, "$k: request $_ on nginx 1") for 1 .. 2;
+	is(get($t, $k), 429, "$k: the 3rd on nginx 1, a new key standing for both nginx");
+	is(get($u, $k), 200, "$k: the 3rd passed on nginx 2, its first sight there");
 }
 sleep(1);    # a few rounds: both nginx learn every key's cluster-wide fill
 for my $k (@keys) {
@@ -79,7 +87,7 @@ is($v->{template}, 'api_key_*', 'names its template');
 ok(($v->{counter}{fill} // 0) >= 2.9, "its counter at the root: $v->{counter}{fill}");
 
 # An override raises one key live; the others stay where they were.
-$t->put_quota('api_key_k4', 0.01, 10, 10);
+$t->put_quota('api_key_k4', 0.01, 20, 20);
 my $overridden = sub {
 	my $n = shift;
 	my $q = ($n->stats($n->port(8080), '/stats?quota=api_key_k4') // {})->{quota};

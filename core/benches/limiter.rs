@@ -197,6 +197,7 @@ fn bench(c: &mut Criterion) {
                     // compare it with each counter's quota version.
                     root_epoch: Some(limiter.epoch()),
                     key_secret: None,
+                    limiters: None,
                     shard: None,
                 }
             },

@@ -20,6 +20,12 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Longest accepted limiter id, in bytes.
 pub const MAX_LIMITER_ID_LEN: usize = 128;
 
+/// How recently a root must have heard from a limiter to count it in
+/// [`SyncResponse::limiters`], ns: ten regular rounds at the default interval, so a limiter
+/// that stopped leaves the count within seconds, and one that syncs at most every few
+/// seconds still counts.
+pub const LIVE_LIMITER_WINDOW: u64 = 10_000_000_000;
+
 /// What a limiter sends to each root once per interval.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncRequest {
@@ -119,6 +125,12 @@ pub struct SyncResponse {
     /// the same from the quota database); only to a limiter holding the sync token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_secret: Option<(u64, u64)>,
+    /// How many limiters this root heard from lately ([`LIVE_LIMITER_WINDOW`]): a limiter
+    /// takes a counter no root has reported yet to be filled that many times over by what
+    /// it counted itself, so that a client new to every host at once gets about one burst
+    /// cluster-wide, not one per host. Absent from older roots (taken as 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limiters: Option<u32>,
     /// The shard of the counter space this root aggregates (`"1/2"`), absent on a root
     /// that aggregates every counter. A limiter refuses an answer from a root that serves
     /// another shard than it was configured with.

@@ -451,6 +451,9 @@ impl SyncEngine {
         if let Some(secret) = resp.key_secret {
             self.limiter.set_cluster_secret(secret, now);
         }
+        if let Some(n) = resp.limiters {
+            self.limiter.set_peers(n);
+        }
 
         if !resp.quotas.is_empty() {
             let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);

@@ -186,6 +186,7 @@ proptest! {
                     version: 1, counters: vec![(1, fill, 0)], quotas: vec![], epoch: 1, more: false,
                     root_epoch: None,
                     key_secret: None,
+                    limiters: None,
                 };
                 e.on_response(root, Ok(resp), Duration::ZERO, now);
             }

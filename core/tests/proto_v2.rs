@@ -94,6 +94,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
         prop::option::of((1u32..=64).prop_flat_map(|n| (0..n, Just(n)))),
         prop::option::of(num()),
         prop::option::of((any::<u64>(), any::<u64>())),
+        prop::option::of(any::<u32>()),
     )
         .prop_map(
             |(
@@ -107,6 +108,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
                 shard,
                 root_epoch,
                 key_secret,
+                limiters,
             )| {
                 SyncResponse {
                     v: PROTOCOL_VERSION,
@@ -120,6 +122,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
                     shard: shard.map(|(index, count)| yarl_core::Shard { index, count }),
                     root_epoch,
                     key_secret,
+                    limiters,
                 }
             },
         )
@@ -303,6 +306,7 @@ fn answers_carry_reset_epochs_and_the_roots_epoch() {
         shard: None,
         root_epoch: Some(3),
         key_secret: None,
+        limiters: None,
     };
     let bytes = v2::encode_response(&r);
     assert_eq!(v2::decode_response(&bytes, 100).unwrap(), r);
@@ -341,6 +345,7 @@ fn a_live_quota_with_numbers_out_of_range_fails_the_answer_a_tombstone_does_not(
         shard: None,
         root_epoch: None,
         key_secret: None,
+        limiters: None,
     };
     for deleted in [false, true] {
         let mut b = v2::encode_response(&answer(deleted));

@@ -170,7 +170,7 @@ pub fn render(i: &Input<'_>) -> String {
     }
 
     let u = &z.usage;
-    let gauges: [(&str, &str, String); 12] = [
+    let gauges: [(&str, &str, String); 13] = [
         ("yarl_quotas", "Quotas held in the zone.", u.quotas.to_string()),
         ("yarl_templates", "Templates held in the zone.", u.templates.to_string()),
         ("yarl_keys", "Keys (names under templates) held in the zone.", u.keys.to_string()),
@@ -196,6 +196,11 @@ pub fn render(i: &Input<'_>) -> String {
             "yarl_cluster_fresh",
             "1 if the last sync round reached a root (cluster-wide counts are current).",
             u8::from(z.cluster_fresh).to_string(),
+        ),
+        (
+            "yarl_cluster_limiters",
+            "Limiters the roots last said they heard from in the last 10 s (0 before any answer).",
+            z.cluster_limiters.to_string(),
         ),
         (
             "yarl_sync_agent_up",

@@ -114,6 +114,7 @@ struct Page<'a> {
     rounds: u64,
     early_rounds: u64,
     cluster_fresh: bool,
+    cluster_limiters: u64,
     last_round_age_ms: Option<u64>,
     zone: Zone,
     requests: RequestCounters,
@@ -188,6 +189,7 @@ pub fn render(input: &Input<'_>) -> String {
         rounds: z.rounds,
         early_rounds: z.early_rounds,
         cluster_fresh: z.cluster_fresh,
+        cluster_limiters: z.cluster_limiters,
         last_round_age_ms: age_ms(now, Some(z.last_round_end_ns).filter(|&t| t != 0)),
         zone: Zone {
             bytes: u.bytes,

@@ -23,6 +23,7 @@ fn zone() -> ZoneStatus {
         rounds: 40,
         early_rounds: 2,
         cluster_fresh: true,
+        cluster_limiters: 12,
         last_round_end_ns: 9_500_000_000,
         agent: Some(7),
         agent_age_ms: 10,
@@ -95,6 +96,7 @@ fn every_family_is_typed_and_values_add_up() {
         }
     }
     assert!(page.contains("yarl_requests_total{status=\"rejected_dry_run\"} 1\n"));
+    assert!(page.contains("yarl_cluster_limiters 12\n"));
     // 20 quotas by name, and the rest: 100 - 20 × 2.
     let q = lines_of(&page, "yarl_quota_rejections_total{");
     assert_eq!(q.len(), TOP_QUOTAS + 1, "{q:?}");

@@ -41,6 +41,7 @@ fn zone() -> ZoneStatus {
         rounds: 40,
         early_rounds: 3,
         cluster_fresh: true,
+        cluster_limiters: 12,
         last_round_end_ns: 9_900_000_000,
         agent: Some(77),
         agent_age_ms: 120,
@@ -69,6 +70,7 @@ fn the_host_state_with_ages_relative_to_render_time() {
     }));
     assert_eq!(page["pid"], 42);
     assert_eq!(page["limiter_id"], "00000000000000ab");
+    assert_eq!(page["cluster_limiters"], 12);
     assert_eq!(page["sync_running"], true);
     assert_eq!(page["agent"]["pid"], 77);
     assert_eq!(page["agent"]["here"], false);

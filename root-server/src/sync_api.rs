@@ -119,6 +119,7 @@ impl SyncEncoding {
                 shard: answer.shard,
                 root_epoch: Some(answer.root_epoch),
                 key_secret: answer.key_secret,
+                limiters: Some(answer.limiters),
             })),
         }
     }

@@ -89,6 +89,11 @@ pub struct YarlConfig {
     /// Early rounds: a host syncs as soon as its own traffic on the quota runs well ahead
     /// of its last round's (`SyncEngine::wants_early_round`, polled every [`POLL_NS`]).
     pub early: bool,
+    /// Roots tell limiters how many limiters are live, and a counter no root has reported
+    /// to a limiter yet stands for all of them; off, every answer goes without that count,
+    /// as from roots that predate it (each limiter then counts only itself for such
+    /// counters).
+    pub peers: bool,
 }
 
 /// How often a host's sync agent checks for an early round (the nginx agent's tick).
@@ -189,6 +194,7 @@ struct Yarl {
     roots: Vec<(RootState, i64)>,
     calls: Vec<Option<Call>>,
     early: bool,
+    peers: bool,
 }
 
 enum Decider {
@@ -232,9 +238,12 @@ impl Queue {
     }
 }
 
-/// The quota of key `i` in a key space.
+/// The prefix of the key space's template: key `i` is named `k{i}`.
+const KEY_PREFIX: &str = "k";
+
+/// The name of key `i` in a key space.
 fn key_name(i: usize) -> String {
-    format!("k{i}")
+    format!("{KEY_PREFIX}{i}")
 }
 
 fn ns(d: Duration) -> u64 {
@@ -354,7 +363,7 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                     Decider::Ideal(b) => b.take(true_s, w as f64),
                     Decider::IdealKeys(b) => b[next.key].take(true_s, w as f64),
                 };
-                if scenario.keys.is_some() {
+                if scenario.keys.is_some_and(|k| true_s >= k.from_s) {
                     if out.bursts.len() <= next.burst {
                         out.bursts.resize(next.burst + 1, (0.0, 0.0));
                     }
@@ -443,14 +452,19 @@ fn build_yarl(
         limits,
         parent: None,
     };
+    // A key space is one template: each key a bucket of its own, made on first sight in
+    // the limiters and the roots, as an operator would configure a limit per client.
     let quotas: Vec<QuotaUpdate> = match s.keys {
         None => vec![quota(1, QUOTA.into())],
-        Some(k) => (0..k.keys).map(|i| quota(i as u64 + 1, key_name(i))).collect(),
+        Some(_) => vec![quota(1, format!("{KEY_PREFIX}*"))],
     };
+    let key_capacity = s.keys.map_or(0, |k| (k.keys * 2) as u32);
     let roots: Vec<(RootState, i64)> = (0..s.roots)
         .map(|_| {
             let mut r = RootState::new(RootConfig::default());
             r.apply_quotas(quotas.iter().cloned(), 0);
+            // Every root of a cluster reads one secret from its database.
+            r.set_key_secret((s.seed, s.seed.rotate_left(17)));
             (r, skew(rng, s.net.max_skew))
         })
         .collect();
@@ -468,8 +482,10 @@ fn build_yarl(
                     .horizon(s.interval)
                     .demand(cfg.demand)
                     .local_guard(cfg.guard)
-                    // The smallest block that holds the quotas, so 300 hosts stay cheap.
+                    // The smallest block that holds the quotas and keys, so 300 hosts stay
+                    // cheap.
                     .capacity((quotas.len() as u32).max(yarl_core::zone::MIN_QUOTAS))
+                    .keys(key_capacity)
                     .build(),
             );
             // Every limiter knows the quota before traffic starts (it would after its first
@@ -484,7 +500,7 @@ fn build_yarl(
     for h in 0..s.hosts {
         q.push(EPOCH_NS + rng.u64(0..ns(s.interval).max(1)), Event::Round(h));
     }
-    Yarl { hosts, roots, calls: Vec::new(), early: cfg.early }
+    Yarl { hosts, roots, calls: Vec::new(), early: cfg.early, peers: cfg.peers }
 }
 
 impl Yarl {
@@ -523,7 +539,13 @@ impl Yarl {
     fn at_root(&mut self, c: usize, at: u64) {
         let Some(call) = self.calls[c].as_mut() else { return };
         let (root, off) = &mut self.roots[call.root];
-        let r = root.sync(&call.request, at.saturating_add_signed(*off)).map_err(|e| e.to_string());
+        let mut r =
+            root.sync(&call.request, at.saturating_add_signed(*off)).map_err(|e| e.to_string());
+        if !self.peers {
+            if let Ok(resp) = &mut r {
+                resp.limiters = None;
+            }
+        }
         if call.answered {
             call.result = Some(r);
         }

@@ -35,6 +35,7 @@ pub fn chosen_default() -> YarlConfig {
         demand: true,
         guard: false,
         early: true,
+        peers: true,
     }
 }
 
@@ -123,8 +124,68 @@ pub fn quiet_keys(hosts: KeyHosts) -> Scenario {
             peak: 10.0,
         },
         hosts,
+        from_s: 0.0,
     });
     s
+}
+
+/// Keys of the Zipf scenario.
+pub const ZIPF_KEYS: usize = 10_000;
+
+/// A quota per client under Zipf's law: [`ZIPF_KEYS`] keys of [`KEY_LIMIT`] over 50 hosts,
+/// key `k` sending `100 / (k + 1)` times its limit all the time (a few hot keys far over
+/// their limit, thousands of cold ones under it), 60 s, counted from [`WARMUP_S`].
+pub fn zipf_keys() -> Scenario {
+    let mut s = base(Load::steady(0.0, Spread::Uniform), 60);
+    s.limit = KEY_LIMIT;
+    s.keys = Some(KeySpace {
+        keys: ZIPF_KEYS,
+        pattern: KeyPattern::Zipf { top: 100.0, exponent: 1.0, start_s: 2.0 },
+        hosts: KeyHosts::Random,
+        from_s: WARMUP_S as f64,
+    });
+    s
+}
+
+/// The Zipf scenario's keys, YARL against one exact central bucket per key.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ZipfRow {
+    /// Keys offered at least twice their limit.
+    pub hot: usize,
+    /// What they were admitted, as a multiple of the limit: mean, lowest, highest.
+    pub hot_mean: f64,
+    pub hot_min: f64,
+    pub hot_max: f64,
+    /// The ideal buckets' mean for the same keys.
+    pub ideal_hot_mean: f64,
+    /// Keys offered at most 0.9 × their limit.
+    pub cold: usize,
+    /// Requests of theirs YARL refused.
+    pub cold_rejected: f64,
+}
+
+/// Runs the Zipf scenario with `yarl` and with the ideal bucket.
+pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
+    let d = chosen_default();
+    let got = run(s, yarl);
+    let ideal = run(s, &Strategy::IdealBucket { low_s: d.low_s, high_s: d.high_s });
+    let Some(k) = s.keys else { return ZipfRow::default() };
+    let secs = s.seconds as f64 - k.from_s;
+    let hot: Vec<usize> = (0..k.keys).filter(|&i| k.pattern_rate(i) >= 2.0).collect();
+    let cold: Vec<usize> = (0..k.keys).filter(|&i| k.pattern_rate(i) <= 0.9).collect();
+    let admitted = |r: &RunResult, i: usize| r.bursts.get(i).map_or(0.0, |b| b.0) / secs / s.limit;
+    let hot_rates: Vec<f64> = hot.iter().map(|&i| admitted(&got, i)).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let ideal_rates: Vec<f64> = hot.iter().map(|&i| admitted(&ideal, i)).collect();
+    ZipfRow {
+        hot: hot.len(),
+        hot_mean: mean(&hot_rates),
+        hot_min: hot_rates.iter().copied().fold(f64::INFINITY, f64::min),
+        hot_max: hot_rates.iter().copied().fold(0.0, f64::max),
+        ideal_hot_mean: mean(&ideal_rates),
+        cold: cold.len(),
+        cold_rejected: cold.iter().map(|&i| got.bursts.get(i).map_or(0.0, |b| b.1 - b.0)).sum(),
+    }
 }
 
 /// A key scenario's bursts, YARL against one exact central bucket per key.

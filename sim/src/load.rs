@@ -202,6 +202,8 @@ pub struct KeySpace {
     pub pattern: KeyPattern,
     /// Which host a key's request lands on.
     pub hosts: KeyHosts,
+    /// Requests before this time (s) are decided but not counted in the results.
+    pub from_s: f64,
 }
 
 /// When each key of a [`KeySpace`] sends.
@@ -218,6 +220,36 @@ pub enum KeyPattern {
         /// Rate during a burst, times the key's limit.
         peak: f64,
     },
+    /// Every key sends all the time, key `k` (from 0) at `top / (k + 1)^exponent` times
+    /// its limit (Zipf's law: a few keys are hot, most are cold). One "burst" per key, the
+    /// whole run: its number is the key's.
+    Zipf {
+        /// Key 0's rate, times its limit.
+        top: f64,
+        /// How fast rates fall with rank (1: Zipf's classic).
+        exponent: f64,
+        /// When the keys start sending (s): after the limiters' first rounds, as on a
+        /// cluster that has been up for a moment (a cluster restarted under full load is
+        /// another matter: its limiters know nothing of each other yet).
+        start_s: f64,
+    },
+}
+
+impl KeySpace {
+    /// Key `k`'s rate while it sends, times its limit.
+    pub fn pattern_rate(&self, k: usize) -> f64 {
+        self.pattern.rate(k)
+    }
+}
+
+impl KeyPattern {
+    /// Key `k`'s rate (times its limit) while it sends.
+    fn rate(&self, k: usize) -> f64 {
+        match *self {
+            KeyPattern::QuietThenBurst { peak, .. } => peak,
+            KeyPattern::Zipf { top, exponent, .. } => top / ((k + 1) as f64).powf(exponent),
+        }
+    }
 }
 
 /// Which host a key's request lands on.
@@ -243,8 +275,8 @@ pub struct KeyArrival {
 /// The arrivals of a [`KeySpace`] in time order.
 pub struct KeyArrivals {
     space: KeySpace,
-    /// Requests per second of one key during a burst.
-    rate: f64,
+    /// Requests per second per unit of a key's rate (its limit, in requests).
+    per_unit: f64,
     hosts: usize,
     /// (next arrival, key), earliest first.
     heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
@@ -266,44 +298,57 @@ impl KeyArrivals {
         hosts: usize,
         rng: &mut fastrand::Rng,
     ) -> Self {
-        let KeyPattern::QuietThenBurst { idle_s, peak, .. } = space.pattern;
         let mut a = KeyArrivals {
             space,
-            rate: peak * limit / weights.mean(),
+            per_unit: limit / weights.mean(),
             hosts,
             heap: Default::default(),
             bursts: vec![(0.0, 0); space.keys],
             next_burst: 0,
         };
         for key in 0..space.keys {
-            let start = rng.f64() * idle_s.1;
+            let start = match space.pattern {
+                KeyPattern::QuietThenBurst { idle_s, .. } => rng.f64() * idle_s.1,
+                KeyPattern::Zipf { start_s, .. } => start_s,
+            };
             a.start_burst(key, start, rng);
         }
         a
     }
 
+    /// Requests per second of `key` while it sends.
+    fn rate(&self, key: usize) -> f64 {
+        self.space.pattern.rate(key) * self.per_unit
+    }
+
     fn start_burst(&mut self, key: usize, start: f64, rng: &mut fastrand::Rng) {
-        let KeyPattern::QuietThenBurst { burst_s, .. } = self.space.pattern;
-        let len = burst_s.0 + rng.f64() * (burst_s.1 - burst_s.0);
+        let len = match self.space.pattern {
+            KeyPattern::QuietThenBurst { burst_s, .. } => {
+                burst_s.0 + rng.f64() * (burst_s.1 - burst_s.0)
+            }
+            KeyPattern::Zipf { .. } => f64::INFINITY,
+        };
         self.bursts[key] = (start + len, self.next_burst);
         self.next_burst += 1;
-        let first = start + -(1.0 - rng.f64()).ln() / self.rate;
+        let first = start + -(1.0 - rng.f64()).ln() / self.rate(key);
         self.heap.push(std::cmp::Reverse((to_ns(first), key)));
     }
 
     /// The next request of any key.
     pub fn next(&mut self, rng: &mut fastrand::Rng) -> KeyArrival {
-        let KeyPattern::QuietThenBurst { idle_s, .. } = self.space.pattern;
         loop {
             let std::cmp::Reverse((at, key)) = self.heap.pop().expect("every key has a next");
             let t = at as f64 * 1e-9;
             let (end, burst) = self.bursts[key];
             if t >= end {
+                let KeyPattern::QuietThenBurst { idle_s, .. } = self.space.pattern else {
+                    continue;
+                };
                 let quiet = idle_s.0 + rng.f64() * (idle_s.1 - idle_s.0);
                 self.start_burst(key, end + quiet, rng);
                 continue;
             }
-            let gap = -(1.0 - rng.f64()).ln() / self.rate;
+            let gap = -(1.0 - rng.f64()).ln() / self.rate(key);
             self.heap.push(std::cmp::Reverse((to_ns(t + gap), key)));
             let host = match self.space.hosts {
                 KeyHosts::Random => rng.usize(..self.hosts),
@@ -353,6 +398,7 @@ mod tests {
                 peak: 10.0,
             },
             hosts: KeyHosts::Sticky,
+            from_s: 0.0,
         };
         let mut rng = fastrand::Rng::with_seed(5);
         let mut a = KeyArrivals::new(space, 10.0, Weights::One, 4, &mut rng);

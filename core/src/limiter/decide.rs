@@ -8,7 +8,7 @@ use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
 use crate::units::{MAX_WEIGHT_UNITS, MILLI};
 use crate::zone::slot::{
-    Rates, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS,
+    Rates, AT, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS,
 };
 use crate::zone::{hdr, RECENT_REJECTIONS};
 use std::sync::atomic::Ordering::*;
@@ -92,9 +92,10 @@ impl Limiter {
         }
         let mut chain = Chain::default();
         let (fresh, horizon) = (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns());
+        let peers = self.peers();
         loop {
             chain.push(idx);
-            if slot.estimate(now, fresh, horizon) <= 0.0 {
+            if slot.estimate(now, fresh, horizon, peers) <= 0.0 {
                 chain.last_was_empty();
             }
             let p = slot.parent();
@@ -203,6 +204,7 @@ impl Limiter {
         };
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
+        let peers = self.peers();
         // Seconds `local` has been counting, for the local guard; only read when it is on.
         let guard_dt = if self.local_guard && weight > 0 {
             Some(now.saturating_sub(self.hdr(hdr::LOCAL_SINCE).load(Relaxed)) as f64 * 1e-9)
@@ -211,7 +213,7 @@ impl Limiter {
         };
         let mut leaf_fill = 0.0;
         loop {
-            let fill = slot.estimate(now, fresh, horizon);
+            let fill = slot.estimate(now, fresh, horizon, peers);
             if chain.len == 0 {
                 leaf_fill = fill;
             }
@@ -247,6 +249,11 @@ impl Limiter {
                 }
             }
             if rejected {
+                if peers > 1 && slot.get(AT) == 0 {
+                    // Refused on a guess (a counter no root has reported, scaled by the
+                    // live limiters): the roots know better a round from now.
+                    self.ask_early_round();
+                }
                 self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
                 slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
                 self.note_rejection(idx, now);
@@ -301,19 +308,25 @@ impl Limiter {
                 let before = s.w(LOCAL).fetch_add(weight, Relaxed);
                 let local = before.saturating_add(weight);
                 if chain.empty & 1 << k != 0 {
-                    s.started_empty(before.saturating_add(s.get(INFLIGHT)), now);
+                    s.started_empty(before.saturating_add(s.get(INFLIGHT)), now, self.peers());
                 }
                 self.mark_dirty(i);
                 // Attempts, not admissions: under steady overload what a host admits swings
                 // with the drop share, what it is asked for does not.
                 let attempted = local.saturating_add(s.get(REJECTED));
                 if k == 0 && attempted as f64 > self.surge_threshold(&s, now) {
-                    let urgent = self.hdr(hdr::URGENT);
-                    if urgent.load(Relaxed) == 0 {
-                        urgent.store(1, Relaxed);
-                    }
+                    self.ask_early_round();
                 }
             }
+        }
+    }
+
+    /// Asks the sync agent for a round now (it keeps early rounds apart and on a budget).
+    #[inline]
+    fn ask_early_round(&self) {
+        let urgent = self.hdr(hdr::URGENT);
+        if urgent.load(Relaxed) == 0 {
+            urgent.store(1, Relaxed);
         }
     }
 

@@ -29,6 +29,9 @@ pub struct ZoneStatus {
     pub early_rounds: u64,
     /// Whether the last round reached at least one root.
     pub cluster_fresh: bool,
+    /// Limiters the roots last said they heard from lately (0 before any answer): a counter
+    /// no root has reported yet counts this many times what this limiter counted.
+    pub cluster_limiters: u64,
     /// Clock time (ns) the last round ended; 0 before the first.
     pub last_round_end_ns: u64,
     /// The sync agent's token (nginx: its worker's pid), if one holds the lease.
@@ -65,7 +68,7 @@ impl Limiter {
             low_burst: milli_to_units(slot.get(LOW)),
             high_burst: milli_to_units(slot.get(HIGH)),
             parent,
-            fill: slot.estimate(now, fresh, self.horizon_ns()) / MILLI as f64,
+            fill: slot.estimate(now, fresh, self.horizon_ns(), self.peers()) / MILLI as f64,
             rejections: slot.get(REJECTS) >> 32,
         })
     }
@@ -78,6 +81,7 @@ impl Limiter {
         let now = self.clock.now_nanos();
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
+        let peers = self.peers();
         let mut out = Vec::with_capacity(3);
         let _ = first;
         let mut name = crate::quota::escape_name(name.as_ref());
@@ -87,7 +91,7 @@ impl Limiter {
                 limit: milli_to_units(slot.get(LIMIT)),
                 low_burst: milli_to_units(slot.get(LOW)),
                 high_burst: milli_to_units(slot.get(HIGH)),
-                fill: slot.estimate(now, fresh, horizon) / MILLI as f64,
+                fill: slot.estimate(now, fresh, horizon, peers) / MILLI as f64,
             });
             let p = slot.parent();
             if p == 0 || out.len() == MAX_CHAIN {
@@ -185,6 +189,7 @@ impl Limiter {
             rounds: self.hdr(hdr::ROUNDS).load(Relaxed),
             early_rounds: self.hdr(hdr::EARLY_ROUNDS).load(Relaxed),
             cluster_fresh: self.cluster_fresh(),
+            cluster_limiters: self.peers(),
             last_round_end_ns: self.hdr(hdr::LAST_ROUND_END).load(Relaxed),
             agent: lease.holder(),
             agent_age_ms: lease.age_ms(now),

@@ -176,7 +176,7 @@ impl Limiter {
             {
                 continue;
             }
-            let fill = s.estimate(now, fresh, horizon);
+            let fill = s.estimate(now, fresh, horizon, 1);
             if fill <= s.get(LOW) as f64 && best.map_or(true, |b| fill < b.2) {
                 best = Some((pos, id, fill));
                 if fill <= 0.0 {

@@ -482,6 +482,18 @@ impl Limiter {
     pub(crate) fn horizon_ns(&self) -> u64 {
         self.horizon_ns.load(Relaxed)
     }
+
+    /// Limiters the roots last counted as live (0 before any answer): see
+    /// [`Slot::estimate`](crate::zone::slot::Slot::estimate).
+    #[inline]
+    pub(crate) fn peers(&self) -> u64 {
+        self.hdr(hdr::PEERS).load(Relaxed)
+    }
+
+    /// Records the roots' count of live limiters from an answer.
+    pub(crate) fn set_peers(&self, n: u32) {
+        self.hdr(hdr::PEERS).store(u64::from(n), Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -683,7 +683,7 @@ impl Limiter {
                 && k.get(crate::zone::slot::INFLIGHT) == 0
                 && k.get(crate::zone::slot::REJECTED) == 0
                 && !self.is_dirty(s)
-                && k.estimate(now, fresh, horizon) <= 0.0;
+                && k.estimate(now, fresh, horizon, 1) <= 0.0;
             if idle && keys.free(pos, id, now_ms) {
                 self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
                 self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);

@@ -90,6 +90,8 @@ pub struct ResponseParts<'a, Q> {
     pub root_epoch: Option<u64>,
     /// See [`SyncResponse::key_secret`].
     pub key_secret: Option<(u64, u64)>,
+    /// See [`SyncResponse::limiters`].
+    pub limiters: Option<u32>,
 }
 
 fn to_vec(v: &impl Serialize) -> Vec<u8> {
@@ -127,6 +129,7 @@ pub fn encode_response(r: &SyncResponse) -> Vec<u8> {
         shard: r.shard,
         root_epoch: r.root_epoch,
         key_secret: r.key_secret,
+        limiters: r.limiters,
     })
 }
 

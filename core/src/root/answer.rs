@@ -5,7 +5,7 @@ use super::counters::RootCounter;
 use super::interest::{Inbox, Noted};
 use super::sessions::Session;
 use super::RootState;
-use crate::proto::{SyncRequest, SyncResponse, PROTOCOL_VERSION};
+use crate::proto::{SyncRequest, SyncResponse, LIVE_LIMITER_WINDOW, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
 use crate::shard::Shard;
 use serde::ser::{SerializeSeq, SerializeStruct};
@@ -43,6 +43,8 @@ pub struct SyncAnswer {
     pub shard: Option<Shard>,
     /// The cluster's secret for key ids ([`SyncResponse::key_secret`]).
     pub key_secret: Option<(u64, u64)>,
+    /// Limiters this root heard from lately ([`SyncResponse::limiters`]).
+    pub limiters: u32,
 }
 
 impl SyncAnswer {
@@ -68,6 +70,7 @@ impl SyncAnswer {
             root_epoch: Some(self.root_epoch),
             shard: self.shard,
             key_secret: self.key_secret,
+            limiters: Some(self.limiters),
         }
     }
 }
@@ -87,7 +90,8 @@ impl Serialize for QuotaList<'_> {
 impl Serialize for SyncAnswer {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
-        let fields = 9 + usize::from(self.shard.is_some()) + usize::from(self.key_secret.is_some());
+        let fields =
+            10 + usize::from(self.shard.is_some()) + usize::from(self.key_secret.is_some());
         let mut st = s.serialize_struct("SyncResponse", fields)?;
         st.serialize_field("v", &self.v)?;
         st.serialize_field("root_instance", &self.root_instance)?;
@@ -104,6 +108,7 @@ impl Serialize for SyncAnswer {
         if let Some(secret) = &self.key_secret {
             st.serialize_field("key_secret", secret)?;
         }
+        st.serialize_field("limiters", &self.limiters)?;
         st.end()
     }
 }
@@ -167,7 +172,21 @@ impl RootState {
             root_epoch: self.epoch,
             shard: self.config.shard,
             key_secret: self.key_secret,
+            limiters: self.live_limiters(now),
         }
+    }
+
+    /// Limiters heard from within [`LIVE_LIMITER_WINDOW`], the one syncing now included
+    /// (its session is out of the table while it syncs), counted at most once a second:
+    /// the table may hold 100,000 sessions.
+    fn live_limiters(&mut self, now: u64) -> u32 {
+        let (_, at) = self.live_limiters;
+        if at == 0 || now.saturating_sub(at) >= 1_000_000_000 || now < at {
+            let since = now.saturating_sub(LIVE_LIMITER_WINDOW);
+            let n = self.recency.range((since, 0)..).count();
+            self.live_limiters = (u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1), now);
+        }
+        self.live_limiters.0
     }
 
     /// The counters of an answer by interest: the changes its inbox recorded and the

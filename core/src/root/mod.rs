@@ -241,6 +241,9 @@ pub struct RootState {
     /// Each peer address's sessions by recency.
     by_addr: HashMap<IpAddr, BTreeSet<Recency>>,
     next_serial: u64,
+    /// Limiters heard from within [`LIVE_LIMITER_WINDOW`](crate::proto::LIVE_LIMITER_WINDOW),
+    /// and when they were counted (ns; counted at most once a second).
+    live_limiters: (u32, u64),
     /// Parked claims over all sessions.
     parked: usize,
     /// Deltas held for quotas not read yet, by quota id ([`RootStats::deltas_held`]).
@@ -287,6 +290,7 @@ impl RootState {
             recency: BTreeMap::new(),
             by_addr: HashMap::new(),
             next_serial: 0,
+            live_limiters: (0, 0),
             parked: 0,
             held: IdMap::default(),
             highest_id: 0,

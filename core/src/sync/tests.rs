@@ -745,3 +745,46 @@ fn keys_are_counted_cluster_wide() {
     assert_eq!(root.key_count(), 2);
     assert_eq!(root.keys_per_template(), vec![(1, 2)]);
 }
+
+/// A key no root has reported yet stands for every live limiter's count (the roots say how
+/// many there are): a client new to every host at once gets about one burst cluster-wide
+/// before the first round, not one per host. Once a root reports the key, each host
+/// decides on the cluster's count, unscaled.
+#[test]
+fn a_new_key_counts_for_every_live_limiter_until_a_root_reports_it() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "api_key_*", 0.001, 3.0, 6.0)]);
+    root.set_key_secret((11, 12));
+    let mut nodes: Vec<Node> = (0..3).map(|_| node(&clock, 1)).collect();
+    for _ in 0..2 {
+        for n in &mut nodes {
+            round(n, &mut [Some(&mut root)], clock.now_nanos());
+        }
+        // The root counts live limiters at most once a second.
+        clock.advance(Duration::from_secs(1));
+    }
+    assert!(nodes.iter().all(|n| n.limiter.peers() == 3));
+    let pass = |n: &Node, k: &str| n.limiter.account(k, 1).unwrap().outcome == Outcome::Passed;
+    // Fills 0 and 3 pass (at most low_burst), 6 does not (high_burst): 6 cluster-wide,
+    // where each host on its own count would have let 4 to 6 pass, 12 to 18 in all.
+    for n in &nodes {
+        assert_eq!((0..10).filter(|_| pass(n, "api_key_x")).count(), 2);
+    }
+    for n in &mut nodes {
+        round(n, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    for n in &mut nodes {
+        round(n, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    for n in &nodes {
+        let fill = n.limiter.quota("api_key_x").unwrap().fill;
+        assert_eq!(fill, 6.0, "the root's count, unscaled");
+        assert!(!pass(n, "api_key_x"));
+    }
+    // Limiters the roots stop hearing from leave the count within its window.
+    clock.advance(Duration::from_nanos(crate::proto::LIVE_LIMITER_WINDOW + S));
+    round(&mut nodes[0], &mut [Some(&mut root)], clock.now_nanos());
+    assert_eq!(nodes[0].limiter.peers(), 1);
+    let alone = (0..10).filter(|_| pass(&nodes[0], "api_key_new")).count();
+    assert!((4..=6).contains(&alone), "alone again: {alone}");
+}

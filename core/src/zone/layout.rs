@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 4;
+pub const LAYOUT_VERSION: u64 = 5;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -141,6 +141,9 @@ pub(crate) mod hdr {
         /// template's prefix is n bytes long).
         pub const TEMPLATES = 112;
         pub const TEMPLATE_LENS = 113;
+        /// Limiters the roots last said they heard from lately (0 before any answer): what
+        /// a counter no root has reported yet is scaled by (see `Slot::estimate`).
+        pub const PEERS = 117;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
     }

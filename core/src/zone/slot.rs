@@ -215,8 +215,15 @@ impl<'a> Slot<'a> {
     ///
     /// Within `horizon` of `at`, the rest of the cluster is assumed to add `inflow`
     /// (milli-units/s), so the bucket drains that much slower there.
+    ///
+    /// A counter no root has reported yet (`at` is 0: a key on its first sight, any quota
+    /// before this limiter's first answer) stands for `peers` limiters' worth of this one's
+    /// counts: the roots' count of live limiters, 0 or 1 before any answer. A client new to
+    /// every host at once then gets about one burst cluster-wide before the first round
+    /// tells them the truth, not one per host (whose excess the roots would then make it
+    /// pay back, keeping its quota closed for as long as the excess takes to drain).
     #[inline(always)]
-    pub fn estimate(&self, now: u64, fresh: bool, horizon: u64) -> f64 {
+    pub fn estimate(&self, now: u64, fresh: bool, horizon: u64, peers: u64) -> f64 {
         let (base, at) = self.read_base();
         let own = self.get(LOCAL).saturating_add(self.get(INFLIGHT));
         // Only counts of this limiter's own have a time of their own to drain from.
@@ -226,8 +233,8 @@ impl<'a> Slot<'a> {
             _ => at,
         };
         if t0 == 0 {
-            // Never synced nor anchored and nothing counted: no time to drain from.
-            return own as f64;
+            // Never synced nor anchored: no time to drain from.
+            return own as f64 * peers.max(1) as f64;
         }
         let inflow = if fresh && at != 0 { Rates::inflow_of(self.get(RATES)) } else { 0.0 };
         let limit = self.get(LIMIT) as f64;
@@ -239,8 +246,10 @@ impl<'a> Slot<'a> {
             return (base as f64 + own as f64 - drain).max(0.0);
         }
         if at == 0 {
-            // Never synced: only this limiter's own counts, draining from `t0`.
-            return (own as f64 - limit * now.saturating_sub(t0) as f64 * 1e-9).max(0.0);
+            // Never synced: this limiter's own counts, as if every live limiter counted as
+            // many, draining from `t0`.
+            let own = own as f64 * peers.max(1) as f64;
+            return (own - limit * now.saturating_sub(t0) as f64 * 1e-9).max(0.0);
         }
         Self::estimate_since(base, at, own as f64, t0, now, limit, inflow, horizon)
     }
@@ -277,14 +286,17 @@ impl<'a> Slot<'a> {
     /// met an empty bucket at `now`: from here they only count as far as they have not
     /// drained yet, `pending / limit` seconds' worth, so the estimate starts again from what
     /// this add brings. Called by request paths; never moves the time back (two racing adds
-    /// keep the later one, which counts more, never less).
-    pub fn started_empty(&self, pending: u64, now: u64) {
+    /// keep the later one, which counts more, never less). `peers` as for
+    /// [`estimate`](Self::estimate): a counter no root has reported holds that many times
+    /// `pending`.
+    pub fn started_empty(&self, pending: u64, now: u64, peers: u64) {
         let limit = self.get(LIMIT);
         if limit == 0 {
             return;
         }
-        let back = u64::try_from(u128::from(pending) * u128::from(NANOS) / u128::from(limit))
-            .unwrap_or(u64::MAX);
+        let scale = if self.get(AT) == 0 { peers.max(1) } else { 1 };
+        let back = u128::from(pending) * u128::from(scale) * u128::from(NANOS);
+        let back = u64::try_from(back / u128::from(limit)).unwrap_or(u64::MAX);
         let t = now.saturating_sub(back);
         let new = to_ms32(t);
         let _ = self.0[REJECTS].fetch_update(Relaxed, Relaxed, |w| {

@@ -249,3 +249,40 @@ fn a_claim_left_by_a_dead_inserter_is_freed_by_the_second_sweep() {
     clock.advance(Duration::from_secs(3));
     assert_eq!(passes(&l, b"k_dead", 10), 6, "its slot is free again");
 }
+
+/// A key no root has reported counts for every live limiter the roots last named, also
+/// after it emptied: what it holds again is its new counts, scaled, never less.
+#[test]
+fn a_key_no_root_reported_stands_for_every_live_limiter() {
+    let (l, clock) = keyed(1000);
+    // 10/s, a hard cutoff at 15.
+    l.apply_quotas(&[q(1, "api_key_*", 1, 10.0, 15.0, 15.0, None)]);
+    assert_eq!(passes(&l, b"api_key_a", 40), 16, "alone: its own burst");
+    l.set_peers(10);
+    // Fills 0 and 10 pass, 20 does not.
+    assert_eq!(passes(&l, b"api_key_b", 40), 2);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(passes(&l, b"api_key_b", 40), 1, "20 - 10 drained: 10 passes, 20 not");
+    assert_eq!(l.quota("api_key_b").unwrap().fill, 20.0);
+    // Quiet for a long time: the bucket emptied, and its old counts give no credit (an
+    // anchor scaled like the counts it stands for).
+    clock.advance(Duration::from_secs(100));
+    assert_eq!(l.quota("api_key_b").unwrap().fill, 0.0);
+    assert_eq!(passes(&l, b"api_key_b", 40), 2);
+}
+
+/// A key of any length is a bucket of its own, told apart by every byte (nginx bounds what a
+/// request can give by its header buffers); only its override is bound by the 255 bytes of
+/// a quota name.
+#[test]
+fn long_keys_are_keys_whole() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
+    let mut a = b"api_key_".to_vec();
+    a.extend(std::iter::repeat(b'x').take(8000));
+    let mut b = a.clone();
+    *b.last_mut().unwrap() = b'y';
+    assert_eq!(passes(&l, &a, 10), 3);
+    assert_eq!(passes(&l, &b, 10), 3, "differs in its last byte only");
+    assert_eq!(l.zone_status().usage.keys, 2);
+}

@@ -349,6 +349,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
             shard: None,
             root_epoch: None,
             key_secret: None,
+            limiters: None,
         })
     }
 }
@@ -494,9 +495,14 @@ pub(super) fn decode_response(
                 rest = more;
             }
             if !rest.is_empty() {
-                let (secret, _) =
+                let (secret, rest) =
                     take::<Option<(u64, u64)>>(rest, "key_secret", "not an option of two u64")?;
                 r.key_secret = secret;
+                if !rest.is_empty() {
+                    let (n, _) =
+                        take::<Option<u32>>(rest, "limiters", "not an option of a varint")?;
+                    r.limiters = n;
+                }
             }
         }
     }

@@ -148,9 +148,12 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
             .filter(|(_, q)| q.as_ref().reset_epoch != 0)
             .map(|(i, q)| (i as u32, q.as_ref().reset_epoch))
             .collect();
-        let keys = r.key_secret.is_some();
+        let peers = r.limiters.is_some();
+        let keys = peers || r.key_secret.is_some();
         let more_fields = keys || r.root_epoch.is_some() || !resets.is_empty();
-        let fields = if keys {
+        let fields = if peers {
+            13
+        } else if keys {
             12
         } else if more_fields {
             11
@@ -173,6 +176,9 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
         }
         if keys {
             t.serialize_element(&r.key_secret)?;
+        }
+        if peers {
+            t.serialize_element(&r.limiters)?;
         }
         t.end()
     }
