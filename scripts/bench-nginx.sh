@@ -12,6 +12,13 @@
 #   check 1        yarl_check, one quota (a leaf with its 2 ancestors)
 #   check 1M       yarl_check, a random leaf across the million
 #   account 1M     yarl_account, a random leaf across the million
+#   template 1M    yarl_account key_$arg_q under the template key_* (no quota per key): a
+#                  random key of a million, each a bucket made on its first request
+#   churn          the same with a new key every request (as many new keys a second as
+#                  the variant serves requests); the zone's key table (1.2M) fills and new
+#                  keys take the slots of drained ones
+#   limit_req churn  limit_req with a new key every request, in a 64m zone that fills and
+#                  frees its least recently used drained states
 #
 # Quotas and limit_req never reject (huge limits): this measures the cost of deciding. Every
 # variant gets the same wrk Lua script (a random leaf name in the query), so wrk's own cost
@@ -83,15 +90,23 @@ ROOT_PORT=$(free_port)
 # 3.5 ms) with it there and 0.92 (p99 2.3 ms) with it here, 6 interleaved rounds each.
 start_root "$DIR" "$ROOT_PORT" taskset -c 1 chrt --idle 0
 load_bench_quotas "$ROOT_URL" "$DIR" "$TENANTS" "$BUCKETS" "$LEAVES"
+# The template of the key variants, as large as the quotas: a bucket per key, no quota each.
+curl -sf -X PUT "$ROOT_URL/v1/quotas/key_*" \
+    -d '{"limit":1000000,"low_burst":1000000000,"high_burst":1000000000,"parent":null}' >/dev/null
 
 cat >"$DIR/bench.lua" <<EOF
 local leaves = $LEAVES
 local base = os.getenv("BENCH_PATH")
 local fixed = os.getenv("BENCH_FIXED")
+local unique = os.getenv("BENCH_UNIQUE")
 math.randomseed(os.time())
+-- A prefix no other round drew, so "unique" names are new to the zone whatever ran before.
+local run = string.format("%08x", math.random(0, 2147483647))
+local n = 0
 request = function()
     local q = string.format("s3_bucket-%07d_read", math.random(0, leaves - 1))
     if fixed then q = fixed end
+    if unique then n = n + 1; q = string.format("u%s-%d", run, n) end
     return wrk.format("GET", base .. q)
 end
 EOF
@@ -165,10 +180,14 @@ pss_kb() {
     echo "$total"
 }
 
-VARIANTS="plain lr1 lr1m check1 check1m account1m"
+VARIANTS="plain lr1 lr1m check1 check1m account1m tmpl1m churn lrchurn"
 declare -A LABEL=([plain]="plain nginx (static file)" [lr1]="limit_req, one key"
     [lr1m]="limit_req, a key per request across 1M keys" [check1]="yarl_check, one quota"
-    [check1m]="yarl_check, random quota across 1M" [account1m]="yarl_account, random quota across 1M")
+    [check1m]="yarl_check, random quota across 1M" [account1m]="yarl_account, random quota across 1M"
+    [tmpl1m]="yarl_account, template, random key across 1M" [churn]="yarl_account, template, a new key every request"
+    [lrchurn]="limit_req, a new key every request")
+# Variants whose wrk script draws a name no round drew before, every request.
+declare -A UNIQUE=([churn]=1 [lrchurn]=1)
 
 # CPU time (ns) of the nginx's workers, every thread (the sync agent's too), so far.
 workers_cpu_ns() {
@@ -201,9 +220,11 @@ for workers in $WORKER_SET; do
     fi
     nginx_conf "$d" "$workers" "$affinity" "
     yarl_roots $ROOT_URL;
-    yarl_zone 200m;
+    yarl_sync_answers touched;
+    yarl_zone 400m keys=1200k;
     limit_req_zone \"bench\" zone=one:1m rate=1000000r/s;
     limit_req_zone \$arg_q zone=many:256m rate=1000000r/s;
+    limit_req_zone \$arg_q zone=churnz:64m rate=1000000r/s;
     server {
         listen 127.0.0.1:$port reuseport;
         root $DIR;
@@ -214,19 +235,22 @@ for workers in $WORKER_SET; do
         location = /check1 { yarl_check s3_bucket-0123456_read; alias $DIR/index.html; }
         location = /check1m { yarl_check \$arg_q; alias $DIR/index.html; }
         location = /account1m { yarl_account \$arg_q; alias $DIR/index.html; }
+        location = /tmpl1m { yarl_account key_\$arg_q; alias $DIR/index.html; }
+        location = /churn { yarl_account key_\$arg_q; alias $DIR/index.html; }
+        location = /lrchurn { limit_req zone=churnz burst=1000000 nodelay; alias $DIR/index.html; }
     }"
     start_nginx "$d"
     echo "workers $workers: waiting for the zone to hold $QUOTAS quotas..."
     wait_quotas "$port"
     # Warm up every variant (limit_req's 1M-key zone fills as keys arrive).
     for v in $VARIANTS; do
-        BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d2s -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
+        BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d2s -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
     done
     for round in $(seq 1 "$ROUNDS"); do
         order=$(rotated "$round" $VARIANTS)
         for v in $order; do
             cpu0=$(workers_cpu_ns "$d")
-            out=$(BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:$port")
+            out=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:$port")
             cpu1=$(workers_cpu_ns "$d")
             reqs=$(echo "$out" | awk '/ requests in / {print $1}')
             CPR[$v]=$(echo "($cpu1 - $cpu0) / ${reqs:-1}" | bc -l)
@@ -245,6 +269,8 @@ for workers in $WORKER_SET; do
             echo "${CPR[$v]} / ${CPR[plain]}" | bc -l >>"$d/$v.cratio"
         done
         echo "${RPS[check1m]} / ${RPS[lr1m]}" | bc -l >>"$d/check_vs_lr.rratio"
+        echo "${RPS[tmpl1m]} / ${RPS[lr1m]}" | bc -l >>"$d/tmpl_vs_lr.rratio"
+        echo "${RPS[churn]} / ${RPS[lrchurn]}" | bc -l >>"$d/churn_vs_lr.rratio"
     done
     stop_nginx "$d"
 done
@@ -256,7 +282,7 @@ for workers in $WORKER_SET; do
         d="$DIR/m$kind$workers"
         port=$(free_port)
         if [ "$kind" = yarl ]; then
-            body="yarl_roots $ROOT_URL; yarl_zone 200m;
+            body="yarl_roots $ROOT_URL; yarl_zone 200m keys=0;
     server { listen 127.0.0.1:$port reuseport; root $DIR;
         location = /stats { yarl_stats; }
         location = /account1m { yarl_account \$arg_q; alias $DIR/index.html; } }"
@@ -298,6 +324,9 @@ for workers in $WORKER_SET; do
         eval "P_${workers}_$v=\"$pr $lo $hi\""
     done
     eval "C_${workers}=\"$(median <"$d/check_vs_lr.rratio") $(median_ci <"$d/check_vs_lr.rratio")\""
+    eval "T_${workers}=\"$(median <"$d/tmpl_vs_lr.rratio") $(median_ci <"$d/tmpl_vs_lr.rratio")\""
+    eval "H_${workers}=\"$(median <"$d/churn_vs_lr.rratio") $(median_ci <"$d/churn_vs_lr.rratio")\""
+    eval "N_${workers}=$(median <"$d/churn.rps")"
 done
 echo
 echo "### Limiter memory (sum of PSS of master and workers, yarl minus the same nginx without it)"
@@ -334,6 +363,12 @@ if [[ " $WORKER_SET " == *" 1 "* ]]; then
     check "yarl_check random 1M vs limit_req per key" "$C_1" ">=" 1.1
     check "yarl_account random 1M vs plain" "$R_1_account1m" ">=" 0.90
     check "yarl_account random 1M p99 vs plain" "$P_1_account1m" "<=" 1.5
+    check "yarl_account template random key of 1M vs limit_req per key" "$T_1" ">=" 1.1
+    check "yarl_account template, a new key every request ($(printf '%.0f' "$N_1") new keys/s), vs limit_req with the same churn" "$H_1" ">=" 1.0
+    # A key takes one 16-word slot and a dirty bit in the zone (zone::BYTES_PER_KEY); nginx
+    # documents about 16,000 limit_req states of 64 bytes per megabyte for
+    # \$binary_remote_addr (longer keys take 128-byte slab chunks).
+    check "zone bytes per key vs limit_req's 64 (\$binary_remote_addr)" "$(echo "129 / 64" | bc -l)" "<=" 2.0
 fi
 if [[ " $WORKER_SET " == *" 1 "* && " $WORKER_SET " == *" 2 "* ]]; then
     check "limiter memory, 2 workers vs 1" "$(echo "$L_2 / $L_1" | bc -l)" "<=" 1.1

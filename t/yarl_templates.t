@@ -25,6 +25,7 @@ my $http = <<'EOF2';
         root %%TESTDIR%%;
         location / { yarl_account api_key_$http_x_api_key; }
         location /ip/ { alias %%TESTDIR%%/; yarl_account ip_$binary_remote_addr; }
+        location /h/ { alias %%TESTDIR%%/; yarl_account api_key_$http_x_api_key; yarl_headers on; }
         location = /stats { access_log off; yarl_stats; }
     }
 EOF2
@@ -79,6 +80,22 @@ for my $k (@keys) {
 	is(get($u, $k), 429, "$k: and on nginx 2");
 }
 is(get($t, 'k5'), 200, 'a new key has a bucket of its own');
+
+# The RateLimit fields name a key by its template, with the key's id (the same on every
+# nginx, and nothing of the key itself) as the partition key.
+my %pk;
+for my $n (@nginx) {
+	my $res = $ua->get('http://127.0.0.1:' . $n->port(8080) . '/h/index.html',
+		{ headers => { 'X-Api-Key' => 'k1' } });
+	is($res->{status}, 429, 'k1 through the fields location');
+	like($res->{headers}{'ratelimit-policy'}, qr/^"api_key_\*";q=3;w=300;pk=:[A-Za-z0-9+\/]{11}=:$/,
+		'RateLimit-Policy: the template, with pk');
+	my ($p) = $res->{headers}{'ratelimit'} =~ /;pk=(:[^:]*:)/;
+	like($res->{headers}{'ratelimit'}, qr/^"api_key_\*";r=0;t=\d+;pk=:/, 'RateLimit: the template, with pk');
+	unlike($res->{headers}{'ratelimit'} . $res->{headers}{'ratelimit-policy'}, qr/k1/, 'the key itself is not sent back');
+	$pk{$p // ''}++;
+}
+is(scalar(keys %pk), 1, 'both nginx name k1 by the same pk');
 
 # The roots count each key apart.
 my ($st, $v) = $t->admin('GET', '/v1/quotas/api_key_k1');

@@ -19,8 +19,17 @@
 //! never contradict each other or the decision, and under steady load they only move when
 //! the fill crosses a whole unit or a whole second of drain. One item per level of the
 //! chain the request was decided on, the quota first and its ancestors after, each named by
-//! its quota (a structured-field String; quota names need no escaping). Units are the
-//! quota's own (requests, bytes, …): `qu` is not sent.
+//! its quota (a structured-field String; quota names need no escaping: a key's bytes outside
+//! the name set are `%XX`). Units are the quota's own (requests, bytes, …): `qu` is not sent.
+//!
+//! # Keys: the policy is the template, `pk` the key
+//!
+//! A key under a template is one partition of one policy, which is what the draft's `pk`
+//! parameter (a Byte Sequence) is for: its item is named by the template (`"api_key_*"`)
+//! with `pk` set to the key's 8-byte wire id. That id is a keyed hash of the name with the
+//! cluster's secret, so it is the same on every host and says nothing of the key itself (an
+//! API key sent back in a header could end up in logs and caches the key itself never
+//! reaches).
 
 /// One level of a chain at one instant.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +44,18 @@ pub struct Level {
     pub high_burst: f64,
     /// Estimated fill, units.
     pub fill: f64,
+    /// For a key under a template: the template's name and the key's wire id, sent as the
+    /// item's policy and `pk`.
+    pub partition: Option<Partition>,
+}
+
+/// The template and key of a [`Level`] that is a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// The template's name, `*` included.
+    pub template: String,
+    /// The key's wire id.
+    pub key: u64,
 }
 
 impl Level {
@@ -101,10 +122,32 @@ pub fn fields(levels: &[Level], rejected: Option<(usize, u32)>) -> Option<(Strin
             Some((k, retry)) if k == i => (0, u64::from(retry.max(1))),
             _ => (l.remaining(), l.reset()),
         };
-        policy.push_str(&format!("\"{}\";q={};w={}", l.name, l.quota(), l.window()));
-        state.push_str(&format!("\"{}\";r={r};t={t}", l.name));
+        let (id, pk) = match &l.partition {
+            Some(p) => (p.template.as_str(), format!(";pk=:{}:", base64(&p.key.to_be_bytes()))),
+            None => (l.name.as_str(), String::new()),
+        };
+        policy.push_str(&format!("\"{id}\";q={};w={}{pk}", l.quota(), l.window()));
+        state.push_str(&format!("\"{id}\";r={r};t={t}{pk}"));
     }
     Some((policy, state))
+}
+
+/// Standard base64 with padding (RFC 4648 §4), as a structured-field Byte Sequence wants.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -112,7 +155,31 @@ mod tests {
     use super::*;
 
     fn level(name: &str, limit: f64, low: f64, high: f64, fill: f64) -> Level {
-        Level { name: name.into(), limit, low_burst: low, high_burst: high, fill }
+        Level { name: name.into(), limit, low_burst: low, high_burst: high, fill, partition: None }
+    }
+
+    #[test]
+    fn base64_is_rfc_4648s() {
+        // RFC 4648 §10's test vectors.
+        let v = [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg==")];
+        for (raw, enc) in v {
+            assert_eq!(base64(raw.as_bytes()), enc);
+        }
+        assert_eq!(base64(b"fooba"), "Zm9vYmE=");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64(&[0xfb, 0xff]), "+/8=");
+    }
+
+    #[test]
+    fn a_key_is_its_templates_policy_with_its_id_as_pk() {
+        let key = Level {
+            partition: Some(Partition { template: "api_key_*".into(), key: 0x8000_0000_0000_0001 }),
+            ..level("api_key_%00x", 10.0, 15.0, 30.0, 0.0)
+        };
+        let chain = [key, level("api_all", 1000.0, 1500.0, 3000.0, 10.0)];
+        let (p, s) = fields(&chain, Some((0, 2))).unwrap();
+        assert_eq!(p, "\"api_key_*\";q=16;w=2;pk=:gAAAAAAAAAE=:, \"api_all\";q=1501;w=2");
+        assert_eq!(s, "\"api_key_*\";r=0;t=2;pk=:gAAAAAAAAAE=:, \"api_all\";r=1491;t=0");
     }
 
     #[test]

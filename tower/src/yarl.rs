@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use yarl_agent::{parse_root_url, HttpOptions, HttpTransport, Supervisor, Transport};
 use yarl_core::sync::EngineError;
-use yarl_core::{Clock, Limiter, SyncConfig, SyncEngine, SyncStatus, DEFAULT_CAPACITY};
+use yarl_core::{
+    Clock, Limiter, SyncConfig, SyncEngine, SyncStatus, DEFAULT_CAPACITY, DEFAULT_KEYS,
+};
 
 /// Most roots one limiter syncs with (the slots of its memory block).
 pub const MAX_ROOTS: usize = yarl_core::zone::MAX_ROOTS;
@@ -63,6 +65,7 @@ pub struct YarlBuilder {
     ca_file: Option<PathBuf>,
     sync: SyncConfig,
     capacity: u32,
+    keys: u32,
     clock: Option<Arc<dyn Clock>>,
     limiter: Option<Arc<Limiter>>,
     transport: Option<Arc<dyn Transport>>,
@@ -76,6 +79,7 @@ impl std::fmt::Debug for YarlBuilder {
             .field("ca_file", &self.ca_file)
             .field("sync", &self.sync)
             .field("capacity", &self.capacity)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
@@ -134,6 +138,15 @@ impl YarlBuilder {
         self
     }
 
+    /// How many keys (names under templates, such as `api_key_*`: a bucket per client) the
+    /// limiter holds at once (default [`DEFAULT_KEYS`], about a million, 129 bytes each);
+    /// a new key takes the place of a drained one when it must, never that of a client
+    /// being limited while a key closer to drained is there.
+    pub fn keys(mut self, keys: u32) -> Self {
+        self.keys = keys;
+        self
+    }
+
     /// The limiter's time source (default: the monotonic clock); tests pass a
     /// [`yarl_core::ManualClock`].
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -141,8 +154,9 @@ impl YarlBuilder {
         self
     }
 
-    /// Uses this limiter instead of building one (its own clock, estimator, capacity; then
-    /// [`capacity`](Self::capacity) and [`clock`](Self::clock) are ignored).
+    /// Uses this limiter instead of building one (its own clock, estimator, capacity and
+    /// keys; then [`capacity`](Self::capacity), [`keys`](Self::keys) and
+    /// [`clock`](Self::clock) are ignored).
     pub fn limiter(mut self, limiter: Arc<Limiter>) -> Self {
         self.limiter = Some(limiter);
         self
@@ -161,7 +175,10 @@ impl YarlBuilder {
         let limiter = match self.limiter {
             Some(l) => l,
             None => {
-                let mut b = Limiter::builder().capacity(self.capacity).horizon(self.sync.interval);
+                let mut b = Limiter::builder()
+                    .capacity(self.capacity)
+                    .keys(self.keys)
+                    .horizon(self.sync.interval);
                 if let Some(c) = self.clock {
                     b = b.clock(c);
                 }
@@ -233,6 +250,7 @@ impl Yarl {
             ca_file: None,
             sync: SyncConfig::default(),
             capacity: DEFAULT_CAPACITY,
+            keys: DEFAULT_KEYS,
             clock: None,
             limiter: None,
             transport: None,

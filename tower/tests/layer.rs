@@ -363,3 +363,40 @@ async fn time_drains_what_a_sync_round_folded() {
     assert!((fill(&yarl, "q") - 1.0).abs() < 1e-9, "2 units, 1 s at 1/s");
     assert_eq!(svc.oneshot(get_req("/")).await.unwrap().status(), StatusCode::OK);
 }
+
+/// A template limits each client named from the request on its own bucket, and the fields
+/// name the template with the key's id as `pk`.
+#[tokio::test]
+async fn a_template_gives_each_client_a_bucket_of_its_own() {
+    let (yarl, _clock) = limiter(&[
+        ("api_all", 100.0, 100.0, 100.0, None),
+        ("api_key_*", 1.0, 1.0, 1.0, Some("api_all")),
+    ]);
+    let svc = yarl
+        .layer(|req: &Parts, q: &mut Quotas| {
+            let key = req.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("");
+            q.account(format!("api_key_{key}"), 1);
+        })
+        .headers(true)
+        .layer(service_fn(hello));
+    let call = |key: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = Request::get("/").header("x-api-key", key).body(Body::empty()).unwrap();
+            svc.oneshot(req).await.unwrap()
+        }
+    };
+    for key in ["alice", "bob"] {
+        assert_eq!(call(key).await.status(), StatusCode::OK, "{key}: fill 0");
+        assert_eq!(call(key).await.status(), StatusCode::OK, "{key}: fill 1 <= 1");
+        let r = call(key).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{key}: fill 2");
+        let policy = r.headers()["ratelimit-policy"].to_str().unwrap();
+        assert!(policy.starts_with("\"api_key_*\";q=2;w=2;pk=:"), "{policy}");
+        assert!(!policy.contains(key), "the key is not sent back: {policy}");
+    }
+    assert_eq!(fill(&yarl, "api_key_alice"), 2.0);
+    assert_eq!(fill(&yarl, "api_all"), 4.0, "the parent sums both clients");
+    let usage = yarl.limiter().zone_status().usage;
+    assert_eq!((usage.templates, usage.keys), (1, 2));
+}

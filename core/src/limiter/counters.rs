@@ -308,7 +308,7 @@ impl CounterAccess<'_> {
     pub fn anchor(&self, s: u32, v: u64, now: u64) {
         if let Some(x) = self.slot(s) {
             debug_assert!(x.get(INFLIGHT) >= v);
-            let fill = x.estimate(now, false, 0, 1).ceil() as u64;
+            let fill = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE).ceil() as u64;
             x.write_base(fill.saturating_sub(x.get(LOCAL)), now);
         }
     }

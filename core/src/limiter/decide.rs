@@ -92,7 +92,7 @@ impl Limiter {
         }
         let mut chain = Chain::default();
         let (fresh, horizon) = (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns());
-        let peers = self.peers();
+        let peers = self.peers_cell();
         loop {
             chain.push(idx);
             if slot.estimate(now, fresh, horizon, peers) <= 0.0 {
@@ -204,7 +204,7 @@ impl Limiter {
         };
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
-        let peers = self.peers();
+        let peers = self.peers_cell();
         // Seconds `local` has been counting, for the local guard; only read when it is on.
         let guard_dt = if self.local_guard && weight > 0 {
             Some(now.saturating_sub(self.hdr(hdr::LOCAL_SINCE).load(Relaxed)) as f64 * 1e-9)
@@ -249,7 +249,7 @@ impl Limiter {
                 }
             }
             if rejected {
-                if peers > 1 && slot.get(AT) == 0 {
+                if slot.get(AT) == 0 && self.peers() > 1 {
                     // Refused on a guess (a counter no root has reported, scaled by the
                     // live limiters): the roots know better a round from now.
                     self.ask_early_round();
@@ -308,7 +308,7 @@ impl Limiter {
                 let before = s.w(LOCAL).fetch_add(weight, Relaxed);
                 let local = before.saturating_add(weight);
                 if chain.empty & 1 << k != 0 {
-                    s.started_empty(before.saturating_add(s.get(INFLIGHT)), now, self.peers());
+                    s.started_empty(before.saturating_add(s.get(INFLIGHT)), now, self.peers_cell());
                 }
                 self.mark_dirty(i);
                 // Attempts, not admissions: under steady overload what a host admits swings

@@ -3,7 +3,7 @@
 
 use super::{Limiter, QuotaInfo, MAX_CHAIN};
 use crate::quota::Epoch;
-use crate::ratelimit::Level;
+use crate::ratelimit::{Level, Partition};
 use crate::sync::RootStatus;
 use crate::units::{milli_to_units, MILLI};
 use crate::zone::roots::{self, LATENCY_BUCKETS_US};
@@ -68,7 +68,7 @@ impl Limiter {
             low_burst: milli_to_units(slot.get(LOW)),
             high_burst: milli_to_units(slot.get(HIGH)),
             parent,
-            fill: slot.estimate(now, fresh, self.horizon_ns(), self.peers()) / MILLI as f64,
+            fill: slot.estimate(now, fresh, self.horizon_ns(), self.peers_cell()) / MILLI as f64,
             rejections: slot.get(REJECTS) >> 32,
         })
     }
@@ -81,9 +81,12 @@ impl Limiter {
         let now = self.clock.now_nanos();
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
-        let peers = self.peers();
+        let peers = self.peers_cell();
         let mut out = Vec::with_capacity(3);
-        let _ = first;
+        // A key is a partition of its template's policy (see `ratelimit`).
+        let mut partition = self
+            .template_of_key(first)
+            .map(|t| Partition { template: self.slot_name(t), key: slot.get(ID) });
         let mut name = crate::quota::escape_name(name.as_ref());
         loop {
             out.push(Level {
@@ -92,6 +95,7 @@ impl Limiter {
                 low_burst: milli_to_units(slot.get(LOW)),
                 high_burst: milli_to_units(slot.get(HIGH)),
                 fill: slot.estimate(now, fresh, horizon, peers) / MILLI as f64,
+                partition: partition.take(),
             });
             let p = slot.parent();
             if p == 0 || out.len() == MAX_CHAIN {

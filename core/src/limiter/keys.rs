@@ -5,7 +5,7 @@
 use super::{Limiter, MAX_CHAIN};
 use crate::zone::hdr;
 use crate::zone::keys::{self, is_key_id, KeyTable, Probe, TEMPLATE};
-use crate::zone::slot::{Slot, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, REJECTED};
+use crate::zone::slot::{Peers, Slot, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, REJECTED};
 use std::sync::atomic::Ordering::*;
 
 /// Longest name a template can match: the length byte of a name.
@@ -176,7 +176,7 @@ impl Limiter {
             {
                 continue;
             }
-            let fill = s.estimate(now, fresh, horizon, 1);
+            let fill = s.estimate(now, fresh, horizon, Peers::ALONE);
             if fill <= s.get(LOW) as f64 && best.map_or(true, |b| fill < b.2) {
                 best = Some((pos, id, fill));
                 if fill <= 0.0 {

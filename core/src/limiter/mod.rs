@@ -490,6 +490,12 @@ impl Limiter {
         self.hdr(hdr::PEERS).load(Relaxed)
     }
 
+    /// [`peers`](Self::peers) as the estimate takes it: read only if a counter needs it.
+    #[inline]
+    pub(crate) fn peers_cell(&self) -> crate::zone::slot::Peers<'_> {
+        crate::zone::slot::Peers::of(self.hdr(hdr::PEERS))
+    }
+
     /// Records the roots' count of live limiters from an answer.
     pub(crate) fn set_peers(&self, n: u32) {
         self.hdr(hdr::PEERS).store(u64::from(n), Relaxed);

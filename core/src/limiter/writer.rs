@@ -17,7 +17,7 @@ use crate::quota::{is_template, raw_name, validate_name, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
 use crate::zone::hdr;
 use crate::zone::keys::{is_key_id, TEMPLATE};
-use crate::zone::slot::{HIGH, ID, LIMIT, LOW};
+use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
 use std::collections::{HashMap, HashSet};
@@ -683,7 +683,7 @@ impl Limiter {
                 && k.get(crate::zone::slot::INFLIGHT) == 0
                 && k.get(crate::zone::slot::REJECTED) == 0
                 && !self.is_dirty(s)
-                && k.estimate(now, fresh, horizon, 1) <= 0.0;
+                && k.estimate(now, fresh, horizon, Peers::ALONE) <= 0.0;
             if idle && keys.free(pos, id, now_ms) {
                 self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
                 self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);

@@ -43,6 +43,26 @@ pub(crate) const ONE_REJECTION: u64 = 1 << 32;
 /// died between its two stores must not stop every other process's requests.
 const SEQLOCK_TRIES: u32 = 64;
 
+/// How many limiters a counter no root has reported stands for (see [`Slot::estimate`]): the
+/// block's count of live limiters, read only when such a counter is met, or one.
+#[derive(Clone, Copy)]
+pub(crate) struct Peers<'a>(Option<&'a AtomicU64>);
+
+impl<'a> Peers<'a> {
+    /// This limiter alone.
+    pub(crate) const ALONE: Peers<'static> = Peers(None);
+
+    /// The count in `cell` (0 before any answer, taken as 1).
+    pub(crate) fn of(cell: &'a AtomicU64) -> Self {
+        Peers(Some(cell))
+    }
+
+    #[inline]
+    fn get(self) -> f64 {
+        self.0.map_or(1, |c| c.load(Relaxed).max(1)) as f64
+    }
+}
+
 /// The three rates of the `rates` word, milli-units per second. Only the sync agent writes
 /// them; they steer estimates and early syncs, so 13 bits of mantissa (a relative error
 /// under 1/8000) are plenty.
@@ -223,7 +243,7 @@ impl<'a> Slot<'a> {
     /// tells them the truth, not one per host (whose excess the roots would then make it
     /// pay back, keeping its quota closed for as long as the excess takes to drain).
     #[inline(always)]
-    pub fn estimate(&self, now: u64, fresh: bool, horizon: u64, peers: u64) -> f64 {
+    pub fn estimate(&self, now: u64, fresh: bool, horizon: u64, peers: Peers<'_>) -> f64 {
         let (base, at) = self.read_base();
         let own = self.get(LOCAL).saturating_add(self.get(INFLIGHT));
         // Only counts of this limiter's own have a time of their own to drain from.
@@ -234,7 +254,7 @@ impl<'a> Slot<'a> {
         };
         if t0 == 0 {
             // Never synced nor anchored: no time to drain from.
-            return own as f64 * peers.max(1) as f64;
+            return own as f64 * peers.get();
         }
         let inflow = if fresh && at != 0 { Rates::inflow_of(self.get(RATES)) } else { 0.0 };
         let limit = self.get(LIMIT) as f64;
@@ -248,7 +268,7 @@ impl<'a> Slot<'a> {
         if at == 0 {
             // Never synced: this limiter's own counts, as if every live limiter counted as
             // many, draining from `t0`.
-            let own = own as f64 * peers.max(1) as f64;
+            let own = own as f64 * peers.get();
             return (own - limit * now.saturating_sub(t0) as f64 * 1e-9).max(0.0);
         }
         Self::estimate_since(base, at, own as f64, t0, now, limit, inflow, horizon)
@@ -289,13 +309,13 @@ impl<'a> Slot<'a> {
     /// keep the later one, which counts more, never less). `peers` as for
     /// [`estimate`](Self::estimate): a counter no root has reported holds that many times
     /// `pending`.
-    pub fn started_empty(&self, pending: u64, now: u64, peers: u64) {
+    pub fn started_empty(&self, pending: u64, now: u64, peers: Peers<'_>) {
         let limit = self.get(LIMIT);
         if limit == 0 {
             return;
         }
-        let scale = if self.get(AT) == 0 { peers.max(1) } else { 1 };
-        let back = u128::from(pending) * u128::from(scale) * u128::from(NANOS);
+        let scale = if self.get(AT) == 0 { peers.get() as u128 } else { 1 };
+        let back = u128::from(pending) * scale * u128::from(NANOS);
         let back = u64::try_from(back / u128::from(limit)).unwrap_or(u64::MAX);
         let t = now.saturating_sub(back);
         let new = to_ms32(t);
