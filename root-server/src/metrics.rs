@@ -76,7 +76,7 @@ pub(crate) fn note_refused_connection() {
 }
 
 /// Gauges read from the root state at scrape time.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
     pub stats: RootStats,
     pub limiters: usize,
@@ -85,6 +85,8 @@ pub(crate) struct Snapshot {
     pub parked: usize,
     /// Keys (counters of names under templates) held.
     pub keys: usize,
+    /// Per live template: name, keys held, keys refused since the start.
+    pub templates: Vec<(String, usize, u64)>,
     pub epoch: u64,
     /// States the counters are split into (`--stripes`).
     pub stripes: usize,
@@ -273,6 +275,8 @@ impl Metrics {
             u64::from(!self.db_down.load(Relaxed)),
         );
 
+        render_templates(&mut o, &s.templates);
+
         let ok = self.sync_ok.load(Relaxed);
         let refused = self.sync_refused.load(Relaxed);
         let _ = writeln!(
@@ -333,5 +337,64 @@ impl Metrics {
             "# HELP yarl_root_info The database kind.\n# TYPE yarl_root_info gauge\nyarl_root_info{{db=\"{store}\"}} 1"
         );
         o
+    }
+}
+
+/// Templates named in the per-template series; the rest are summed as `template="_other"`.
+pub(crate) const TOP_TEMPLATES: usize = 20;
+
+/// Keys held and refused per template, for the [`TOP_TEMPLATES`] templates holding most
+/// keys and the rest together: a label per template, none per key, and a bounded number
+/// whatever an operator creates. Template names need no escaping in a label (their
+/// characters are `A-Za-z0-9._:@-%*`).
+fn render_templates(o: &mut String, templates: &[(String, usize, u64)]) {
+    let mut by_keys: Vec<&(String, usize, u64)> = templates.iter().collect();
+    by_keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let (top, rest) = by_keys.split_at(by_keys.len().min(TOP_TEMPLATES));
+    let other = (rest.iter().map(|t| t.1).sum::<usize>(), rest.iter().map(|t| t.2).sum::<u64>());
+    let rows = top
+        .iter()
+        .map(|t| (t.0.as_str(), t.1, t.2))
+        .chain((!rest.is_empty()).then_some(("_other", other.0, other.1)));
+    let rows: Vec<(&str, usize, u64)> = rows.collect();
+    let _ = writeln!(
+        o,
+        "# HELP yarl_root_template_keys Keys held per template ({TOP_TEMPLATES} templates with most, then _other).\n\
+         # TYPE yarl_root_template_keys gauge"
+    );
+    for (name, held, _) in &rows {
+        let _ = writeln!(o, "yarl_root_template_keys{{template=\"{name}\"}} {held}");
+    }
+    let _ = writeln!(
+        o,
+        "# HELP yarl_root_template_keys_refused_total Keys refused per template (a bound was reached).\n\
+         # TYPE yarl_root_template_keys_refused_total counter"
+    );
+    for (name, _, refused) in &rows {
+        let _ =
+            writeln!(o, "yarl_root_template_keys_refused_total{{template=\"{name}\"}} {refused}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_beyond_the_top_are_summed_as_other() {
+        let many: Vec<(String, usize, u64)> =
+            (0..TOP_TEMPLATES + 5).map(|i| (format!("t{i:02}_*"), i, 1)).collect();
+        let mut o = String::new();
+        render_templates(&mut o, &many);
+        let keys: Vec<&str> =
+            o.lines().filter(|l| l.starts_with("yarl_root_template_keys{")).collect();
+        assert_eq!(keys.len(), TOP_TEMPLATES + 1, "{o}");
+        assert_eq!(keys[0], format!("yarl_root_template_keys{{template=\"t24_*\"}} 24"));
+        // t00..t04 hold the fewest: 0 + 1 + 2 + 3 + 4 keys, 5 refusals.
+        assert_eq!(keys[TOP_TEMPLATES], "yarl_root_template_keys{template=\"_other\"} 10");
+        assert!(o.contains("yarl_root_template_keys_refused_total{template=\"_other\"} 5\n"));
+        let mut none = String::new();
+        render_templates(&mut none, &[]);
+        assert!(!none.contains("{template="), "no series without templates: {none}");
     }
 }

@@ -425,10 +425,11 @@ impl AppState {
                     r.parked_count(),
                     r.epoch(),
                     r.key_count(),
+                    r.template_keys(),
                 )
             })
             .await?;
-        let (stats, limiters, quotas, _, _, epoch, _) = parts[0];
+        let (stats, limiters, quotas, _, _, epoch, _, _) = parts[0].clone();
         let mut snap = Snapshot {
             stats,
             limiters,
@@ -436,17 +437,25 @@ impl AppState {
             counters: 0,
             parked: 0,
             keys: 0,
+            templates: Vec::new(),
             epoch,
             stripes: parts.len(),
         };
-        for (i, p) in parts.iter().enumerate() {
+        let mut templates: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+        for (i, p) in parts.into_iter().enumerate() {
             if i > 0 {
                 snap.stats.add_stripe(&p.0);
             }
             snap.counters += p.3;
             snap.parked += p.4;
             snap.keys += p.6;
+            for (name, held, refused) in p.7 {
+                let t = templates.entry(name).or_default();
+                t.0 += held;
+                t.1 += refused;
+            }
         }
+        snap.templates = templates.into_iter().map(|(n, (h, r))| (n, h, r)).collect();
         Ok(snap)
     }
 }

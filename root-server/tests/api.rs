@@ -640,9 +640,13 @@ async fn templates_and_their_keys() {
     assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("api_key_%00%FF")), "{v}");
     let (_, m) = call(&st, GET, "/metrics", None, None).await;
     let m = m.as_str().unwrap();
-    for line in
-        ["yarl_root_keys 1", "yarl_root_keys_created_total 1", "yarl_root_keys_refused_total 0"]
-    {
+    for line in [
+        "yarl_root_keys 1",
+        "yarl_root_keys_created_total 1",
+        "yarl_root_keys_refused_total 0",
+        "yarl_root_template_keys{template=\"api_key_*\"} 1",
+        "yarl_root_template_keys_refused_total{template=\"api_key_*\"} 0",
+    ] {
         assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
     }
 }

@@ -28,6 +28,9 @@ pub(super) struct Keys {
     pub(super) asked: IdMap<QuotaId>,
     /// Live templates by their prefix (the bytes before `*`), for the admin API.
     pub(super) by_prefix: std::collections::BTreeMap<Vec<u8>, QuotaId>,
+    /// Keys refused per template since the start (for metrics; one entry per template that
+    /// ever refused, and templates are the operator's, so it stays small).
+    pub(super) refused: IdMap<u64>,
 }
 
 impl RootState {
@@ -61,6 +64,7 @@ impl RootState {
             || per_template >= self.config.max_keys_per_template
         {
             self.stats.keys_refused += 1;
+            *self.keys.refused.entry(template).or_default() += 1;
             return false;
         }
         let entry = QuotaEntry {
@@ -149,5 +153,19 @@ impl RootState {
     /// Keys held per template: (template id, keys), for metrics.
     pub fn keys_per_template(&self) -> Vec<(QuotaId, usize)> {
         self.keys.of.iter().map(|(&t, k)| (t, k.len())).collect()
+    }
+
+    /// Per live template, by name: keys held and keys refused since the start (this state's:
+    /// a striped root sums its stripes').
+    pub fn template_keys(&self) -> Vec<(String, usize, u64)> {
+        self.keys
+            .by_prefix
+            .values()
+            .filter_map(|&t| {
+                let name = &self.quotas.get(&t)?.update.name;
+                let held = self.keys.of.get(&t).map_or(0, |k| k.len());
+                Some((name.clone(), held, self.keys.refused.get(&t).copied().unwrap_or(0)))
+            })
+            .collect()
     }
 }
