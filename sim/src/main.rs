@@ -586,6 +586,16 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
             r.hot_mean, r.hot_min, r.hot_max, r.cold_rejected
         );
     }
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    let _ = writeln!(
+        w,
+        "\nTargets, for the default: the hot keys' mean within 3 % of their limit: {:.3} \
+         ({}); no request of a cold key refused: {} ({}).",
+        first.hot_mean,
+        verdict((first.hot_mean - 1.0).abs() <= 0.03),
+        first.cold_rejected,
+        verdict(first.cold_rejected == 0.0)
+    );
     let _ = writeln!(
         w,
         "\nA key new to a host is limited from its first request there, but the host cannot \
