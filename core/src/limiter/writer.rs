@@ -62,6 +62,14 @@ fn hash_id(id: QuotaId) -> u64 {
     id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// How long a key has had no news (no root report of it, nothing of its own anchored) before
+/// the agent's sweep frees it to make room, while the table is not nearly full. Like
+/// `limit_req`, which frees a state only once it has drained and been unused for a minute:
+/// a client that comes back within it finds its bucket, and its cluster view, where it left
+/// them, instead of being inserted again (and, on a cluster, guessed at again, see
+/// `Slot::estimate`).
+pub(crate) const KEY_IDLE: u64 = 60_000_000_000;
+
 impl Limiter {
     /// This handle's writer, its caches in step with the block.
     pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
@@ -644,9 +652,11 @@ impl Limiter {
     }
 
     /// One step of the sweep of the key table (a sixteenth of it, from where the last
-    /// ended): while it is over half full, frees keys that are drained and have nothing
-    /// counted, in flight or waiting for a round (they rest before reuse, see `zone/keys.rs`),
-    /// and claims left by a request path that died. Returns the keys freed.
+    /// ended): while it is over half full, frees keys that are drained, have nothing
+    /// counted, in flight or waiting for a round, and have had no news for
+    /// [`KEY_IDLE`] (no root report, no count anchored; any idle key once the table is
+    /// seven eighths full), and claims left by a request path that died. Freed keys rest
+    /// before reuse (see `zone/keys.rs`). Returns the keys freed.
     pub(crate) fn sweep_keys(&self, now: u64) -> usize {
         let keys = self.key_table();
         let cap = keys.cap();
@@ -657,6 +667,7 @@ impl Limiter {
         let mut guard = self.writer();
         let w = &mut *guard;
         let crowded = live > u64::from(cap) / 2;
+        let nearly_full = live > u64::from(cap) / 8 * 7;
         let (fresh, horizon, now_ms) =
             (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns(), now / 1_000_000);
         let start = self.hdr(hdr::KEY_HAND).load(Relaxed) as u32 % cap;
@@ -683,6 +694,7 @@ impl Limiter {
                 && k.get(crate::zone::slot::INFLIGHT) == 0
                 && k.get(crate::zone::slot::REJECTED) == 0
                 && !self.is_dirty(s)
+                && (nearly_full || now.saturating_sub(k.get(crate::zone::slot::AT)) >= KEY_IDLE)
                 && k.estimate(now, fresh, horizon, Peers::ALONE) <= 0.0;
             if idle && keys.free(pos, id, now_ms) {
                 self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);

@@ -38,8 +38,10 @@
 //!   an empty position of its window: probes stop at the first empty one.
 //! * A request path that finds no free position takes over a drained key of its window
 //!   (nothing counted, nothing in flight, fill 0); a key that still limits someone is never
-//!   taken. The sync agent frees drained keys too, and those wait [`GRACE_MS`] before reuse,
-//!   so a reader that found the slot an instant before never sees another key's numbers.
+//!   taken. The sync agent frees drained keys too (without news for a minute, or any
+//!   drained one in a nearly full table: `Limiter::sweep_keys`), and those wait
+//!   [`GRACE_MS`] before reuse, so a reader that found the slot an instant before never
+//!   sees another key's numbers.
 //! * An inserter that dies between its claim and its publish leaves a claim; the agent's
 //!   sweep frees claims it finds twice in a row.
 

@@ -9,6 +9,18 @@ fn passes(l: &Limiter, name: &[u8], n: usize) -> usize {
     (0..n).filter(|_| l.account(name, 1).unwrap().outcome == Outcome::Passed).count()
 }
 
+/// What a sync round with no root does to the counts: takes them and anchors them here.
+fn round_alone(l: &Limiter, clock: &ManualClock) {
+    let pending = l.take_dirty();
+    l.with_counters(|c| {
+        for s in pending {
+            let v = c.take_local(s);
+            c.anchor(s, v, clock.now_nanos());
+            c.sub_inflight(s, v);
+        }
+    });
+}
+
 fn keyed(keys: u32) -> (Limiter, ManualClock) {
     let clock = ManualClock::at(10 * S);
     let l = Limiter::builder()
@@ -154,14 +166,7 @@ fn a_limited_key_stays_limited_while_others_are_sprayed() {
             l.account(format!("k_{}", rng.u64(..)).as_bytes(), 1).unwrap();
         }
         // A round takes what was counted (as the agent does), and time passes.
-        let pending = l.take_dirty();
-        l.with_counters(|c| {
-            for s in pending {
-                let v = c.take_local(s);
-                c.anchor(s, v, clock.now_nanos());
-                c.sub_inflight(s, v);
-            }
-        });
+        round_alone(&l, &clock);
         clock.advance(Duration::from_millis(20));
         assert_eq!(l.check("v_victim").outcome, Outcome::Rejected, "round {round}");
     }
@@ -225,10 +230,34 @@ fn the_agents_sweep_frees_drained_keys_when_the_table_fills() {
     // One key still counts: it stays.
     assert_eq!(passes(&l, b"k_0", 1), 1);
     clock.advance(Duration::from_secs(1));
+    // Drained, but heard of a second ago: like limit_req's states, a key idle for less than
+    // a minute keeps its slot while the table is not nearly full.
+    assert_eq!((0..16).map(|_| l.sweep_keys(clock.now_nanos())).sum::<usize>(), 0);
+    clock.advance(Duration::from_secs(60));
     let freed: usize = (0..16).map(|_| l.sweep_keys(clock.now_nanos())).sum();
     let u = l.zone_status().usage;
     assert!(freed > 0 && u.keys <= cap / 2, "{freed} freed: {u:?}");
     assert!(l.quota("k_0").is_some(), "a key that counts is never freed");
+}
+
+#[test]
+fn a_nearly_full_table_frees_drained_keys_without_waiting_a_minute() {
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 100.0, 5.0, 5.0, None)]);
+    let cap = l.zone_status().usage.key_capacity;
+    let mut inserted = 0;
+    for i in 0..cap * 2 {
+        l.account(format!("k_{i}").as_bytes(), 1).unwrap();
+        inserted = l.zone_status().usage.keys;
+        if inserted > cap / 8 * 7 {
+            break;
+        }
+    }
+    assert!(inserted > cap / 8 * 7, "{inserted} of {cap}");
+    round_alone(&l, &clock);
+    clock.advance(Duration::from_secs(1));
+    let freed: usize = (0..16).map(|_| l.sweep_keys(clock.now_nanos())).sum();
+    assert!(freed > 0, "nearly full: drained keys go at once");
 }
 
 #[test]
