@@ -57,6 +57,27 @@ impl Ctx {
         Ok(n)
     }
 
+    /// Reserves a list of `n` items for a field appended after the first revision (read
+    /// outside serde from the `rest` bytes that follow its length), each item at least
+    /// `min_bytes` long: the entries of the whole body stay within the budget.
+    fn reserve_tail(
+        &self,
+        field: &'static str,
+        n: u64,
+        min_bytes: u64,
+        rest: usize,
+    ) -> Result<usize, DecodeError> {
+        let used = self.used.get().saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
+        if n.saturating_mul(min_bytes) > rest as u64 {
+            return Err(malformed(field, "list longer than the rest of the body"));
+        }
+        if used > self.max {
+            return Err(DecodeError::TooLarge(used, self.max));
+        }
+        self.used.set(used);
+        Ok(n as usize)
+    }
+
     fn finish(&self, e: postcard::Error) -> DecodeError {
         if let Some(e) = self.error.take() {
             return e;
@@ -379,16 +400,9 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
             let (interest, more) = take::<bool>(rest, "interest", "bool is neither 0 nor 1")?;
             r.interest = interest;
             let (n, mut more) = take::<u64>(more, "watch", "not a list")?;
-            // Each id takes a byte at least; the entries of the whole body stay bounded.
-            let used = ctx.used.get().saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
-            if n > more.len() as u64 {
-                return Err(malformed("watch", "list longer than the rest of the body"));
-            }
-            if used > max_entries {
-                return Err(DecodeError::TooLarge(used, max_entries));
-            }
-            ctx.used.set(used);
-            let mut watch = Vec::with_capacity(n as usize);
+            // Each id takes a byte at least.
+            let n = ctx.reserve_tail("watch", n, 1, more.len())?;
+            let mut watch = Vec::with_capacity(n);
             let mut id = 0u64;
             for _ in 0..n {
                 let (d, after) = take::<i64>(more, "watch", "not a varint")?;
@@ -398,7 +412,7 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
             }
             r.watch = watch;
             if !more.is_empty() {
-                r.key_templates = key_templates(&ctx, more, max_entries)?;
+                r.key_templates = key_templates(&ctx, more)?;
             }
         }
     }
@@ -406,22 +420,11 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
 }
 
 /// Field 12 of a request: (key id delta, template id) pairs, as bounded as the rest.
-fn key_templates(
-    ctx: &Ctx,
-    bytes: &[u8],
-    max_entries: usize,
-) -> Result<Vec<(u64, u64)>, DecodeError> {
+fn key_templates(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<(u64, u64)>, DecodeError> {
     let (n, mut more) = take::<u64>(bytes, "key_templates", "not a list")?;
-    // Each pair takes two bytes at least; the entries of the whole body stay bounded.
-    let used = ctx.used.get().saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
-    if n.saturating_mul(2) > more.len() as u64 {
-        return Err(malformed("key_templates", "list longer than the rest of the body"));
-    }
-    if used > max_entries {
-        return Err(DecodeError::TooLarge(used, max_entries));
-    }
-    ctx.used.set(used);
-    let mut out = Vec::with_capacity(n as usize);
+    // Each pair takes two bytes at least.
+    let n = ctx.reserve_tail("key_templates", n, 2, more.len())?;
+    let mut out = Vec::with_capacity(n);
     let mut id = 0u64;
     for _ in 0..n {
         let ((d, t), after) = take::<(i64, u64)>(more, "key_templates", "not a pair of varints")?;
