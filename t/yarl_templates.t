@@ -27,6 +27,7 @@ my $http = <<'EOF2';
         location /ip/ { alias %%TESTDIR%%/; yarl_account ip_$binary_remote_addr; }
         location /h/ { alias %%TESTDIR%%/; yarl_account api_key_$http_x_api_key; yarl_headers on; }
         location = /stats { access_log off; yarl_stats; }
+        location = /metrics { access_log off; yarl_metrics; }
     }
 EOF2
 
@@ -137,6 +138,19 @@ for my $k (qw(k1 k2 k3)) {
 	ok(($q->{fill} // 0) >= 2.9, "$k keeps its bucket through the spray: fill " . ($q->{fill} // 'none'));
 }
 
+# The counts per template: the spray's keys, evictions and refusals are api_key_*'s.
+my %row = map { ($_->{template} // '_other') => $_ } @{ $z->{template_keys} };
+is(join(',', sort keys %row), 'api_key_*,ip_*', 'yarl_stats counts both templates apart');
+# (The agent's sweep may free a few drained keys between the two reads of one page.)
+ok(abs($row{'api_key_*'}{keys} - $z->{keys}) < 200, "every key held is an api key: $row{'api_key_*'}{keys}");
+ok(abs($row{'api_key_*'}{evictions} - $z->{key_evictions}) < 200,
+	"so is every eviction: $row{'api_key_*'}{evictions}");
+is($row{'api_key_*'}{refused}, $z->{keys_refused}, 'and every refusal');
+my $m = $ua->get('http://127.0.0.1:' . $t->port(8080) . '/metrics')->{content};
+like($m, qr/^yarl_template_keys\{template="api_key_\*"\} \d{3,4}$/m, 'yarl_metrics: keys per template');
+like($m, qr/^yarl_template_key_evictions_total\{template="api_key_\*"\} \d{5}$/m, 'evictions');
+like($m, qr/^yarl_template_keys\{template="_other"\} 0$/m, 'and the rest');
+
 # A binary key: 127.0.0.1 as 4 bytes. One request passes, then its override raises it.
 is(get($t, undef, '/ip/index.html'), 200, 'the client address has a bucket');
 is(get($t, undef, '/ip/index.html'), 429, 'of one request');
@@ -150,6 +164,8 @@ ok($t->wait_for(sub {
 	$q && !defined $q->{template};
 }, 5), 'reached nginx');
 is(get($t, undef, '/ip/index.html'), 200, 'the address passes under its override');
+my ($ip) = grep { ($_->{template} // '') eq 'ip_*' } @{ $t->stats($t->port(8080))->{zone}{template_keys} };
+is($ip->{keys}, 1, 'ip_* holds its one key');
 
 $t->finish();
 $u->finish();

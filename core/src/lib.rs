@@ -51,8 +51,8 @@ pub mod zone;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
 pub use limiter::{
-    AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, WeightError,
-    ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN,
+    AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, TemplateKeys,
+    WeightError, ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN,
 };
 pub use quota::{
     display_name, escape_name, is_template, raw_name, validate_name, Epoch, Limits, QuotaError,

@@ -29,7 +29,9 @@ fn render() -> String {
     let zone = w.map(|w| w.limiter.zone_status());
     let top = w.map_or_else(Vec::new, |w| w.limiter.top_rejections(TOP_QUOTAS, TOP_WINDOW_SECS));
     let roots = worker::root_statuses();
+    let templates = w.map_or_else(Vec::new, |w| w.limiter.template_keys());
     prom::render(&Input {
+        templates: &templates,
         requests: worker::counters(),
         zone: zone.as_ref(),
         top: &top,

@@ -8,10 +8,12 @@
 use crate::report::RequestCounters;
 use std::fmt::Write;
 use yarl_core::sync::RootStatus;
-use yarl_core::ZoneStatus;
+use yarl_core::{TemplateKeys, ZoneStatus};
 
 /// Quotas named in `yarl_quota_rejections_total`.
 pub const TOP_QUOTAS: usize = 20;
+/// Templates named in the `yarl_template_*` series (those holding most keys).
+pub const TOP_TEMPLATES: usize = 20;
 /// The window that ranks them, seconds.
 pub const TOP_WINDOW_SECS: u64 = 60;
 
@@ -26,6 +28,8 @@ pub struct Input<'a> {
     pub top: &'a [(String, u64, u64)],
     /// The configured roots as the agent last recorded them.
     pub roots: &'a [RootStatus],
+    /// Keys per template ([`yarl_core::Limiter::template_keys`]).
+    pub templates: &'a [TemplateKeys],
     /// Whether a worker runs the sync agent and renews its lease.
     pub agent_alive: bool,
     /// Clock time now, ns (the zone's clock).
@@ -92,6 +96,8 @@ pub fn render(i: &Input<'_>) -> String {
         head(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {v}");
     }
+
+    template_series(&mut o, i.templates);
 
     head(
         &mut o,
@@ -248,4 +254,47 @@ pub fn render(i: &Input<'_>) -> String {
         z.generation
     );
     o
+}
+
+/// A per-template family: name, type, help, and its value in a row.
+type TemplateSeries = (&'static str, &'static str, &'static str, fn(&TemplateKeys) -> u64);
+
+/// Keys held, evicted and refused per template: the [`TOP_TEMPLATES`] holding most keys by
+/// name, every other (and those the zone counts together) as `template="_other"`.
+fn template_series(o: &mut String, rows: &[TemplateKeys]) {
+    let mut named: Vec<&TemplateKeys> = rows.iter().filter(|r| r.template.is_some()).collect();
+    named.sort_by(|a, b| b.keys.cmp(&a.keys).then_with(|| a.template.cmp(&b.template)));
+    let rest = named.split_off(named.len().min(TOP_TEMPLATES));
+    let mut other = TemplateKeys { template: None, keys: 0, evictions: 0, refused: 0 };
+    for r in rest.into_iter().chain(rows.iter().filter(|r| r.template.is_none())) {
+        other.keys += r.keys;
+        other.evictions += r.evictions;
+        other.refused += r.refused;
+    }
+    let series: [TemplateSeries; 3] = [
+        ("yarl_template_keys", "gauge", "Keys held in the zone per template.", |r| r.keys),
+        (
+            "yarl_template_key_evictions_total",
+            "counter",
+            "Keys of the template whose slot went to another key, or that the sweep freed.",
+            |r| r.evictions,
+        ),
+        (
+            "yarl_template_keys_refused_total",
+            "counter",
+            "New keys of the template with no room in the key table.",
+            |r| r.refused,
+        ),
+    ];
+    for (name, kind, help, get) in series {
+        let help = format!(
+            "{help} The {TOP_TEMPLATES} templates holding most keys; template=\"_other\" is the rest."
+        );
+        head(o, name, kind, &help);
+        for r in &named {
+            let t = label(r.template.as_deref().unwrap_or_default());
+            let _ = writeln!(o, "{name}{{template=\"{t}\"}} {}", get(r));
+        }
+        let _ = writeln!(o, "{name}{{template=\"_other\"}} {}", get(&other));
+    }
 }

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 use yarl_core::sync::RootStatus;
-use yarl_core::{QuotaInfo, ZoneStatus};
+use yarl_core::{QuotaInfo, TemplateKeys, ZoneStatus};
 
 /// What the access handlers of all workers decided so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -82,7 +82,7 @@ struct Agent {
 }
 
 #[derive(Serialize)]
-struct Zone {
+struct Zone<'a> {
     bytes: u64,
     bytes_used: u64,
     capacity: u64,
@@ -98,6 +98,16 @@ struct Zone {
     keys_inserted: u64,
     key_evictions: u64,
     keys_refused: u64,
+    /// Per template (the first the zone counts apart; `template: null` for the others).
+    template_keys: Vec<TemplateRow<'a>>,
+}
+
+#[derive(Serialize)]
+struct TemplateRow<'a> {
+    template: Option<&'a str>,
+    keys: u64,
+    evictions: u64,
+    refused: u64,
 }
 
 #[derive(Serialize)]
@@ -116,7 +126,7 @@ struct Page<'a> {
     cluster_fresh: bool,
     cluster_limiters: u64,
     last_round_age_ms: Option<u64>,
-    zone: Zone,
+    zone: Zone<'a>,
     requests: RequestCounters,
     roots: Vec<Root<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -163,6 +173,8 @@ pub struct Input<'a> {
     /// `Some` when the page was asked about one quota (`?quota=NAME`); the inner `None` means
     /// the zone does not hold it.
     pub quota: Option<(&'a str, Option<&'a QuotaInfo>)>,
+    /// Keys per template ([`yarl_core::Limiter::template_keys`]).
+    pub templates: &'a [TemplateKeys],
 }
 
 /// Renders the page (one JSON object and a newline).
@@ -207,6 +219,16 @@ pub fn render(input: &Input<'_>) -> String {
             keys_inserted: u.keys_inserted,
             key_evictions: u.key_evictions,
             keys_refused: u.keys_refused,
+            template_keys: input
+                .templates
+                .iter()
+                .map(|t| TemplateRow {
+                    template: t.template.as_deref(),
+                    keys: t.keys,
+                    evictions: t.evictions,
+                    refused: t.refused,
+                })
+                .collect(),
         },
         requests: input.requests,
         roots: input.roots.iter().map(|r| root(now, r)).collect(),

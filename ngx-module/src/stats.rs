@@ -95,7 +95,9 @@ fn render(r: &mut Request) -> String {
         _ => None,
     };
     let quota_name = quota_name.as_deref().map(yarl_core::display_name);
+    let templates = w.map_or_else(Vec::new, |w| w.limiter.template_keys());
     report::render(&Input {
+        templates: &templates,
         pid: std::process::id(),
         zone: status.as_ref(),
         agent_alive,

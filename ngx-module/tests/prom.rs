@@ -12,7 +12,7 @@ use prom::*;
 use report::RequestCounters;
 use yarl_core::sync::RootStatus;
 use yarl_core::zone::roots::LATENCY_BUCKETS_US;
-use yarl_core::{ZoneStatus, ZoneUsage};
+use yarl_core::{TemplateKeys, ZoneStatus, ZoneUsage};
 
 fn zone() -> ZoneStatus {
     ZoneStatus {
@@ -55,6 +55,20 @@ fn root(url: &str) -> RootStatus {
     }
 }
 
+/// `n` templates, the i-th holding i keys, and the zone's `_other` row.
+fn templates(n: u64) -> Vec<TemplateKeys> {
+    let mut rows: Vec<TemplateKeys> = (1..=n)
+        .map(|i| TemplateKeys {
+            template: Some(format!("t{i}_*")),
+            keys: i,
+            evictions: 1,
+            refused: 2,
+        })
+        .collect();
+    rows.push(TemplateKeys { template: None, keys: 100, evictions: 10, refused: 20 });
+    rows
+}
+
 fn lines_of<'a>(page: &'a str, metric: &str) -> Vec<&'a str> {
     page.lines().filter(|l| l.starts_with(metric)).collect()
 }
@@ -65,7 +79,9 @@ fn every_family_is_typed_and_values_add_up() {
     let top: Vec<(String, u64, u64)> =
         (0..25).map(|i| (format!("q{i}"), 25 - i as u64, 2)).collect();
     let roots = [root("http://r1:7700"), root("https://r\"2")];
+    let tpl = templates(25);
     let page = render(&Input {
+        templates: &tpl,
         requests: RequestCounters {
             checked: 10,
             passed: 6,
@@ -114,6 +130,14 @@ fn every_family_is_typed_and_values_add_up() {
         page.contains("yarl_sync_requests_total{root=\"https://r\\\"2\",result=\"failed\"} 2\n"),
         "label escaped"
     );
+    // 20 templates by name, most keys first, and the rest with the zone's own _other row.
+    let t = lines_of(&page, "yarl_template_keys{");
+    assert_eq!(t.len(), TOP_TEMPLATES + 1, "{t:?}");
+    assert_eq!(t[0], "yarl_template_keys{template=\"t25_*\"} 25");
+    assert_eq!(t.last().unwrap(), &"yarl_template_keys{template=\"_other\"} 115");
+    assert!(page.contains("yarl_template_key_evictions_total{template=\"_other\"} 15\n"));
+    assert!(page.contains("yarl_template_keys_refused_total{template=\"t6_*\"} 2\n"));
+    assert!(!page.contains("template=\"t5_*\""), "t1..t5 hold fewest: in _other");
     assert!(page.contains("yarl_quotas_missing 2\n"));
     assert!(page.contains("yarl_sync_last_round_age_seconds 0.500\n"));
     assert!(page.contains("yarl_sync_agent_up 1\n"));
@@ -124,7 +148,9 @@ fn the_page_is_bounded_whatever_the_quotas() {
     let z = zone();
     let top: Vec<(String, u64, u64)> = (0..5000).map(|i| (format!("quota-{i}"), 1, 1)).collect();
     let roots: Vec<RootStatus> = (0..3).map(|i| root(&format!("http://r{i}"))).collect();
+    let tpl = templates(64);
     let page = render(&Input {
+        templates: &tpl,
         requests: RequestCounters::default(),
         zone: Some(&z),
         top: &top,
@@ -133,5 +159,5 @@ fn the_page_is_bounded_whatever_the_quotas() {
         now_ns: 0,
     });
     let lines = page.lines().count();
-    assert!(lines < 150, "{lines} lines");
+    assert!(lines < 250, "{lines} lines");
 }

@@ -7,7 +7,7 @@ mod report;
 use report::*;
 use serde_json::Value;
 use yarl_core::sync::RootStatus;
-use yarl_core::{QuotaInfo, ZoneStatus, ZoneUsage};
+use yarl_core::{QuotaInfo, TemplateKeys, ZoneStatus, ZoneUsage};
 
 fn roots() -> Vec<RootStatus> {
     vec![
@@ -67,6 +67,10 @@ fn the_host_state_with_ages_relative_to_render_time() {
         sync: SyncSettings { interval_ms: 1000, timeout_ms: 500, early: true, answers: "all" },
         requests: RequestCounters { checked: 4, passed: 2, rejected: 2, ..Default::default() },
         quota: None,
+        templates: &[
+            TemplateKeys { template: Some("api_key_*".into()), keys: 7, evictions: 1, refused: 0 },
+            TemplateKeys { template: None, keys: 3, evictions: 0, refused: 2 },
+        ],
     }));
     assert_eq!(page["pid"], 42);
     assert_eq!(page["limiter_id"], "00000000000000ab");
@@ -92,6 +96,10 @@ fn the_host_state_with_ages_relative_to_render_time() {
     assert_eq!(roots[1]["last_error"], "connection failed");
     assert_eq!(roots[1]["last_success_age_ms"], Value::Null);
     assert!(page.get("quota").is_none());
+    let t = &page["zone"]["template_keys"];
+    assert_eq!(t[0]["template"], "api_key_*");
+    assert_eq!((t[0]["keys"].as_u64(), t[0]["evictions"].as_u64()), (Some(7), Some(1)));
+    assert_eq!((&t[1]["template"], t[1]["refused"].as_u64()), (&Value::Null, Some(2)));
 }
 
 #[test]
@@ -116,6 +124,7 @@ fn without_a_zone_and_with_a_quota_query() {
         sync: SyncSettings::default(),
         requests: RequestCounters::default(),
         quota: Some(("q", Some(&info))),
+        templates: &[],
     }));
     assert_eq!(page["sync_running"], false);
     assert_eq!(page["agent"]["pid"], Value::Null);
@@ -134,6 +143,7 @@ fn without_a_zone_and_with_a_quota_query() {
         sync: SyncSettings::default(),
         requests: RequestCounters::default(),
         quota: Some(("nope", None)),
+        templates: &[],
     }));
     assert_eq!(missing["quota"], Value::Null);
 }

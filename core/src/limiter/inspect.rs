@@ -1,14 +1,17 @@
 //! Read-only views of the limiter for stats pages and metrics, and the lease that elects one
 //! sync agent among the processes sharing a block.
 
-use super::{Limiter, QuotaInfo, MAX_CHAIN};
+use super::keys::{TSTAT_EVICTED, TSTAT_KEYS, TSTAT_REFUSED};
+use super::{Limiter, QuotaInfo, TemplateKeys, MAX_CHAIN};
 use crate::quota::Epoch;
 use crate::ratelimit::{Level, Partition};
 use crate::sync::RootStatus;
 use crate::units::{milli_to_units, MILLI};
 use crate::zone::roots::{self, LATENCY_BUCKETS_US};
 use crate::zone::slot::{HIGH, ID, LIMIT, LOW, REJECTS};
-use crate::zone::{self, hdr, ZoneUsage, AUX_COUNTERS, AUX_LANES, RECENT_REJECTIONS};
+use crate::zone::{
+    self, hdr, ZoneUsage, AUX_COUNTERS, AUX_LANES, RECENT_REJECTIONS, TEMPLATE_STATS,
+};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// The limiter's state as a whole, readable by any handle.
@@ -170,6 +173,30 @@ impl Limiter {
     /// Memory use of the block.
     pub fn zone_usage(&self) -> ZoneUsage {
         zone::usage(self.words(), &self.layout)
+    }
+
+    /// The keys of each template counted apart (the first [`TEMPLATE_STATS`] the block
+    /// held), then the others together if they have counted anything; lock-free reads.
+    pub fn template_keys(&self) -> Vec<TemplateKeys> {
+        let count = |e: usize| {
+            let get = |what| self.template_count_at(e, what).load(Relaxed);
+            (get(TSTAT_KEYS), get(TSTAT_EVICTED), get(TSTAT_REFUSED))
+        };
+        let mut out = Vec::new();
+        for e in 0..TEMPLATE_STATS {
+            let t = self.hdr(hdr::TSTAT_IDS + e).load(Acquire);
+            let Some(s) = t.checked_sub(1).and_then(|t| self.live_slot(t as u32).map(|_| t)) else {
+                continue;
+            };
+            let (keys, evictions, refused) = count(e);
+            let template = Some(self.slot_name(s as u32));
+            out.push(TemplateKeys { template, keys, evictions, refused });
+        }
+        let (keys, evictions, refused) = count(TEMPLATE_STATS);
+        if keys + evictions + refused > 0 {
+            out.push(TemplateKeys { template: None, keys, evictions, refused });
+        }
+        out
     }
 
     /// Bytes of the block in use plus this handle's own writer caches.

@@ -3,15 +3,20 @@
 //! `zone/keys.rs`).
 
 use super::{Limiter, MAX_CHAIN};
-use crate::zone::hdr;
 use crate::zone::keys::{self, is_key_id, KeyTable, Probe, TEMPLATE};
 use crate::zone::slot::{Peers, Slot, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, REJECTED};
+use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use std::sync::atomic::Ordering::*;
 
 /// Longest name a template can match: the length byte of a name.
 const MAX_PREFIX: usize = 255;
 /// Times a request path looks again for a key another is inserting right now.
 const BUSY_TRIES: u32 = 64;
+/// The per-template counts: keys held, keys evicted for another, keys refused for want of
+/// room (see `hdr::TSTAT_COUNTS`).
+pub(super) const TSTAT_KEYS: usize = 0;
+pub(super) const TSTAT_EVICTED: usize = 1;
+pub(super) const TSTAT_REFUSED: usize = 2;
 
 impl Limiter {
     #[inline]
@@ -73,6 +78,37 @@ impl Limiter {
         None
     }
 
+    /// Which entry of the per-template counts counts template slot `t`'s keys: its own if
+    /// it has one, else `_other` (the last). A scan of `TEMPLATE_STATS` words, on a key's
+    /// insertion, eviction or refusal only.
+    pub(super) fn template_entry(&self, t: u32) -> usize {
+        let want = u64::from(t) + 1;
+        let ids = &self.words()[hdr::TSTAT_IDS..hdr::TSTAT_IDS + TEMPLATE_STATS];
+        ids.iter().position(|w| w.load(Relaxed) == want).unwrap_or(TEMPLATE_STATS)
+    }
+
+    /// Count `what` (a `TSTAT_*`) of entry `e` of the per-template counts.
+    pub(super) fn template_count_at(&self, e: usize, what: usize) -> &std::sync::atomic::AtomicU64 {
+        self.hdr(hdr::TSTAT_COUNTS + e * TSTAT_WORDS + what)
+    }
+
+    fn template_count(&self, t: u32, what: usize) -> &std::sync::atomic::AtomicU64 {
+        self.template_count_at(self.template_entry(t), what)
+    }
+
+    /// A key of template slot `t` left the table (`evicted`: for another key).
+    pub(super) fn key_gone(&self, t: u32, evicted: bool) {
+        let e = self.template_entry(t);
+        // Never below 0: a key counted under `_other` before its template had an entry
+        // may leave from the entry (the writer recounts both when templates change).
+        let _ = self
+            .template_count_at(e, TSTAT_KEYS)
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
+        if evicted {
+            self.template_count_at(e, TSTAT_EVICTED).fetch_add(1, Relaxed);
+        }
+    }
+
     /// The template a key slot belongs to.
     pub(super) fn template_of_key(&self, s: u32) -> Option<u32> {
         if !self.is_key_slot(s) {
@@ -99,20 +135,28 @@ impl Limiter {
                     let taken = free.or_else(|| self.evictable_in_window(&table, h.0, now));
                     let Some((pos, old)) = taken else {
                         self.hdr(hdr::KEYS_REFUSED).fetch_add(1, Relaxed);
+                        self.template_count(t, TSTAT_REFUSED).fetch_add(1, Relaxed);
                         return shared();
                     };
                     if !table.claim(pos, old, h.0) {
                         continue;
                     }
+                    // Claimed, not yet published: the evicted key's words are still there.
+                    let old_template = match table.slot(pos) {
+                        Some(k) if is_key_id(old) => Some(k.get(TEMPLATE).wrapping_sub(1) as u32),
+                        _ => None,
+                    };
                     let template = self.live_slot(t)?;
                     let limits = (template.get(LIMIT), template.get(LOW), template.get(HIGH));
                     let id = keys::key_id(self.cluster_secret(), name);
                     table.publish(pos, h, id, t, limits, template.parent());
-                    if is_key_id(old) {
+                    if let Some(o) = old_template {
                         self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+                        self.key_gone(o, true);
                     } else {
                         self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
                     }
+                    self.template_count(t, TSTAT_KEYS).fetch_add(1, Relaxed);
                     self.hdr(hdr::KEYS_INSERTED).fetch_add(1, Relaxed);
                     return self.settle_duplicate(&table, h, pos, now_ms);
                 }
@@ -143,8 +187,10 @@ impl Limiter {
                     let mine = table.slot(pos)?;
                     let theirs = table.slot(p)?;
                     let id = mine.id();
+                    let t = mine.get(TEMPLATE).wrapping_sub(1) as u32;
                     if table.free(pos, id, now_ms) {
                         self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                        self.key_gone(t, false);
                         for w in [LOCAL, REJECTED] {
                             let v = mine.w(w).swap(0, Relaxed);
                             theirs.w(w).fetch_add(v, Relaxed);

@@ -99,6 +99,20 @@ pub struct ApplyReport {
     pub reset: usize,
 }
 
+/// The keys of one template in a block, or of every template beyond the first
+/// [`TEMPLATE_STATS`](crate::zone::TEMPLATE_STATS) together (`template: None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateKeys {
+    /// The template's name (`api_key_*`); `None` for the others together.
+    pub template: Option<String>,
+    /// Keys held now.
+    pub keys: u64,
+    /// Keys evicted, for a new key or by the sweep of drained ones.
+    pub evictions: u64,
+    /// New keys refused for want of room (they shared the template's own bucket).
+    pub refused: u64,
+}
+
 /// A quota as the limiter holds it, with its live estimate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuotaInfo {

@@ -15,9 +15,9 @@
 use super::{ApplyReport, Limiter};
 use crate::quota::{is_template, raw_name, validate_name, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
-use crate::zone::hdr;
 use crate::zone::keys::{is_key_id, TEMPLATE};
 use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW};
+use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
 use std::collections::{HashMap, HashSet};
@@ -548,6 +548,7 @@ impl Limiter {
         let keys = self.key_table();
         let now_ms = now / 1_000_000;
         let positions = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { keys.cap() } else { 0 };
+        let mut found: HashMap<u32, u64> = HashMap::new();
         for pos in 0..positions {
             let Some(k) = keys.slot(pos) else { continue };
             let id = k.id();
@@ -561,6 +562,7 @@ impl Limiter {
                     k.w(LOW).store(low, Relaxed);
                     k.w(HIGH).store(high, Relaxed);
                     k.set_parent(parent);
+                    *found.entry(t).or_default() += 1;
                 }
                 None => {
                     if keys.free(pos, id, now_ms) {
@@ -573,10 +575,57 @@ impl Limiter {
                 }
             }
         }
+        self.assign_template_counts(&held, &found);
         for (i, bits) in lens.iter().enumerate() {
             self.hdr(hdr::TEMPLATE_LENS + i).store(*bits, Relaxed);
         }
         self.hdr(hdr::TEMPLATES).store(held.len() as u64, Release);
+    }
+
+    /// The per-template counts after templates changed: the entries of templates gone are
+    /// cleared, templates without one take the free ones (by slot, so the first templates a
+    /// block holds keep theirs), and every entry's key count, `_other`'s too, is set to
+    /// what the walk of the key table `found` (request paths inserting meanwhile may be
+    /// off by their few keys until the next change).
+    fn assign_template_counts<V>(&self, held: &HashMap<u32, V>, found: &HashMap<u32, u64>) {
+        let id_of = |e: usize| self.hdr(hdr::TSTAT_IDS + e);
+        let clear = |e: usize| {
+            for what in 0..TSTAT_WORDS {
+                self.template_count_at(e, what).store(0, Relaxed);
+            }
+        };
+        let mut has_entry = HashSet::new();
+        for e in 0..TEMPLATE_STATS {
+            let v = id_of(e).load(Relaxed);
+            if v == 0 {
+                continue;
+            }
+            if held.contains_key(&((v - 1) as u32)) {
+                has_entry.insert((v - 1) as u32);
+            } else {
+                id_of(e).store(0, Release);
+                clear(e);
+            }
+        }
+        let mut new: Vec<u32> = held.keys().copied().filter(|t| !has_entry.contains(t)).collect();
+        new.sort_unstable();
+        let mut new = new.into_iter();
+        for e in 0..TEMPLATE_STATS {
+            if id_of(e).load(Relaxed) != 0 {
+                continue;
+            }
+            let Some(t) = new.next() else { break };
+            clear(e);
+            id_of(e).store(u64::from(t) + 1, Release);
+        }
+        let mut other = found.values().sum::<u64>();
+        for e in 0..TEMPLATE_STATS {
+            let v = id_of(e).load(Relaxed);
+            let n = if v == 0 { 0 } else { found.get(&((v - 1) as u32)).copied().unwrap_or(0) };
+            other -= n;
+            self.template_count_at(e, super::keys::TSTAT_KEYS).store(n, Relaxed);
+        }
+        self.template_count_at(TEMPLATE_STATS, super::keys::TSTAT_KEYS).store(other, Relaxed);
     }
 
     /// Lets the writer find keys the request paths inserted, by their wire id: they come to
@@ -619,8 +668,10 @@ impl Limiter {
         for pos in 0..keys.cap() {
             let Some(k) = keys.slot(pos) else { continue };
             let id = k.id();
+            let t = k.get(TEMPLATE).wrapping_sub(1) as u32;
             if is_key_id(id) && keys.free(pos, id, now_ms) {
                 self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                self.key_gone(t, false);
                 let s = self.layout.slot_cap + pos;
                 if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
                     e.remove();
@@ -696,9 +747,11 @@ impl Limiter {
                 && !self.is_dirty(s)
                 && (nearly_full || now.saturating_sub(k.get(crate::zone::slot::AT)) >= KEY_IDLE)
                 && k.estimate(now, fresh, horizon, Peers::ALONE) <= 0.0;
+            let t = k.get(TEMPLATE).wrapping_sub(1) as u32;
             if idle && keys.free(pos, id, now_ms) {
                 self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
                 self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+                self.key_gone(t, true);
                 if let Ok(e) = w.by_id.find_entry(hash_id(id), |&j| j == s) {
                     e.remove();
                 }

@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 5;
+pub const LAYOUT_VERSION: u64 = 6;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -45,7 +45,15 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// Index areas beyond one per shard, for rebuilding a shard beside the live one.
 pub(crate) const SPARE_AREAS: usize = 4;
 /// Header words.
-pub(crate) const HEADER_WORDS: usize = 128 + AUX_LANES * AUX_COUNTERS;
+pub(crate) const HEADER_WORDS: usize =
+    (hdr::TSTAT_COUNTS + (TEMPLATE_STATS + 1) * TSTAT_WORDS).next_multiple_of(8);
+const _: () = assert!(hdr::AUX + AUX_LANES * AUX_COUNTERS == hdr::TSTAT_IDS);
+const _: () = assert!(hdr::TSTAT_IDS + TEMPLATE_STATS == hdr::TSTAT_COUNTS);
+/// Templates whose keys are counted apart (in the order the block first held them); the
+/// keys of any others are counted together, as `_other`.
+pub const TEMPLATE_STATS: usize = 64;
+/// Words of one template's counts: keys held, keys evicted, keys refused for want of room.
+pub(crate) const TSTAT_WORDS: usize = 3;
 /// Embedder counters per lane ([`crate::Limiter::aux_counter`]): one cache line.
 pub const AUX_COUNTERS: usize = 8;
 /// Lanes of embedder counters: writers in different processes use different lanes, so
@@ -146,6 +154,11 @@ pub(crate) mod hdr {
         pub const PEERS = 117;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
+        /// `TEMPLATE_STATS` words: the template slot + 1 each entry of the counts below
+        /// belongs to (0: free), written by the writer only.
+        pub const TSTAT_IDS = 640;
+        /// `TEMPLATE_STATS + 1` entries of `TSTAT_WORDS` counts; the last is `_other`.
+        pub const TSTAT_COUNTS = 704;
     }
 }
 

@@ -48,11 +48,11 @@ pub(crate) mod slot;
 use layout::{addr_of, format};
 pub use layout::{
     bytes_for, quotas_for_bytes, AUX_COUNTERS, AUX_LANES, BYTES_PER_KEY, LAYOUT_VERSION, MAGIC,
-    MAX_KEYS, MAX_QUOTAS, MAX_ROOTS, MIN_QUOTAS,
+    MAX_KEYS, MAX_QUOTAS, MAX_ROOTS, MIN_QUOTAS, TEMPLATE_STATS,
 };
 pub(crate) use layout::{
     hdr, validate, Layout, NameHasher, COLD_WORDS, RECENT_REJECTIONS, ROOT_WORDS, SLOT_WORDS,
-    SPARE_AREAS,
+    SPARE_AREAS, TSTAT_WORDS,
 };
 
 use std::fmt;

@@ -190,6 +190,7 @@ fn concurrent_first_sights_make_one_key_and_lose_no_count() {
         let passed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
         assert_eq!(passed, 2000);
         assert_eq!(l.zone_status().usage.keys, 1, "trial {trial}");
+        assert_eq!(l.template_keys()[0].keys, 1, "trial {trial}: the duplicate left its count");
         assert_eq!(l.quota(name.as_str()).unwrap().fill, 2000.0, "trial {trial}");
     }
 }
@@ -314,4 +315,69 @@ fn long_keys_are_keys_whole() {
     assert_eq!(passes(&l, &a, 10), 3);
     assert_eq!(passes(&l, &b, 10), 3, "differs in its last byte only");
     assert_eq!(l.zone_status().usage.keys, 2);
+}
+
+/// Keys held, evicted and refused are counted per template: each of the first
+/// `TEMPLATE_STATS` templates apart, the rest together, and a template's counts go with it.
+#[test]
+fn keys_are_counted_per_template() {
+    let (l, clock) = keyed(16);
+    let row = |l: &Limiter, t: Option<&str>| {
+        l.template_keys()
+            .into_iter()
+            .find(|r| r.template.as_deref() == t)
+            .map(|r| (r.keys, r.evictions, r.refused))
+    };
+    l.apply_quotas(&[q(1, "a_*", 1, 1.0, 0.0, 0.0, None), q(2, "b_*", 2, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(row(&l, Some("a_*")), Some((0, 0, 0)));
+    let cap = l.zone_status().usage.key_capacity as usize;
+    for i in 0..cap {
+        let t = if i < 3 { "b" } else { "a" };
+        passes(&l, format!("{t}_{i}").as_bytes(), 1);
+    }
+    assert_eq!(row(&l, Some("a_*")), Some((cap as u64 - 3, 0, 0)));
+    assert_eq!(row(&l, Some("b_*")), Some((3, 0, 0)));
+    // Full of counting keys: a new b key is refused, under b.
+    passes(&l, b"b_new", 1);
+    assert_eq!(row(&l, Some("b_*")), Some((3, 0, 1)));
+    // Drained: a new b key takes the slot of some key, counted against that key's template.
+    round_alone(&l, &clock);
+    clock.advance(Duration::from_secs(2));
+    passes(&l, b"b_new2", 1);
+    let (a, b) = (row(&l, Some("a_*")).unwrap(), row(&l, Some("b_*")).unwrap());
+    assert_eq!(a.0 + b.0, cap as u64, "{a:?} {b:?}");
+    assert_eq!(a.1 + b.1, 1, "one eviction: {a:?} {b:?}");
+    assert_eq!(l.zone_status().usage.key_evictions, 1);
+    assert_eq!(row(&l, None), None, "nothing beyond the first templates");
+    // Deleting a template takes its keys and its counts.
+    l.apply_quotas(&[tomb(2, "b_*", 3)]);
+    assert_eq!(row(&l, Some("b_*")), None);
+    assert_eq!(row(&l, Some("a_*")).unwrap().0, l.zone_status().usage.keys);
+}
+
+#[test]
+fn templates_beyond_the_counted_ones_are_counted_together() {
+    let (l, _) = keyed(1000);
+    let n = crate::zone::TEMPLATE_STATS as u64 + 3;
+    let quotas: Vec<_> =
+        (1..=n).map(|i| q(i, &format!("t{i}_*"), i, 1.0, 5.0, 5.0, None)).collect();
+    l.apply_quotas(&quotas);
+    for i in 1..=n {
+        passes(&l, format!("t{i}_x").as_bytes(), 1);
+    }
+    let rows = l.template_keys();
+    assert_eq!(rows.len(), crate::zone::TEMPLATE_STATS + 1);
+    assert!(rows[..rows.len() - 1].iter().all(|r| r.keys == 1 && r.template.is_some()));
+    let other = rows.last().unwrap();
+    assert_eq!((other.template.as_deref(), other.keys), (None, 3));
+    // One of the counted ones goes: a template counted together takes its entry, with its
+    // keys (recounted from the table).
+    let gone = rows[0].template.clone().unwrap();
+    let id: u64 = gone.trim_start_matches('t').trim_end_matches("_*").parse().unwrap();
+    l.apply_quotas(&[tomb(id, &gone, n + 1)]);
+    let rows = l.template_keys();
+    assert_eq!(rows.len(), crate::zone::TEMPLATE_STATS + 1);
+    assert!(rows.iter().all(|r| r.template.as_deref() != Some(gone.as_str())));
+    assert_eq!(rows.iter().map(|r| r.keys).sum::<u64>(), n - 1);
+    assert_eq!(rows.last().unwrap().keys, 2);
 }
