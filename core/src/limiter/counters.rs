@@ -218,7 +218,7 @@ impl CounterAccess<'_> {
     pub fn take_local(&self, s: u32) -> u64 {
         self.slot(s).map_or(0, |x| {
             let v = x.w(LOCAL).swap(0, Relaxed);
-            x.w(INFLIGHT).fetch_add(v, Relaxed);
+            super::decide::add_capped(x.w(INFLIGHT), v);
             v
         })
     }

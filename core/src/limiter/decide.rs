@@ -305,7 +305,7 @@ impl Limiter {
         }
         for (k, &i) in chain.slots().iter().enumerate() {
             if let Some(s) = self.slot(i) {
-                let before = s.w(LOCAL).fetch_add(weight, Relaxed);
+                let before = add_capped(s.w(LOCAL), weight);
                 let local = before.saturating_add(weight);
                 if chain.empty & 1 << k != 0 {
                     s.started_empty(before.saturating_add(s.get(INFLIGHT)), now, self.peers_cell());
@@ -357,12 +357,31 @@ impl Limiter {
         }
         for &i in chain.slots() {
             if let Some(s) = self.slot(i) {
-                s.w(REJECTED).fetch_add(weight, Relaxed);
+                add_capped(s.w(REJECTED), weight);
                 self.mark_dirty(i);
             }
         }
     }
 }
+/// Most a host's count of one interval holds, milli-units (a quarter of `u64`): sync rounds
+/// take counts long before, but charges of any size from request data (a backend's cost
+/// header: 18,000 of 1e12 units) must not wrap a count to near zero and free the quota.
+pub(crate) const COUNT_CAP: u64 = u64::MAX / 4;
+
+/// Adds `w` to a count, which stays at [`COUNT_CAP`] once there; returns the count before.
+/// Racing adders that all pass the check together go past the cap by their weights at most
+/// (a request's weight is at most 1e15 milli-units), far below `u64::MAX`.
+#[inline]
+pub(crate) fn add_capped(cell: &std::sync::atomic::AtomicU64, w: u64) -> u64 {
+    let v = cell.load(Relaxed);
+    if w <= COUNT_CAP && v <= COUNT_CAP - w {
+        return cell.fetch_add(w, Relaxed);
+    }
+    match cell.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(w).min(COUNT_CAP.max(v)))) {
+        Ok(before) | Err(before) => before,
+    }
+}
+
 /// How far ahead of its last round's rate a quota's traffic on this host must run to sync
 /// early.
 pub(crate) const EARLY_FACTOR: f64 = 2.0;

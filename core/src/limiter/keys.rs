@@ -193,7 +193,7 @@ impl Limiter {
                         self.key_gone(t, false);
                         for w in [LOCAL, REJECTED] {
                             let v = mine.w(w).swap(0, Relaxed);
-                            theirs.w(w).fetch_add(v, Relaxed);
+                            super::decide::add_capped(theirs.w(w), v);
                         }
                     }
                     return self.key_slot(p);

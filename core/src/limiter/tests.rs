@@ -665,4 +665,30 @@ fn the_quotas_that_reject_most_now_are_ranked() {
     assert_eq!(l.quota("b").unwrap().rejections, 7);
 }
 
+/// Charges of any size from request data never wrap a count: a run of the largest charges
+/// summing to just past 2^64 milli-units used to leave 0.384 units and free the quota.
+#[test]
+fn huge_charges_never_wrap_the_count() {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder()
+        .clock(Arc::new(clock.clone()))
+        .random(SeededRandom::new(1))
+        .capacity(100)
+        .build();
+    l.apply_quotas(&[q(1, "q", 1, 1.0, 5.0, 5.0, None)]);
+    for _ in 0..18_446 {
+        l.charge("q", MAX_WEIGHT_UNITS).unwrap();
+    }
+    // 18,446 × 1e15 + 744,073,709,552,000 = 2^64 + 384 milli-units.
+    l.charge("q", 744_073_709_552).unwrap();
+    assert_eq!(l.account("q", 1).unwrap().outcome, Outcome::Rejected);
+    assert!(l.quota("q").unwrap().fill > 1e15, "{:?}", l.quota("q"));
+    // A round takes the capped count, and counting goes on from 0.
+    let pending = l.take_dirty();
+    let taken: Vec<u64> = l.with_counters(|c| pending.iter().map(|&s| c.take_local(s)).collect());
+    assert_eq!(taken, vec![super::decide::COUNT_CAP]);
+    l.charge("q", MAX_WEIGHT_UNITS).unwrap();
+    assert_eq!(l.with_counters(|c| c.local(pending[0])), MAX_WEIGHT_UNITS * 1000);
+}
+
 mod keys;
