@@ -172,8 +172,8 @@ fn should_yield(now: Instant, polite_until: Option<Instant>, last: Option<Instan
 }
 
 /// Runs rounds once per interval until `stop()` holds or the supervisor declines a round:
-/// every root is called in parallel, each call bounded by the timeout; a round that reports
-/// more quotas waiting runs again at once. `wake` interrupts the wait between rounds.
+/// every root is called in parallel, each call bounded by the timeout; a round that brought
+/// quotas and reports more waiting runs again at once. `wake` interrupts the wait between rounds.
 /// `publish` receives the status after each round.
 ///
 /// The future is `Send` when `publish` is, so it can run as a task on a multi-threaded
@@ -197,6 +197,7 @@ pub async fn drive(
     engine.set_pacer(pace);
     while !stop() && supervisor.before_round() {
         let polite_until = Instant::now() + interval;
+        let epoch_before = engine.limiter().epoch();
         let calls = off_the_runtime(polite_until, || engine.begin_round(clock.now_nanos()));
         let mut set = tokio::task::JoinSet::new();
         for call in calls {
@@ -229,7 +230,9 @@ pub async fn drive(
         }
         let report = off_the_runtime(polite_until, || engine.end_round(clock.now_nanos()));
         publish(engine.status(clock.now_nanos()));
-        if report.more {
+        // More quotas waiting: the next page at once, as long as pages bring quotas (a root
+        // that says `more` and brings none would have the agent call it without a pause).
+        if report.more && engine.limiter().epoch() > epoch_before {
             continue;
         }
         if regular {
@@ -296,6 +299,21 @@ mod tests {
         }
     }
 
+    /// A root that always says more quotas are waiting, and brings none.
+    struct AlwaysMore(Local, Arc<AtomicUsize>);
+
+    impl Transport for AlwaysMore {
+        fn call(&self, url: &str, req: SyncRequest, timeout: Duration) -> CallFuture {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            let inner = self.0.call(url, req, timeout);
+            Box::pin(async move {
+                let mut r = inner.await?;
+                r.more = true;
+                Ok(r)
+            })
+        }
+    }
+
     struct Rounds(Arc<AtomicUsize>, usize, Arc<AtomicBool>);
 
     impl Supervisor for Rounds {
@@ -342,5 +360,27 @@ mod tests {
         assert_eq!(limiter.zone_status().rounds, 3);
         assert_eq!(t.status().roots[0].successes, 3);
         t.stop();
+    }
+
+    #[test]
+    fn a_root_that_always_says_more_is_called_once_per_interval() {
+        let limiter = Arc::new(Limiter::builder().capacity(100).build());
+        let cfg = SyncConfig { interval: Duration::from_millis(50), ..SyncConfig::default() };
+        let engine = SyncEngine::new(limiter.clone(), vec!["http://r".into()], cfg).unwrap();
+        let root =
+            Local(Mutex::new(RootState::new(RootConfig::default())), limiter.clock().clone());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let t = SyncThread::spawn_supervised(
+            engine,
+            Arc::new(AlwaysMore(root, calls.clone())),
+            Rounds(Arc::new(AtomicUsize::new(0)), usize::MAX, stopped),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        t.stop();
+        let n = calls.load(Ordering::Relaxed);
+        // 10 intervals, and a round's own time; without the check: thousands.
+        assert!((2..=15).contains(&n), "{n} calls in 500 ms");
     }
 }

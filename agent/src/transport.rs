@@ -39,8 +39,16 @@ pub const V2_RETRY: Duration = Duration::from_secs(600);
 /// pages of 10,000, and a million changed counters take about 6 MB in v2 and 25 MB in v1.
 pub const MAX_ANSWER_BYTES: usize = 256 << 20;
 
+/// Largest v1 (JSON) answer body accepted, bytes: v1 is the debugging encoding, and its
+/// entries are only bounded by the body (about 8 bytes each, 24 once decoded).
+pub const MAX_V1_ANSWER_BYTES: usize = 64 << 20;
+
 /// Most counters plus quotas one v2 answer may declare.
 const MAX_ANSWER_ENTRIES: usize = 50_000_000;
+
+/// Most of an answer's declared length reserved before its bytes arrive: a root that
+/// declares 256 MiB and sends nothing must not cost 256 MiB.
+const ANSWER_RESERVE: usize = 1 << 20;
 
 /// Settings of [`HttpTransport`].
 #[derive(Debug, Clone, Default)]
@@ -112,6 +120,9 @@ impl HttpTransport {
     pub fn new(opts: &HttpOptions) -> Result<Self, TransportError> {
         let mut b = reqwest::Client::builder()
             .use_rustls_tls()
+            // A root never redirects: following one would send the token where the answer
+            // said (reqwest keeps `Authorization` when only the scheme changes).
+            .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true);
         if let Some(path) = &opts.ca_file {
@@ -146,15 +157,22 @@ impl HttpTransport {
     }
 }
 
-/// Reads an answer body of at most [`MAX_ANSWER_BYTES`].
-async fn read_answer(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
-    if resp.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
-        return Err(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
+/// Whether a content type names protocol v2.
+fn is_v2(content_type: Option<&str>) -> bool {
+    let essence = content_type.unwrap_or("").split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case(v2::CONTENT_TYPE)
+}
+
+/// Reads an answer body of at most `max` bytes.
+async fn read_answer(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(format!("answer larger than {max} bytes"));
     }
-    let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+    let declared = resp.content_length().unwrap_or(0) as usize;
+    let mut body = Vec::with_capacity(declared.min(ANSWER_RESERVE));
     while let Some(chunk) = resp.chunk().await.map_err(|e| describe(&e))? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
+        if body.len() + chunk.len() > max {
+            return Err(format!("answer larger than {max} bytes"));
         }
         body.extend_from_slice(&chunk);
     }
@@ -163,8 +181,7 @@ async fn read_answer(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
 
 /// Decodes an answer in the encoding its content type names.
 fn decode_answer(content_type: Option<&str>, body: &[u8]) -> Result<SyncResponse, String> {
-    let essence = content_type.unwrap_or("").split(';').next().unwrap_or("").trim();
-    if essence.eq_ignore_ascii_case(v2::CONTENT_TYPE) {
+    if is_v2(content_type) {
         v2::decode_response(body, MAX_ANSWER_ENTRIES).map_err(|e| format!("bad answer: {e}"))
     } else {
         serde_json::from_slice::<SyncResponse>(body).map_err(|e| format!("bad answer: {e}"))
@@ -216,7 +233,8 @@ impl Transport for HttpTransport {
                     .get(reqwest::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned);
-                let body = read_answer(resp).await?;
+                let max = if is_v2(ct.as_deref()) { MAX_ANSWER_BYTES } else { MAX_V1_ANSWER_BYTES };
+                let body = read_answer(resp, max).await?;
                 return decode_answer(ct.as_deref(), &body);
             }
         })
@@ -265,77 +283,138 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    /// A fake root on loopback: each whole request (head and body, lowercased) goes to
+    /// `answer`, whose text is written back as the response.
+    async fn fake_root(answer: impl Fn(&str) -> String + Send + Sync + 'static) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let answer = Arc::new(answer);
+        tokio::spawn(async move {
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let n = sock.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&buf).to_lowercase();
+                        let Some(end) = text.find("\r\n\r\n") else { continue };
+                        let len: usize = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() < end + 4 + len {
+                            continue;
+                        }
+                        let resp = answer(&text);
+                        if sock.write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        buf.drain(..end + 4 + len);
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    fn response(status: &str, headers: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    fn request() -> SyncRequest {
+        SyncRequest {
+            v: 1,
+            limiter: "l".into(),
+            root_instance: None,
+            since: 0,
+            epoch: 0,
+            batches: vec![],
+            hints: vec![],
+            seen_epoch: None,
+            interest: false,
+            watch: Vec::new(),
+            key_templates: Vec::new(),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    const ANSWER: &str = r#"{"v":1,"root_instance":7,"acked_seq":0,"version":3,"epoch":0}"#;
+
     /// A root older than protocol v2 answers `415` to binary bodies: the transport resends
     /// the same request as JSON, and keeps sending JSON to that root.
     #[test]
     fn falls_back_to_json_on_415() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let url = format!("http://{}", listener.local_addr().unwrap());
+        runtime().block_on(async {
             let binary = Arc::new(AtomicUsize::new(0));
             let seen = binary.clone();
-            tokio::spawn(async move {
-                loop {
-                    let (mut sock, _) = listener.accept().await.unwrap();
-                    let seen = seen.clone();
-                    tokio::spawn(async move {
-                        let mut buf = Vec::new();
-                        let mut chunk = [0u8; 4096];
-                        loop {
-                            let n = sock.read(&mut chunk).await.unwrap_or(0);
-                            if n == 0 {
-                                return;
-                            }
-                            buf.extend_from_slice(&chunk[..n]);
-                            let text = String::from_utf8_lossy(&buf).to_lowercase();
-                            let Some(end) = text.find("\r\n\r\n") else { continue };
-                            let len: usize = text
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length: "))
-                                .and_then(|v| v.trim().parse().ok())
-                                .unwrap_or(0);
-                            if buf.len() < end + 4 + len {
-                                continue;
-                            }
-                            let v2 = text.contains(v2::CONTENT_TYPE);
-                            let (status, body) = if v2 {
-                                seen.fetch_add(1, Ordering::Relaxed);
-                                ("415 Unsupported Media Type", r#"{"error":"no"}"#.to_string())
-                            } else {
-                                ("200 OK", r#"{"v":1,"root_instance":7,"acked_seq":0,"version":3,"epoch":0}"#.to_string())
-                            };
-                            let resp = format!(
-                                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                                body.len()
-                            );
-                            sock.write_all(resp.as_bytes()).await.unwrap();
-                            buf.drain(..end + 4 + len);
-                        }
-                    });
+            let url = fake_root(move |text| {
+                if text.contains(v2::CONTENT_TYPE) {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                    response("415 Unsupported Media Type", "", r#"{"error":"no"}"#)
+                } else {
+                    response("200 OK", "", ANSWER)
                 }
-            });
+            })
+            .await;
             let t = HttpTransport::new(&HttpOptions::default()).unwrap();
-            let req = SyncRequest {
-                v: 1,
-                limiter: "l".into(),
-                root_instance: None,
-                since: 0,
-                epoch: 0,
-                batches: vec![],
-                hints: vec![],
-                seen_epoch: None,
-                interest: false,
-                watch: Vec::new(),
-                key_templates: Vec::new(),
-            };
             for _ in 0..3 {
-                let r = t.call(&url, req.clone(), Duration::from_secs(5)).await.unwrap();
+                let r = t.call(&url, request(), Duration::from_secs(5)).await.unwrap();
                 assert_eq!((r.root_instance, r.version), (7, 3));
             }
             assert_eq!(binary.load(Ordering::Relaxed), 1, "v2 tried once, then JSON");
+        });
+    }
+
+    /// A redirect is an error, never followed: the token would go where the answer said.
+    #[test]
+    fn redirects_are_not_followed() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        runtime().block_on(async {
+            let reached = Arc::new(AtomicUsize::new(0));
+            let r2 = reached.clone();
+            let elsewhere = fake_root(move |_| {
+                r2.fetch_add(1, Ordering::Relaxed);
+                response("200 OK", "", ANSWER)
+            })
+            .await;
+            let location = format!("location: {elsewhere}/v1/sync\r\n");
+            let url = fake_root(move |_| response("307 Temporary Redirect", &location, "")).await;
+            let opts = HttpOptions { token: Some("secret".into()), ..HttpOptions::default() };
+            let t = HttpTransport::new(&opts).unwrap();
+            let e = t.call(&url, request(), Duration::from_secs(5)).await.unwrap_err();
+            assert!(e.starts_with("HTTP 307"), "{e}");
+            assert_eq!(reached.load(Ordering::Relaxed), 0, "the redirect was followed");
+        });
+    }
+
+    /// A JSON answer may not declare more than [`MAX_V1_ANSWER_BYTES`].
+    #[test]
+    fn a_json_answer_is_bounded() {
+        runtime().block_on(async {
+            let big = MAX_V1_ANSWER_BYTES + 1;
+            let url = fake_root(move |_| {
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {big}\r\n\r\n[")
+            })
+            .await;
+            let t = HttpTransport::new(&HttpOptions { protocol: Protocol::V1, ..Default::default() })
+                .unwrap();
+            let e = t.call(&url, request(), Duration::from_secs(5)).await.unwrap_err();
+            assert_eq!(e, format!("answer larger than {MAX_V1_ANSWER_BYTES} bytes"));
         });
     }
 }
