@@ -46,6 +46,10 @@ pub(crate) enum SyncEncoding {
     BinaryV2,
 }
 
+/// Commas a JSON request's entry may take: a delta `[id,units,demand]` has two, the comma
+/// after it a third, and a batch or hint one more of its own.
+const JSON_COMMAS_PER_ENTRY: usize = 4;
+
 impl SyncEncoding {
     /// The encoding a request's `Content-Type` names. No content type means JSON, as curl
     /// and old limiters send it.
@@ -81,12 +85,25 @@ impl SyncEncoding {
         match self {
             SyncEncoding::JsonV1 => {
                 // Every delta, hint and batch opens one '[' (plus the two outer lists), so
-                // counting them bounds the entries before serde builds them. Brackets
-                // inside strings only make the count larger, never smaller.
-                let brackets = body.iter().filter(|&&b| b == b'[').count();
+                // counting them bounds those entries before serde builds them; the ids of
+                // `watch` open none, but every value of a list but its last is followed by
+                // ',': a delta or hint takes at most JSON_COMMAS_PER_ENTRY, so a body with
+                // more commas than that many per entry holds too many values of some list.
+                // Brackets and commas inside strings only make the counts larger.
+                let (brackets, commas) = body.iter().fold((0usize, 0usize), |(b, c), &x| {
+                    (b + usize::from(x == b'['), c + usize::from(x == b','))
+                });
                 if brackets > max_entries.saturating_add(2) {
                     return Err(ApiError::Sync(SyncError::TooLarge(
                         brackets.saturating_sub(2),
+                        max_entries,
+                    )));
+                }
+                let most_commas =
+                    max_entries.saturating_mul(JSON_COMMAS_PER_ENTRY).saturating_add(64);
+                if commas > most_commas {
+                    return Err(ApiError::Sync(SyncError::TooLarge(
+                        commas / JSON_COMMAS_PER_ENTRY,
                         max_entries,
                     )));
                 }
@@ -165,4 +182,27 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
     .map_err(|e| ApiError::Internal(format!("sync worker: {e}")))??;
     st.0.metrics.sync_done(waited, took);
     Ok(([(header::CONTENT_TYPE, encoding.content_type())], bytes).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `watch` list opens one bracket whatever its length: its ids are bounded by the
+    /// commas before serde allocates them.
+    #[test]
+    fn json_watch_ids_are_bounded_before_decoding() {
+        let ids = vec!["1"; 1000].join(",");
+        let body = format!(r#"{{"v":1,"limiter":"a","interest":true,"watch":[{ids}]}}"#);
+        match SyncEncoding::JsonV1.decode(body.as_bytes(), 100) {
+            Err(ApiError::Sync(SyncError::TooLarge(n, 100))) => assert!(n >= 200, "{n}"),
+            other => panic!("{other:?}"),
+        }
+        // Within the budget it decodes, and so does a full budget of deltas.
+        assert_eq!(SyncEncoding::JsonV1.decode(body.as_bytes(), 1000).unwrap().watch.len(), 1000);
+        let deltas = vec!["[1,2,3]"; 100].join(",");
+        let body =
+            format!(r#"{{"v":1,"limiter":"a","batches":[{{"seq":1,"deltas":[{deltas}]}}]}}"#);
+        assert!(SyncEncoding::JsonV1.decode(body.as_bytes(), 101).is_ok());
+    }
 }
