@@ -13,12 +13,14 @@
 #   check 1M       yarl_check, a random leaf across the million
 #   account 1M     yarl_account, a random leaf across the million
 #   template 1M    yarl_account key_$arg_q under the template key_* (no quota per key): a
-#                  random key of a million, each a bucket made on its first request
+#                  random key of a million, each a bucket made on its first request (every
+#                  key made before the rounds, as limit_req's 1M states are)
 #   churn          the same with a new key every request (as many new keys a second as
 #                  the variant serves requests); the zone's key table (1.2M) fills and new
 #                  keys take the slots of drained ones
 #   limit_req churn  limit_req with a new key every request, in a 64m zone that fills and
 #                  frees its least recently used drained states
+#   (the two churn variants in a second nginx, so the template's keys keep their table)
 #
 # Quotas and limit_req never reject (huge limits): this measures the cost of deciding. Every
 # variant gets the same wrk Lua script (a random leaf name in the query), so wrk's own cost
@@ -43,7 +45,8 @@
 # the summed PSS of all its processes (master and workers: shared zone pages count once).
 #
 # Env: NGINX_BIN, MODULE_SO, ROOT_BIN (release builds), BENCH_SECONDS (2), BENCH_ROUNDS (20),
-# BENCH_WORKERS ("1 2"), BENCH_QUOTAS_LEAVES (989001), BENCH_SHMEM_THP: when set (e.g.
+# BENCH_WORKERS ("1 2"), BENCH_CONNECTIONS (16, wrk's -c), BENCH_SEQ_SECONDS (30: the
+# in-order pass making every key), BENCH_QUOTAS_LEAVES (989001), BENCH_SHMEM_THP: when set (e.g.
 # `advise`), /sys/kernel/mm/transparent_hugepage/shmem_enabled for the run, restored after
 # (needs root). The module asks for huge pages on its zone, which Linux only grants for
 # shared memory when that setting is `advise` or `always` (docs/operations.md).
@@ -55,6 +58,7 @@ MODULE_SO=$(readlink -f "$MODULE_SO")
 SECONDS_PER=${BENCH_SECONDS:-2}
 ROUNDS=${BENCH_ROUNDS:-20}
 WORKER_SET=${BENCH_WORKERS:-1 2}
+CONNS=${BENCH_CONNECTIONS:-16}
 TENANTS=1000
 BUCKETS=10000
 LEAVES=${BENCH_QUOTAS_LEAVES:-989001}
@@ -99,6 +103,7 @@ local leaves = $LEAVES
 local base = os.getenv("BENCH_PATH")
 local fixed = os.getenv("BENCH_FIXED")
 local unique = os.getenv("BENCH_UNIQUE")
+local seq = os.getenv("BENCH_SEQ")
 math.randomseed(os.time())
 -- A prefix no other round drew, so "unique" names are new to the zone whatever ran before.
 local run = string.format("%08x", math.random(0, 2147483647))
@@ -106,6 +111,7 @@ local n = 0
 request = function()
     local q = string.format("s3_bucket-%07d_read", math.random(0, leaves - 1))
     if fixed then q = fixed end
+    if seq then q = string.format("s3_bucket-%07d_read", n % leaves); n = n + 1 end
     if unique then n = n + 1; q = string.format("u%s-%d", run, n) end
     return wrk.format("GET", base .. q)
 end
@@ -188,6 +194,8 @@ declare -A LABEL=([plain]="plain nginx (static file)" [lr1]="limit_req, one key"
     [lrchurn]="limit_req, a new key every request")
 # Variants whose wrk script draws a name no round drew before, every request.
 declare -A UNIQUE=([churn]=1 [lrchurn]=1)
+# Each variant's nginx (port and directory): the churn variants have one of their own.
+declare -A VPORT VDIR
 
 # CPU time (ns) of the nginx's workers, every thread (the sync agent's too), so far.
 workers_cpu_ns() {
@@ -218,13 +226,34 @@ for workers in $WORKER_SET; do
         affinity="worker_cpu_affinity 01 10;"
         wrk_cmd=(wrk)
     fi
-    nginx_conf "$d" "$workers" "$affinity" "
+    # The churn variants run in an nginx of their own: in one zone with the template's
+    # million keys, the new keys would fill the key table and evict those keys, and the
+    # template variant would measure insertions instead of lookups.
+    cport=$(free_port)
+    while [ "$cport" = "$port" ]; do cport=$(free_port); done
+    for v in $VARIANTS; do VPORT[$v]=$port; VDIR[$v]=$d; done
+    for v in churn lrchurn; do VPORT[$v]=$cport; VDIR[$v]=$d-churn; done
+    nginx_conf "$d-churn" "$workers" "$affinity" "
     yarl_roots $ROOT_URL;
     yarl_sync_answers touched;
     yarl_zone 400m keys=1200k;
+    limit_req_zone \$arg_q zone=churnz:64m rate=1000000r/s;
+    server {
+        listen 127.0.0.1:$cport reuseport;
+        root $DIR;
+        location = /stats { yarl_stats; }
+        location = /churn { yarl_account key_\$arg_q; alias $DIR/index.html; }
+        location = /lrchurn { limit_req zone=churnz burst=1000000 nodelay; alias $DIR/index.html; }
+    }"
+    # The template's million keys in a key table of 2.2M (half full and less, as limit_req's
+    # million states in its 256m zone of 128-byte chunks): below half full, the agent frees
+    # no key for being idle, which one every 4 minutes is here.
+    nginx_conf "$d" "$workers" "$affinity" "
+    yarl_roots $ROOT_URL;
+    yarl_sync_answers touched;
+    yarl_zone 600m keys=2200k;
     limit_req_zone \"bench\" zone=one:1m rate=1000000r/s;
     limit_req_zone \$arg_q zone=many:256m rate=1000000r/s;
-    limit_req_zone \$arg_q zone=churnz:64m rate=1000000r/s;
     server {
         listen 127.0.0.1:$port reuseport;
         root $DIR;
@@ -236,22 +265,29 @@ for workers in $WORKER_SET; do
         location = /check1m { yarl_check \$arg_q; alias $DIR/index.html; }
         location = /account1m { yarl_account \$arg_q; alias $DIR/index.html; }
         location = /tmpl1m { yarl_account key_\$arg_q; alias $DIR/index.html; }
-        location = /churn { yarl_account key_\$arg_q; alias $DIR/index.html; }
-        location = /lrchurn { limit_req zone=churnz burst=1000000 nodelay; alias $DIR/index.html; }
     }"
     start_nginx "$d"
-    echo "workers $workers: waiting for the zone to hold $QUOTAS quotas..."
+    start_nginx "$d-churn"
+    echo "workers $workers: waiting for the zones to hold $QUOTAS quotas..."
     wait_quotas "$port"
-    # Warm up every variant (limit_req's 1M-key zone fills as keys arrive).
+    wait_quotas "$cport"
+    # Every key of limit_req's 1M-key zone and of the template made first, in order (at
+    # random, the last of a million would take 14 million requests to come): the two
+    # variants then measure lookups, as their names say.
+    for v in lr1m tmpl1m; do
+        BENCH_SEQ=1 BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d"${BENCH_SEQ_SECONDS:-30}s" -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
+    done
+    echo "workers $workers: template keys held: $(curl -sf "http://127.0.0.1:$port/stats" | sed -n 's/.*"keys":\([0-9]*\).*/\1/p' | head -n 1)"
+    # Warm up every variant.
     for v in $VARIANTS; do
-        BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d2s -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
+        BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d2s -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}" >/dev/null
     done
     for round in $(seq 1 "$ROUNDS"); do
         order=$(rotated "$round" $VARIANTS)
         for v in $order; do
-            cpu0=$(workers_cpu_ns "$d")
-            out=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c16 -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:$port")
-            cpu1=$(workers_cpu_ns "$d")
+            cpu0=$(workers_cpu_ns "${VDIR[$v]}")
+            out=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}")
+            cpu1=$(workers_cpu_ns "${VDIR[$v]}")
             reqs=$(echo "$out" | awk '/ requests in / {print $1}')
             CPR[$v]=$(echo "($cpu1 - $cpu0) / ${reqs:-1}" | bc -l)
             echo "${CPR[$v]}" >>"$d/$v.cpr"
@@ -273,6 +309,7 @@ for workers in $WORKER_SET; do
         echo "${RPS[churn]} / ${RPS[lrchurn]}" | bc -l >>"$d/churn_vs_lr.rratio"
     done
     stop_nginx "$d"
+    stop_nginx "$d-churn"
 done
 
 # Memory of the limiter: yarl only, 1M quotas, account traffic through every worker.
@@ -301,7 +338,7 @@ for workers in $WORKER_SET; do
 done
 
 echo
-echo "## make bench-nginx: $QUOTAS quotas, medians of $ROUNDS interleaved rounds of ${SECONDS_PER} s, wrk -c16, shmem THP: $THP_NOW"
+echo "## make bench-nginx: $QUOTAS quotas, medians of $ROUNDS interleaved rounds of ${SECONDS_PER} s, wrk -c$CONNS, shmem THP: $THP_NOW"
 for workers in $WORKER_SET; do
     d="$DIR/w$workers"
     echo
