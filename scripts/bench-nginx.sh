@@ -405,7 +405,7 @@ if [[ " $WORKER_SET " == *" 1 "* ]]; then
     # A key takes one 16-word slot and a dirty bit in the zone (zone::BYTES_PER_KEY); nginx
     # documents about 16,000 limit_req states of 64 bytes per megabyte for
     # \$binary_remote_addr (longer keys take 128-byte slab chunks).
-    check "zone bytes per key vs limit_req's 64 (\$binary_remote_addr)" "$(echo "129 / 64" | bc -l)" "<=" 2.0
+    check "zone bytes per key (128 + 1/8: slot and dirty bit) vs limit_req's 64 (\$binary_remote_addr)" "$(echo "(128 + 1 / 8) / 64" | bc -l)" "<=" 2.0
 fi
 if [[ " $WORKER_SET " == *" 1 "* && " $WORKER_SET " == *" 2 "* ]]; then
     check "limiter memory, 2 workers vs 1" "$(echo "$L_2 / $L_1" | bc -l)" "<=" 1.1
