@@ -68,6 +68,58 @@ pub(crate) async fn read_body(
     }
 }
 
+/// KiB of a gate's permits taken at a time while a metered body arrives.
+const METER_STEP_KIB: u32 = 64;
+
+/// Reads a body like [`read_body`], taking `gate`'s permits (KiB) as its bytes arrive, in
+/// steps of [`METER_STEP_KIB`], rather than for its declared length up front: a request that
+/// declares 64 MiB and sends nothing holds nothing while it waits, so stalled requests
+/// cannot hold the budget the others need. Returns the body and the permits it holds.
+pub(crate) async fn read_body_metered(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+    gate: &Gate,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+    if declared_length(headers).is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let read = async {
+        let mut body = Limited::new(body, limit);
+        let mut buf = Vec::new();
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        let mut held_kib = 0u32;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    ApiError::TooLarge { limit }
+                } else {
+                    ApiError::Body(e.to_string())
+                }
+            })?;
+            let Ok(data) = frame.into_data() else { continue };
+            buf.extend_from_slice(&data);
+            let want = u32::try_from(buf.len().div_ceil(1024))
+                .unwrap_or(u32::MAX)
+                .next_multiple_of(METER_STEP_KIB);
+            if want > held_kib {
+                let more = gate.enter_n(want - held_kib).await?;
+                match &mut held {
+                    Some(h) => h.merge(more),
+                    None => held = Some(more),
+                }
+                held_kib = want;
+            }
+        }
+        Ok((Bytes::from(buf), held))
+    };
+    match tokio::time::timeout(deadline, read).await {
+        Err(_) => Err(ApiError::BodyTimeout(deadline)),
+        Ok(r) => r,
+    }
+}
+
 /// The label of a request's route: a fixed set, so it can be a metrics label.
 pub(crate) fn route_of(method: &Method, path: &str) -> &'static str {
     match path {

@@ -359,6 +359,24 @@ async fn hostile_inputs_against_a_real_root() {
     let (s, v) = ctx.send(Method::POST, "/v1/sync", Some(SYNC), ok.into_bytes()).await;
     assert_eq!(s, 200, "{v}");
 
+    // 5b. Stalled syncs: a sync-token holder opens more syncs than the root decodes at once,
+    // each declaring a body it never sends (100 bytes, or 64 MiB: the memory budget four
+    // times over). Honest syncs go on being answered while they wait out their 10 s.
+    let mut stalled = vec![];
+    for i in 0..24 {
+        let mut s = TcpStream::connect(&root.addr).unwrap();
+        let len = if i % 3 == 0 { 64u64 << 20 } else { 100 };
+        let head = format!("POST /v1/sync HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SYNC}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        stalled.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        let (s, v) = sync(json!({"v": 1, "limiter": format!("honest{i}")})).await;
+        assert_eq!(s, 200, "an honest sync with 24 stalled ones open: {v}");
+    }
+    drop(stalled);
+
     // 6. Bodies over the limits: declared (refused before reading) and streamed (cut).
     let addr = root.addr.clone();
     let t0 = Instant::now();
