@@ -55,6 +55,11 @@ struct Args {
     /// on that many cores at once (1 to 64; default: one per core, at most 4).
     #[arg(long, env = "YARL_STRIPES", value_parser = clap::value_parser!(u32).range(1..=64))]
     stripes: Option<u32>,
+    /// Most open connections from one address (an IPv6 /64 counts as one address), of the
+    /// 4,096 a root holds: limiters behind one NAT address count together.
+    #[arg(long, env = "YARL_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_connections_per_address: u32,
     /// File holding the bearer token the admin routes require.
     #[arg(long, env = "YARL_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
@@ -208,7 +213,11 @@ async fn main() -> anyhow::Result<()> {
         shard = %args.shard.map_or_else(|| "all".to_owned(), |s| s.to_string()),
         "yarl-root listening"
     );
-    let opts = ServeOptions { tls, ..ServeOptions::default() };
+    let opts = ServeOptions {
+        tls,
+        max_connections_per_address: args.max_connections_per_address as usize,
+        ..ServeOptions::default()
+    };
     serve(listener, app(state), opts, shutdown_signal()).await;
     tracing::info!("yarl-root stopped");
     Ok(())

@@ -327,7 +327,7 @@ impl Metrics {
         }
         let _ = writeln!(
             o,
-            "# HELP yarl_root_connections_refused_total Connections closed at once: the server held its maximum.\n\
+            "# HELP yarl_root_connections_refused_total Connections closed at once: the server, or the connection's address, held its maximum.\n\
              # TYPE yarl_root_connections_refused_total counter\n\
              yarl_root_connections_refused_total {}",
             REFUSED_CONNECTIONS.load(Relaxed)

@@ -177,6 +177,8 @@ async fn hostile_inputs_against_a_real_root() {
         sync_file.to_str().unwrap(),
         "--poll-interval",
         "200ms",
+        "--max-connections-per-address",
+        "64",
     ]);
     let ctx = Ctx {
         client: Client::builder()
@@ -376,6 +378,28 @@ async fn hostile_inputs_against_a_real_root() {
         assert_eq!(s, 200, "an honest sync with 24 stalled ones open: {v}");
     }
     drop(stalled);
+
+    // 5c. Idle connections from one address: past --max-connections-per-address (64 here)
+    // they are closed at once; another address still gets in.
+    let mut idle_conns = vec![];
+    let mut closed = 0;
+    for _ in 0..100 {
+        let mut s = TcpStream::connect(&root.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        match s.read(&mut [0u8; 1]) {
+            Ok(0) => closed += 1,
+            _ => idle_conns.push(s),
+        }
+    }
+    assert!(idle_conns.len() <= 64 && closed >= 36, "{} open, {closed} closed", idle_conns.len());
+    let other = Client::builder()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let r = other.get(format!("{}/healthz", root.url())).send().await.unwrap();
+    assert_eq!(r.status(), 200, "another address, with 100 idle connections from one");
+    drop(idle_conns);
 
     // 6. Bodies over the limits: declared (refused before reading) and streamed (cut).
     let addr = root.addr.clone();
