@@ -41,6 +41,11 @@ impl Gate {
     pub async fn enter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         self.enter_n(1).await
     }
+
+    /// Takes `n` permits if they are free now.
+    pub fn try_enter_n(&self, n: u32) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.sem.clone().try_acquire_many_owned(n).map_err(|_| ApiError::Busy(self.name))
+    }
 }
 
 /// The `Content-Length` a request declares, if any.
@@ -87,7 +92,9 @@ pub(crate) async fn read_body_metered(
     }
     let read = async {
         let mut body = Limited::new(body, limit);
-        let mut buf = Vec::new();
+        // The frames as they came (no copy), joined once at the end.
+        let mut frames: Vec<Bytes> = Vec::new();
+        let mut len = 0usize;
         let mut held: Option<OwnedSemaphorePermit> = None;
         let mut held_kib = 0u32;
         while let Some(frame) = body.frame().await {
@@ -99,12 +106,19 @@ pub(crate) async fn read_body_metered(
                 }
             })?;
             let Ok(data) = frame.into_data() else { continue };
-            buf.extend_from_slice(&data);
-            let want = u32::try_from(buf.len().div_ceil(1024))
+            len += data.len();
+            frames.push(data);
+            let want = u32::try_from(len.div_ceil(1024))
                 .unwrap_or(u32::MAX)
                 .next_multiple_of(METER_STEP_KIB);
             if want > held_kib {
-                let more = gate.enter_n(want - held_kib).await?;
+                // The first step waits its turn like any request; later ones do not: a body
+                // that cannot grow now gives back what it holds at once, rather than
+                // holding it while it waits for bodies that may be waiting for it.
+                let more = match held {
+                    None => gate.enter_n(want - held_kib).await?,
+                    Some(_) => gate.try_enter_n(want - held_kib)?,
+                };
                 match &mut held {
                     Some(h) => h.merge(more),
                     None => held = Some(more),
@@ -112,7 +126,18 @@ pub(crate) async fn read_body_metered(
                 held_kib = want;
             }
         }
-        Ok((Bytes::from(buf), held))
+        let body = match frames.len() {
+            0 => Bytes::new(),
+            1 => frames.pop().unwrap_or_default(),
+            _ => {
+                let mut buf = Vec::with_capacity(len);
+                for f in frames {
+                    buf.extend_from_slice(&f);
+                }
+                Bytes::from(buf)
+            }
+        };
+        Ok((body, held))
     };
     match tokio::time::timeout(deadline, read).await {
         Err(_) => Err(ApiError::BodyTimeout(deadline)),
