@@ -41,11 +41,6 @@ impl Gate {
     pub async fn enter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         self.enter_n(1).await
     }
-
-    /// Takes `n` permits if they are free now.
-    pub fn try_enter_n(&self, n: u32) -> Result<OwnedSemaphorePermit, ApiError> {
-        self.sem.clone().try_acquire_many_owned(n).map_err(|_| ApiError::Busy(self.name))
-    }
 }
 
 /// The `Content-Length` a request declares, if any.
@@ -73,76 +68,62 @@ pub(crate) async fn read_body(
     }
 }
 
-/// KiB of a gate's permits taken at a time while a metered body arrives.
-const METER_STEP_KIB: u32 = 64;
+/// Grace before a body must keep pace: how long its first bytes may take.
+const PACE_GRACE: Duration = Duration::from_secs(1);
 
-/// Reads a body like [`read_body`], taking `gate`'s permits (KiB) as its bytes arrive, in
-/// steps of [`METER_STEP_KIB`], rather than for its declared length up front: a request that
-/// declares 64 MiB and sends nothing holds nothing while it waits, so stalled requests
-/// cannot hold the budget the others need. Returns the body and the permits it holds.
-pub(crate) async fn read_body_metered(
+/// Reads a body like [`read_body`], and also at a pace: after [`PACE_GRACE`], the bytes
+/// received must keep up with those of a body arriving evenly until `deadline` (its
+/// declared length, or `limit` when it declares none), or the request ends with `408`.
+/// A request that declares a body and sends nothing (or trickles it) thus holds what was
+/// reserved for it for about a second, not for the whole deadline, while an honest body,
+/// sent at once, is never near the pace.
+pub(crate) async fn read_body_paced(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
     deadline: Duration,
-    gate: &Gate,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
-    if declared_length(headers).is_some_and(|n| n > limit as u64) {
+) -> Result<Bytes, ApiError> {
+    let declared = declared_length(headers);
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::TooLarge { limit });
     }
-    let read = async {
-        let mut body = Limited::new(body, limit);
-        // The frames as they came (no copy), joined once at the end.
-        let mut frames: Vec<Bytes> = Vec::new();
-        let mut len = 0usize;
-        let mut held: Option<OwnedSemaphorePermit> = None;
-        let mut held_kib = 0u32;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
+    let expected = declared.unwrap_or(limit as u64).max(1) as f64;
+    let started = tokio::time::Instant::now();
+    let span = deadline.saturating_sub(PACE_GRACE).as_secs_f64();
+    let mut body = Limited::new(body, limit);
+    // The frames as they came (no copy), joined once at the end.
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    loop {
+        // When the bytes so far fall behind the pace.
+        let due = started + PACE_GRACE + Duration::from_secs_f64(len as f64 / expected * span);
+        let frame = match tokio::time::timeout_at(due.min(started + deadline), body.frame()).await {
+            Err(_) => return Err(ApiError::BodyTimeout(deadline)),
+            Ok(None) => break,
+            Ok(Some(f)) => f.map_err(|e| {
                 if e.is::<LengthLimitError>() {
                     ApiError::TooLarge { limit }
                 } else {
                     ApiError::Body(e.to_string())
                 }
-            })?;
-            let Ok(data) = frame.into_data() else { continue };
+            })?,
+        };
+        if let Ok(data) = frame.into_data() {
             len += data.len();
             frames.push(data);
-            let want = u32::try_from(len.div_ceil(1024))
-                .unwrap_or(u32::MAX)
-                .next_multiple_of(METER_STEP_KIB);
-            if want > held_kib {
-                // The first step waits its turn like any request; later ones do not: a body
-                // that cannot grow now gives back what it holds at once, rather than
-                // holding it while it waits for bodies that may be waiting for it.
-                let more = match held {
-                    None => gate.enter_n(want - held_kib).await?,
-                    Some(_) => gate.try_enter_n(want - held_kib)?,
-                };
-                match &mut held {
-                    Some(h) => h.merge(more),
-                    None => held = Some(more),
-                }
-                held_kib = want;
-            }
         }
-        let body = match frames.len() {
-            0 => Bytes::new(),
-            1 => frames.pop().unwrap_or_default(),
-            _ => {
-                let mut buf = Vec::with_capacity(len);
-                for f in frames {
-                    buf.extend_from_slice(&f);
-                }
-                Bytes::from(buf)
-            }
-        };
-        Ok((body, held))
-    };
-    match tokio::time::timeout(deadline, read).await {
-        Err(_) => Err(ApiError::BodyTimeout(deadline)),
-        Ok(r) => r,
     }
+    Ok(match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().unwrap_or_default(),
+        _ => {
+            let mut buf = Vec::with_capacity(len);
+            for f in frames {
+                buf.extend_from_slice(&f);
+            }
+            Bytes::from(buf)
+        }
+    })
 }
 
 /// The label of a request's route: a fixed set, so it can be a metrics label.

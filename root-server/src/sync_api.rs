@@ -15,7 +15,7 @@
 //!    copied under a lock).
 
 use crate::error::ApiError;
-use crate::guard::read_body_metered;
+use crate::guard::{declared_length, read_body_paced};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -155,23 +155,12 @@ pub(crate) async fn sync(State(st): State<AppState>, req: Request) -> Result<Res
     let encoding = SyncEncoding::from_content_type(parts.headers.get(header::CONTENT_TYPE))?;
     let limit = crate::SYNC_BODY_LIMIT;
     let max_entries = st.0.settings.root.max_entries;
+    let declared = declared_length(&parts.headers).unwrap_or(limit as u64).min(limit as u64);
     let guards = &st.0.guards;
-    // The body's bytes take the memory budget as they arrive, what decoding them takes and
-    // a turn to decode only once they all have: a request that stalls (a declared length
-    // and no body, for up to SYNC_BODY_TIMEOUT) holds neither a turn nor the budget the
-    // other limiters need.
-    let (body, mut memory) =
-        read_body_metered(&parts.headers, body, limit, SYNC_BODY_TIMEOUT, &guards.sync_memory)
-            .await?;
-    let decoded = memory_cost(body.len() as u64, max_entries, encoding)
-        .saturating_sub(memory.as_ref().map_or(0, |m| m.num_permits() as u32));
-    if decoded > 0 {
-        let more = guards.sync_memory.enter_n(decoded).await?;
-        match &mut memory {
-            Some(m) => m.merge(more),
-            None => memory = Some(more),
-        }
-    }
+    let memory = guards.sync_memory.enter_n(memory_cost(declared, max_entries, encoding)).await?;
+    // The turn to decode only once the body is in, and the body at a pace: a request that
+    // declares a body and stalls holds no turn, and its memory for about a second.
+    let body = read_body_paced(&parts.headers, body, limit, SYNC_BODY_TIMEOUT).await?;
     let slot = guards.sync.enter().await?;
 
     let work = st.clone();

@@ -377,6 +377,13 @@ async fn hostile_inputs_against_a_real_root() {
         let (s, v) = sync(json!({"v": 1, "limiter": format!("honest{i}")})).await;
         assert_eq!(s, 200, "an honest sync with 24 stalled ones open: {v}");
     }
+    // And a stalled body is ended within about a second of its first byte's grace.
+    let t0 = Instant::now();
+    let mut answer = String::new();
+    stalled[1].set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = stalled[1].read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "ended after {:?}", t0.elapsed());
     drop(stalled);
 
     // 5c. Idle connections from one address: past --max-connections-per-address (64 here)
