@@ -15,6 +15,9 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 # vendored nginx compiles against; PostgreSQL for the database tests; curl for `make run`.
 APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev zlib1g-dev \
 	postgresql curl perl openssl python3-prometheus-client
+# Prometheus and promtool for the alert-rule tests and t/yarl_prometheus.t, without the
+# node exporter it recommends (a daemon the tests do not need).
+APT_PACKAGES_NO_RECOMMENDS := prometheus
 
 MODULE_SO := $(OUT)/ngx_http_yarl_module.so
 ROOT_BIN := $(OUT)/yarl-root
@@ -23,7 +26,7 @@ S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove test run bench bench-nginx bench-root \
+.PHONY: all deps build lint unit-test hostile-test prove alert-rules-test test run bench bench-nginx bench-root \
 	bench-tower clean distro-deps distro-module distro-test packaging-test install \
 	docker-deps docker-image docker-test docker-cluster docker-cluster-down sim
 
@@ -66,9 +69,16 @@ deps:
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" \
 			|| missing="$$missing $$p"; \
 	done; \
-	if [ -n "$$missing" ]; then \
-		echo "deps: installing$$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	bare=""; \
+	for p in $(APT_PACKAGES_NO_RECOMMENDS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" \
+			|| bare="$$bare $$p"; \
+	done; \
+	if [ -n "$$missing$$bare" ]; then \
+		echo "deps: installing$$missing$$bare"; \
+		apt-get update -qq \
+		&& { [ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; } \
+		&& { [ -z "$$bare" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$bare; }; \
 	else \
 		echo "deps: all present"; \
 	fi
@@ -96,11 +106,20 @@ hostile-test: deps
 
 # End-to-end: a real nginx with the module, a real yarl-root and (the S3 example) the
 # application built from examples/s3-app, nginx-tests style.
+# T=t/yarl_x.t runs one file.
+T ?= t/
 prove: build
 	TEST_NGINX_BINARY=$(NGINX_BIN) TEST_YARL_MODULE=$(MODULE_SO) TEST_YARL_ROOT=$(ROOT_BIN) \
-		TEST_YARL_S3_APP=$(S3_APP_BIN) prove --timer t/
+		TEST_YARL_S3_APP=$(S3_APP_BIN) prove --timer $(T)
 
-test: lint unit-test prove distro-test packaging-test
+# The shipped Prometheus alert rules: syntax, then their unit tests (input series an
+# incident leaves, the alerts that must fire). t/yarl_prometheus.t evaluates them live.
+alert-rules-test: deps
+	promtool check rules packaging/prometheus/yarl-alerts.yml
+	cd packaging/prometheus && promtool test rules yarl-alerts.test.yml
+	promtool check config --syntax-only packaging/prometheus/prometheus.yml
+
+test: lint unit-test alert-rules-test prove distro-test packaging-test
 
 run: build
 	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) S3_APP_BIN=$(S3_APP_BIN) \
@@ -194,6 +213,9 @@ install:
 	install -m 0644 nginx-conf/s3.conf packaging/nginx-yarl.conf packaging/yarl-root.env \
 		$(DESTDIR)$(DOCDIR)/examples/
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/prometheus $(DESTDIR)$(DOCDIR)/grafana
+	install -m 0644 packaging/prometheus/*.yml $(DESTDIR)$(DOCDIR)/prometheus/
+	install -m 0644 packaging/grafana/*.json $(DESTDIR)$(DOCDIR)/grafana/
 ifeq ($(MODULE),distro)
 	install -d $(DESTDIR)$(NGINX_MODULES_DIR) $(DESTDIR)$(DATADIR)/nginx/modules-available
 	install -m 0644 $(DISTRO_MODULE_SO) $(DESTDIR)$(NGINX_MODULES_DIR)/ngx_http_yarl_module.so
