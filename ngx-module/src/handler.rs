@@ -65,6 +65,22 @@ pub struct Ctx {
     status: YarlStatus,
     /// The rejecting quota, else the last name that matched a quota.
     quota: Option<QuotaName>,
+    /// `yarl_account` lines whose weight was empty when the request was decided, charged
+    /// once it is done (see [`Deferred`]); empty for nearly every request.
+    deferred: Vec<Deferred>,
+}
+
+/// A `yarl_account` line whose weight variable was empty at the access phase, such as
+/// `$content_length` of a chunked upload or an HTTP/2 body without a length: the request was
+/// decided with weight 0 (a full quota still rejects it) and, if it passed, the variable is
+/// evaluated again in the log phase, when nginx knows how long the body it read was, and
+/// that weight is charged to the chain.
+#[derive(Debug)]
+struct Deferred {
+    /// The evaluated name's bytes (request pool, as [`QuotaName::Evaluated`]).
+    name: (*const u8, usize),
+    /// The line's weight, compiled in the cycle pool.
+    weight: *mut ngx::ffi::ngx_http_complex_value_t,
 }
 
 /// A quota name kept for the rest of the request (`$yarl_quota`).
@@ -176,6 +192,8 @@ struct Verdict<'a> {
     /// The name whose chain decided (the rule's name, its bytes as the request gave them):
     /// what the RateLimit fields describe.
     chain: Option<&'a [u8]>,
+    /// Account lines to charge after the response (see [`Deferred`]).
+    deferred: Vec<Deferred>,
 }
 
 fn access(r: &mut Request) -> Status {
@@ -218,6 +236,7 @@ fn access(r: &mut Request) -> Status {
         _ => None,
     };
     let quota = v.quota.map(QuotaName::of);
+    let deferred = if status == YarlStatus::Passed { v.deferred } else { Vec::new() };
     if let Some((policy, state)) = fields {
         if r.add_header_out("RateLimit-Policy", &policy).is_none()
             || r.add_header_out("RateLimit", &state).is_none()
@@ -225,7 +244,7 @@ fn access(r: &mut Request) -> Status {
             ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot add the RateLimit header fields");
         }
     }
-    if !store_ctx(r, Ctx { status, quota }) {
+    if !store_ctx(r, Ctx { status, quota, deferred }) {
         ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot store the request state, request passed");
         return Status::NGX_DECLINED;
     }
@@ -248,11 +267,13 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
         fill: d.fill,
         retry_after: d.retry_after,
         chain: Some(name),
+        deferred: Vec::new(),
     };
     let mut matched: Option<&[u8]> = None;
     // Account lines stay on the stack: a location rarely has more than a few.
     let mut inline: [(&[u8], u64); 4] = [(b"", 0); 4];
     let mut spill: Vec<(&[u8], u64)> = Vec::new();
+    let mut deferred = Vec::new();
     let mut n = 0;
     for rule in &lc.rules {
         // SAFETY: rule names are compiled complex values in the cycle pool, alive as long as
@@ -276,7 +297,10 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
             (RuleKind::Account, w) => {
                 let units = match w {
                     Weight::Fixed(n) => n,
-                    Weight::Variable(cv) => weight_of(r, cv, name),
+                    Weight::Variable(cv) => weight_of(r, cv, name).unwrap_or_else(|| {
+                        deferred.push(Deferred { name: (name.as_ptr(), name.len()), weight: cv });
+                        0
+                    }),
                 };
                 if n < inline.len() {
                     inline[n] = (name, units);
@@ -312,6 +336,7 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
         quota: matched.map(display_name),
         fill: 0.0,
         retry_after: None,
+        deferred,
     }
 }
 
@@ -350,10 +375,16 @@ pub(crate) unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_i
 /// `yarl_charge` lines whose weight was empty or not a number, logged once per worker each.
 static BAD_WEIGHT_LOGGED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 
+/// Whether a deferred account weight still empty after the response was logged (once per
+/// worker: a GET on a `$content_length` line has no body, and that is no news).
+static EMPTY_AFTER_LOGGED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 fn charge(r: &mut Request) {
     if !r.is_main() {
         return;
     }
+    charge_deferred(r);
     let Some(lc) = Module::location_conf(r) else { return };
     if lc.charges.is_empty() {
         return;
@@ -397,7 +428,41 @@ fn charge(r: &mut Request) {
     }
 }
 
-fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &[u8]) -> u64 {
+/// Charges the account lines whose weight was empty when the request passed, with their
+/// weight now (see [`Deferred`]).
+fn charge_deferred(r: &Request) {
+    let Some(ctx) = find_ctx(r) else { return };
+    if ctx.deferred.is_empty() {
+        return;
+    }
+    let Some(limiter) = worker::limiter() else { return };
+    for d in &ctx.deferred {
+        // SAFETY: the name's bytes are in the request pool (or the configuration), alive
+        // until the pool is freed, after this phase; see `QuotaName::Evaluated`.
+        let name = unsafe { core::slice::from_raw_parts(d.name.0, d.name.1) };
+        match weight_of(r, d.weight, name) {
+            Some(units) if units > 0 => {
+                let _ = limiter.charge(name, units);
+            }
+            Some(_) => {}
+            None => {
+                if !EMPTY_AFTER_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    ngx_log_error!(
+                        NGX_LOG_INFO,
+                        r.log(),
+                        "yarl: the weight for quota \"{}\" was empty before and after the \
+                         request, counted as 0 (logged once per worker)",
+                        display_name(name)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The weight of an account line's variable; `None` when it is empty (the line is then
+/// charged after the response, see [`Deferred`]).
+fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &[u8]) -> Option<u64> {
     let name = display_name(name);
     // SAFETY: `cv` is a compiled complex value in the cycle pool (see `decide`).
     let raw = r.get_complex_value(unsafe { &*cv }).map(|s| s.as_bytes()).unwrap_or_default();
@@ -422,9 +487,10 @@ fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &[u
                 m
             );
         }
-        RuntimeWeight::Empty | RuntimeWeight::Value(_) => {}
+        RuntimeWeight::Empty => return None,
+        RuntimeWeight::Value(_) => {}
     }
-    w.units()
+    Some(w.units())
 }
 
 /// Fills `v` with `bytes`, which must outlive the request.
