@@ -39,6 +39,7 @@ pub mod db;
 mod error;
 mod guard;
 mod metrics;
+pub mod quotas_file;
 pub mod serve;
 mod state;
 mod sync_api;
