@@ -15,6 +15,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use yarl_core::units::milli_to_units;
@@ -39,16 +40,30 @@ struct QuotaBody {
     parent: Option<String>,
 }
 
-/// One item of `POST /v1/quotas:batch`.
+/// One item of `POST /v1/quotas:batch`: a quota to create or replace, or
+/// `{"name": …, "delete": true}`. The numbers are optional here only so that a delete can
+/// leave them out; `parse_batch` requires them of a write and refuses them on a delete.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BatchItem {
     name: String,
-    limit: f64,
-    low_burst: f64,
-    high_burst: f64,
+    #[serde(default)]
+    delete: bool,
+    limit: Option<f64>,
+    low_burst: Option<f64>,
+    high_burst: Option<f64>,
     #[serde(default)]
     parent: Option<String>,
+}
+
+/// A parsed batch: the writes and the deletes, each with the index of its item in the
+/// request, so that errors name the item the client sent.
+#[derive(Debug, Default)]
+struct Batch {
+    quotas: Vec<NewQuota>,
+    deletes: Vec<String>,
+    /// Request index of every write, then of every delete (the store's item order).
+    index: Vec<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -338,14 +353,14 @@ pub(crate) async fn batch(
         let body = read_body(&headers, body, crate::BATCH_BODY_LIMIT, BATCH_BODY_TIMEOUT).await?;
         // Parsing and validating a million items takes a second of CPU: keep it off the
         // async workers that answer syncs.
-        let quotas = tokio::task::spawn_blocking(move || parse_batch(&body))
+        let b = tokio::task::spawn_blocking(move || parse_batch(&body))
             .await
             .map_err(|e| ApiError::Internal(format!("batch parser: {e}")))??;
-        let written =
-            st.0.store
-                .put_many(quotas)
-                .await
-                .map_err(|source| ApiError::Store { source, batch: true })?;
+        let index = b.index;
+        let written = st.0.store.write_batch(b.quotas, b.deletes).await.map_err(|e| {
+            let source = e.map_index(|i| index.get(i).copied().unwrap_or(i));
+            ApiError::Store { source, batch: true }
+        })?;
         Ok(written)
     }
     .await;
@@ -365,23 +380,61 @@ pub(crate) async fn batch(
     Ok(Json(res))
 }
 
-fn parse_batch(body: &[u8]) -> Result<Vec<NewQuota>, ApiError> {
+fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
     let items: Vec<BatchItem> =
         serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(i, it)| {
-            let spec = QuotaSpec {
-                limit: it.limit,
-                low_burst: it.low_burst,
-                high_burst: it.high_burst,
-                parent: it.parent,
-            };
-            let limits = spec
-                .validate(&it.name)
+    let mut b = Batch { quotas: Vec::with_capacity(items.len()), ..Batch::default() };
+    let mut delete_index = Vec::new();
+    // The store would catch a name given twice too, but with indexes of its own order.
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(items.len());
+    for (i, it) in items.into_iter().enumerate() {
+        if let Some(&first) = seen.get(&it.name) {
+            let source = StoreError::Duplicate { index: i, first, name: it.name };
+            return Err(ApiError::Store { source, batch: true });
+        }
+        seen.insert(it.name.clone(), i);
+        if it.delete {
+            let given: Vec<&str> = [
+                it.limit.map(|_| "limit"),
+                it.low_burst.map(|_| "low_burst"),
+                it.high_burst.map(|_| "high_burst"),
+                it.parent.as_ref().map(|_| "parent"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !given.is_empty() {
+                return Err(invalid(
+                    Some(i),
+                    format!(
+                        "quota {:?}: a delete takes only \"name\" and \"delete\", not {}",
+                        it.name,
+                        given.join(", ")
+                    ),
+                ));
+            }
+            validate_name(&it.name)
                 .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
-            Ok(NewQuota { name: it.name, limits, parent: spec.parent })
-        })
-        .collect()
+            b.deletes.push(it.name);
+            delete_index.push(i);
+            continue;
+        }
+        // 400 as before deletes existed, when serde itself reported missing numbers.
+        let need = |v: Option<f64>, field: &str| {
+            v.ok_or_else(|| ApiError::BadJson(format!("item {i}: missing field `{field}`")))
+        };
+        let spec = QuotaSpec {
+            limit: need(it.limit, "limit")?,
+            low_burst: need(it.low_burst, "low_burst")?,
+            high_burst: need(it.high_burst, "high_burst")?,
+            parent: it.parent,
+        };
+        let limits = spec
+            .validate(&it.name)
+            .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
+        b.quotas.push(NewQuota { name: it.name, limits, parent: spec.parent });
+        b.index.push(i);
+    }
+    b.index.extend(delete_index);
+    Ok(b)
 }

@@ -12,6 +12,8 @@
 //! * [`AppState`]: the core's `RootState` behind a lock, plus the store and the poller.
 //! * [`db`]: the [`db::QuotaStore`] trait and its SQLite and PostgreSQL implementations.
 //! * [`ApiError`]: every error and its status.
+//! * [`quotas_file`]: the client side of `yarl-root quotas export|apply` (quota trees as
+//!   YAML files, applied in one batch).
 //!
 //! # Routes and body limits
 //!
@@ -39,6 +41,7 @@ pub mod db;
 mod error;
 mod guard;
 mod metrics;
+pub mod quotas_file;
 pub mod serve;
 mod state;
 mod sync_api;

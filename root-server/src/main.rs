@@ -1,5 +1,8 @@
 //! `yarl-root`: the YARL root server. Run `yarl-root --help` for the flags; every flag is
 //! also read from the environment as `YARL_<FLAG>` (e.g. `YARL_DB`).
+//!
+//! `yarl-root quotas export|apply` is a client of a running root instead (quotas as code,
+//! see `yarl_root::quotas_file`).
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -8,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
+use yarl_root::quotas_file::{self, Client};
 use yarl_root::serve::{serve, ServeOptions};
 use yarl_root::tls::TlsFiles;
 use yarl_root::{app, db, AppState, Settings};
@@ -32,7 +36,9 @@ pub static malloc_conf: &[u8] = b"thp:always,metadata_thp:auto\0";
 
 /// The YARL root server: sums limiters' counters and serves quotas from a database.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+// A `quotas` command is a client: it takes none of the server's flags (see `parse_args`
+// for their variables).
+#[command(version, about, args_conflicts_with_subcommands = true)]
 struct Args {
     /// Address to listen on.
     #[arg(long, env = "YARL_LISTEN", default_value = "127.0.0.1:7700")]
@@ -82,6 +88,111 @@ struct Args {
     /// same value, and limiters list the roots per shard. Quotas are served whole.
     #[arg(long, env = "YARL_SHARD")]
     shard: Option<yarl_core::Shard>,
+    /// Without a command, `yarl-root` is the server.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Quotas as code: export the live quotas as YAML, apply a reviewed YAML file.
+    #[command(subcommand)]
+    Quotas(QuotasCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum QuotasCommand {
+    /// Print every live quota (templates included) as YAML, sorted by name.
+    Export {
+        /// Only quotas whose name starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        #[command(flatten)]
+        root: RootArgs,
+    },
+    /// Print how the root's quotas differ from FILE, then write the difference in one
+    /// all-or-nothing batch.
+    Apply {
+        /// The YAML file, as `quotas export` writes it.
+        file: PathBuf,
+        /// Print the difference only.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also delete the root's quotas that FILE does not list (without it they are left
+        /// alone).
+        #[arg(long)]
+        prune: bool,
+        #[command(flatten)]
+        root: RootArgs,
+    },
+}
+
+/// How a `quotas` command reaches the root.
+#[derive(Debug, clap::Args)]
+struct RootArgs {
+    /// The root's admin API.
+    #[arg(long, env = "YARL_URL", default_value = quotas_file::DEFAULT_URL)]
+    url: String,
+    /// File holding the admin bearer token (sent as `Authorization: Bearer …`).
+    #[arg(long, env = "YARL_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+}
+
+impl RootArgs {
+    fn client(&self) -> anyhow::Result<Client> {
+        let token = self.admin_token_file.as_deref().map(quotas_file::read_token).transpose()?;
+        Ok(Client::new(&self.url, token)?)
+    }
+}
+
+async fn quotas(cmd: QuotasCommand) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let out = match cmd {
+        QuotasCommand::Export { prefix, root } => {
+            let client = root.client()?;
+            let quotas = client.list(&prefix).await?;
+            let source = if prefix.is_empty() {
+                client.url().to_owned()
+            } else {
+                format!("{} --prefix {prefix}", client.url())
+            };
+            quotas_file::render(&source, &quotas)?
+        }
+        QuotasCommand::Apply { file, dry_run, prune, root } => {
+            // The file first: a typo is reported without touching the network.
+            let desired = quotas_file::read(&file)?;
+            let client = root.client()?;
+            let current = client.list("").await?;
+            let plan = quotas_file::plan(&desired, &current, prune);
+            let mut out = quotas_file::render_plan(&plan);
+            if !dry_run && !plan.is_empty() {
+                // Shown before the write, so a refused batch still says what was tried.
+                std::io::stdout().write_all(out.as_bytes())?;
+                let applied = client.apply(&plan).await?;
+                out = format!(
+                    "applied: {} quota{} written, epoch {}\n",
+                    applied.count,
+                    if applied.count == 1 { "" } else { "s" },
+                    applied.last_epoch.unwrap_or_default()
+                );
+            }
+            out
+        }
+    };
+    std::io::stdout().write_all(out.as_bytes())?;
+    Ok(())
+}
+
+/// The command line. A `quotas` command ignores the server flags' YARL_* variables: they
+/// are often set for the server on the host where an operator runs it, and one the client
+/// does not use must not stop it.
+fn parse_args() -> Args {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let mut cmd = Args::command();
+    if std::env::args_os().nth(1).is_some_and(|a| a == "quotas") {
+        cmd = cmd.mut_args(|a| a.env(None));
+    }
+    Args::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
 }
 
 /// Refuses an open root on a network address: without both tokens anyone who reaches it
@@ -171,7 +282,15 @@ async fn main() -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    let args = Args::parse();
+    let args = parse_args();
+    if let Some(Command::Quotas(cmd)) = args.command {
+        // One line, whatever RUST_BACKTRACE says: these are an operator's errors, not bugs.
+        if let Err(e) = quotas(cmd).await {
+            eprintln!("yarl-root: {e:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     check_exposure(&args)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Arc::new(TlsFiles::load(cert, key)?)),

@@ -314,6 +314,72 @@ async fn batch_is_all_or_nothing() {
 }
 
 #[tokio::test]
+async fn batch_deletes_all_or_nothing() {
+    let (st, _d) = root().await;
+    let item = |n: &str, p: Option<&str>| json!({"name": n, "limit": 1, "low_burst": 1, "high_burst": 2, "parent": p});
+    let del = |n: &str| json!({"name": n, "delete": true});
+    let setup = json!([item("p", None), item("c", Some("p")), item("o", None)]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&setup.to_string()), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let cases: Vec<(Value, StatusCode, &str)> = vec![
+        (
+            json!([item("n", None), del("o"), del("ghost")]),
+            StatusCode::NOT_FOUND,
+            "quota \"ghost\" does not exist",
+        ),
+        (json!([del("p")]), StatusCode::CONFLICT, "quota \"p\" is the parent of \"c\""),
+        (
+            json!([del("o"), {"name": "c", "delete": true, "limit": 1}]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: quota \"c\": a delete takes only \"name\" and \"delete\", not limit",
+        ),
+        (
+            json!([item("o", None), del("o")]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: quota \"o\" appears twice (items 0 and 1)",
+        ),
+        (
+            json!([del("o"), item("x", Some("ghost"))]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: parent \"ghost\"",
+        ),
+        (
+            json!([{"name": "o", "delete": true, "force": true}]),
+            StatusCode::BAD_REQUEST,
+            "unknown field `force`",
+        ),
+        (
+            json!([del("b c")]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 0: quota \"b c\": name has ' '",
+        ),
+    ];
+    for (body, status, msg) in cases {
+        let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&body.to_string()), None).await;
+        assert_eq!(s, status, "{body}: {v}");
+        assert!(err(&v).contains(msg), "{body}: {v} should mention {msg:?}");
+    }
+    assert_eq!(st.epoch(), 3, "a refused batch wrote something");
+    let (_, v) = call(&st, GET, "/v1/quotas", None, None).await;
+    assert_eq!(v["quotas"].as_array().unwrap().len(), 3, "{v}");
+
+    // Writes and deletes in one transaction; the root sees the deletes as single deletes do.
+    let body = json!([del("p"), item("n", None), del("c")]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&body.to_string()), None).await;
+    assert_eq!((s, &v), (StatusCode::OK, &json!({"count": 3, "first_epoch": 4, "last_epoch": 6})));
+    assert_eq!(st.epoch(), 6);
+    let (s, v) = call(&st, GET, "/v1/quotas/p", None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas", None, None).await;
+    let names: Vec<&str> =
+        v["quotas"].as_array().unwrap().iter().map(|q| q["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["n", "o"]);
+    let (s, v) = call(&st, GET, "/metrics", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v.as_str().unwrap().contains("yarl_root_quotas 2"), "{v}");
+}
+
+#[tokio::test]
 async fn list_pages_in_name_order() {
     let (st, _d) = root().await;
     let names = ["B", "a", "a_b", "a.c", "ab", "b:1", "b@2", "s3_x", "s3_y", "s3_z"];

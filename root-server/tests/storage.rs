@@ -58,6 +58,7 @@ suite!(
     batch_is_atomic,
     list_is_bytewise_with_literal_prefix,
     concurrent_writers_never_hide_an_epoch,
+    batch_deletes_with_writes,
 );
 
 async fn writes_get_increasing_epochs_and_keep_ids(s: Arc<dyn QuotaStore>) {
@@ -261,4 +262,66 @@ async fn reopen_runs_migrations_once() {
 async fn bad_urls_are_refused() {
     let e = db::open("mysql://x").await.err().unwrap().to_string();
     assert!(e.contains("unsupported database URL"), "{e}");
+}
+
+async fn batch_deletes_with_writes(s: Arc<dyn QuotaStore>) {
+    // p <- c <- g, p <- k; o stays.
+    let w = s
+        .put_many(vec![
+            nq("p", None),
+            nq("c", Some("p")),
+            nq("g", Some("c")),
+            nq("k", Some("p")),
+            nq("o", None),
+        ])
+        .await
+        .unwrap();
+    let ids: Vec<u64> = w.quotas.iter().map(|q| q.id).collect();
+    let refused = |r: Result<yarl_root::db::Written, StoreError>| match r {
+        Err(e) => e,
+        Ok(w) => panic!("written: {w:?}"),
+    };
+    // A missing name fails the whole batch, as a single delete does.
+    let e = refused(s.write_batch(vec![nq("new", None)], vec!["o".into(), "ghost".into()]).await);
+    assert!(matches!(&e, StoreError::NotFound(n) if n == "ghost"), "{e:?}");
+    // A tombstone is no longer there to delete.
+    s.delete("o".into()).await.unwrap();
+    let e = refused(s.write_batch(vec![], vec!["o".into()]).await);
+    assert!(matches!(&e, StoreError::NotFound(n) if n == "o"), "{e:?}");
+    // Deleting a parent whose child stays (neither deleted nor moved) is refused.
+    let e = refused(s.write_batch(vec![], vec!["c".into()]).await);
+    assert!(
+        matches!(&e, StoreError::HasChildren { name, children } if name == "c" && children == &["g"]),
+        "{e:?}"
+    );
+    // So is a write that names a parent deleted in the same batch.
+    let e = refused(s.write_batch(vec![nq("n", Some("k"))], vec!["k".into()]).await);
+    assert!(
+        matches!(&e, StoreError::HasChildren { name, children } if name == "k" && children == &["n"]),
+        "{e:?}"
+    );
+    // A name both written and deleted, or deleted twice.
+    let e = refused(s.write_batch(vec![nq("k", None)], vec!["k".into()]).await);
+    assert!(matches!(e, StoreError::Duplicate { index: 1, first: 0, .. }), "{e:?}");
+    let e = refused(s.write_batch(vec![], vec!["g".into(), "g".into()]).await);
+    assert!(matches!(e, StoreError::Duplicate { index: 1, first: 0, .. }), "{e:?}");
+    assert_eq!(all_changes(&*s, 6).await.len(), 0, "a refused batch left rows behind");
+
+    // Deleting p with its subtree, k moved away first: writes, then tombstones children
+    // first, each with its own epoch after the writes, contiguous from base + 1.
+    let w =
+        s.write_batch(vec![nq("k", None)], vec!["p".into(), "c".into(), "g".into()]).await.unwrap();
+    assert_eq!(w.base_epoch, 6);
+    let got: Vec<(&str, u64, bool)> =
+        w.quotas.iter().map(|q| (q.name.as_str(), q.epoch, q.deleted)).collect();
+    assert_eq!(got, [("k", 7, false), ("g", 8, true), ("c", 9, true), ("p", 10, true)]);
+    // Tombstones as `delete` writes them: same id, no parent, the numbers kept.
+    let g = &w.quotas[1];
+    assert_eq!((g.id, g.parent.as_deref(), g.limits), (ids[2], None, nq("g", None).limits));
+    // What pollers read is what the write reported.
+    let ch = all_changes(&*s, 6).await;
+    assert_eq!(ch, w.quotas);
+    let live: Vec<String> =
+        s.list(String::new(), None, 10).await.unwrap().into_iter().map(|q| q.name).collect();
+    assert_eq!(live, ["k"]);
 }

@@ -194,6 +194,23 @@ impl From<sqlx::Error> for StoreError {
 }
 
 impl StoreError {
+    /// The same error with its item index (if any) passed through `f`: for a caller whose
+    /// items were split or reordered before the write.
+    pub fn map_index(mut self, f: impl Fn(usize) -> usize) -> Self {
+        match &mut self {
+            StoreError::UnknownParent { index, .. }
+            | StoreError::Cycle { index, .. }
+            | StoreError::ChainTooDeep { index, .. }
+            | StoreError::DescendantTooDeep { index, .. } => *index = f(*index),
+            StoreError::Duplicate { index, first, .. } => {
+                *index = f(*index);
+                *first = f(*first);
+            }
+            _ => {}
+        }
+        self
+    }
+
     /// The index of the offending item of a write, if the error is about one.
     pub fn item_index(&self) -> Option<usize> {
         match self {
@@ -216,6 +233,18 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// Creates or replaces all `quotas` in one transaction, or none of them. Each gets its
     /// own epoch, in the order given.
     fn put_many(&self, quotas: Vec<NewQuota>) -> BoxFuture<'_, Result<Written, StoreError>>;
+
+    /// Creates or replaces `quotas` and turns the live quotas `deletes` into tombstones, in
+    /// one transaction, or none of it: the writes first, in the order given, then the
+    /// tombstones (children before their parents), each with its own epoch, exactly as
+    /// [`QuotaStore::delete`] writes them. A delete of a name that is not live fails with
+    /// `NotFound`; one that leaves a live child under a tombstone with `HasChildren`.
+    /// Item indexes in errors count `quotas` first, then `deletes`.
+    fn write_batch(
+        &self,
+        quotas: Vec<NewQuota>,
+        deletes: Vec<String>,
+    ) -> BoxFuture<'_, Result<Written, StoreError>>;
 
     /// Turns a live quota into a tombstone with a new epoch.
     fn delete(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>>;

@@ -241,14 +241,25 @@ impl SqlStore {
     }
 
     async fn put_many_inner(&self, quotas: Vec<NewQuota>) -> Result<Written, StoreError> {
-        if quotas.is_empty() {
+        self.write_batch_inner(quotas, Vec::new()).await
+    }
+
+    async fn write_batch_inner(
+        &self,
+        quotas: Vec<NewQuota>,
+        deletes: Vec<String>,
+    ) -> Result<Written, StoreError> {
+        if quotas.is_empty() && deletes.is_empty() {
             return Ok(Written::default());
         }
+        check_distinct(&quotas, &deletes)?;
         each_backend!(
             self,
             write(tx, d) => {
                 check_graph(&mut tx, d, &quotas).await?;
-                let base = bump_epoch(&mut tx, quotas.len()).await?;
+                let live = lookup(&mut tx, d, d.live_by_name, &deletes).await?;
+                let deletes = doomed(deletes, live)?;
+                let base = bump_epoch(&mut tx, quotas.len() + deletes.len()).await?;
                 let mut kept = vec![(0u64, 0); quotas.len()];
                 for (c, chunk) in quotas.chunks(d.insert_chunk).enumerate() {
                     let first = base + (c * d.insert_chunk) as u64;
@@ -260,8 +271,28 @@ impl SqlStore {
                         }
                     }
                 }
+                // Tombstones exactly as `delete_inner` writes them, after the upserts so
+                // that a quota moved away from a deleted parent is moved first.
+                let sql = format!(
+                    "UPDATE yarl_quotas SET deleted = TRUE, parent = NULL, epoch = $1
+                     WHERE name = $2 AND NOT deleted RETURNING {COLUMNS}"
+                );
+                let mut tombs = Vec::with_capacity(deletes.len());
+                for (k, name) in deletes.iter().enumerate() {
+                    let epoch = base + (quotas.len() + k) as u64 + 1;
+                    let row: Option<Row> = sqlx::query_as(&sql)
+                        .bind(to_i64(epoch))
+                        .bind(name)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let row = row.ok_or_else(|| StoreError::NotFound(name.clone()))?;
+                    tombs.push(from_row(row)?);
+                }
+                check_orphans(&deletes, lookup(&mut tx, d, d.live_by_parent, &deletes).await?)?;
                 tx.commit().await?;
-                Ok(written(base, quotas, kept))
+                let mut w = written(base, quotas, kept);
+                w.quotas.extend(tombs);
+                Ok(w)
             }
         )
     }
@@ -433,21 +464,105 @@ where
 {
     let mut check = GraphCheck::new(quotas)?;
     while let Some(names) = check.wanted() {
-        for chunk in names.chunks(d.lookup_chunk) {
-            let q = sqlx::query_as::<DB, (String, Option<String>)>(d.live_by_name);
-            let found = DB::bind_names(q, chunk).fetch_all(&mut **tx).await?;
-            check.supply(chunk, found);
-        }
+        let found = lookup(tx, d, d.live_by_name, &names).await?;
+        check.supply(&names, found);
     }
     check.finish()?;
     while let Some(names) = check.wanted_children() {
-        for chunk in names.chunks(d.lookup_chunk) {
-            let q = sqlx::query_as::<DB, (String, Option<String>)>(d.live_by_parent);
-            let found = DB::bind_names(q, chunk).fetch_all(&mut **tx).await?;
-            check.supply_children(found)?;
-        }
+        let found = lookup(tx, d, d.live_by_parent, &names).await?;
+        check.supply_children(found)?;
     }
     Ok(())
+}
+
+/// Refuses a name deleted twice or both written and deleted (writes among themselves are
+/// `GraphCheck`'s). Indexes count the writes first, then the deletes.
+fn check_distinct(quotas: &[NewQuota], deletes: &[String]) -> Result<(), StoreError> {
+    if deletes.is_empty() {
+        return Ok(());
+    }
+    let mut seen: std::collections::HashMap<&str, usize> =
+        quotas.iter().enumerate().map(|(i, q)| (q.name.as_str(), i)).collect();
+    for (k, name) in deletes.iter().enumerate() {
+        let index = quotas.len() + k;
+        if let Some(&first) = seen.get(name.as_str()) {
+            return Err(StoreError::Duplicate { index, first, name: name.clone() });
+        }
+        seen.insert(name, index);
+    }
+    Ok(())
+}
+
+/// The quotas to delete, checked to be live (`NotFound` names the first that is not) and
+/// ordered children first: every prefix of the write's epochs then leaves no live quota
+/// under a tombstone, for a poller that stops between two of them. `live` holds the live
+/// `(name, parent)` rows among `deletes`.
+fn doomed(
+    deletes: Vec<String>,
+    live: Vec<(String, Option<String>)>,
+) -> Result<Vec<String>, StoreError> {
+    let live: std::collections::HashMap<String, Option<String>> = live.into_iter().collect();
+    if let Some(gone) = deletes.iter().find(|n| !live.contains_key(*n)) {
+        return Err(StoreError::NotFound(gone.clone()));
+    }
+    // Ancestors that are deleted too; the database graph is acyclic and chains are short.
+    let doomed_above = |name: &str| {
+        let mut n = 0usize;
+        let mut cur = live.get(name).cloned().flatten();
+        while let Some(p) = cur {
+            if n > yarl_core::MAX_CHAIN || !live.contains_key(&p) {
+                break;
+            }
+            n += 1;
+            cur = live.get(&p).cloned().flatten();
+        }
+        n
+    };
+    let mut ordered: Vec<(usize, String)> =
+        deletes.into_iter().map(|n| (doomed_above(&n), n)).collect();
+    ordered.sort_by_key(|o| std::cmp::Reverse(o.0));
+    Ok(ordered.into_iter().map(|(_, n)| n).collect())
+}
+
+/// After a write's tombstones: refuses it if a live quota still names one of them as its
+/// parent (it was neither deleted nor moved by the same write), as a single delete does.
+/// `children` holds the live `(name, parent)` rows whose parent is among `deletes`.
+fn check_orphans(
+    deletes: &[String],
+    children: Vec<(String, Option<String>)>,
+) -> Result<(), StoreError> {
+    let Some(parent) =
+        deletes.iter().find(|n| children.iter().any(|(_, p)| p.as_ref() == Some(*n)))
+    else {
+        return Ok(());
+    };
+    let mut names: Vec<String> =
+        children.into_iter().filter(|(_, p)| p.as_ref() == Some(parent)).map(|(c, _)| c).collect();
+    names.sort();
+    names.truncate(5);
+    Err(StoreError::HasChildren { name: parent.clone(), children: names })
+}
+
+/// The `(name, parent)` rows a dialect lookup (`live_by_name`, `live_by_parent`) finds for
+/// `names`, a chunk at a time.
+async fn lookup<DB>(
+    tx: &mut Transaction<'static, DB>,
+    d: &Dialect,
+    sql: &'static str,
+    names: &[String],
+) -> Result<Vec<(String, Option<String>)>, StoreError>
+where
+    DB: sqlx::Database + for<'q> NameList<'q>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (String, Option<String>): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let mut found = Vec::new();
+    for chunk in names.chunks(d.lookup_chunk) {
+        let q = sqlx::query_as::<DB, (String, Option<String>)>(sql);
+        found.extend(DB::bind_names(q, chunk).fetch_all(&mut **tx).await?);
+    }
+    Ok(found)
 }
 
 /// `(id, epoch, reset_epoch)` of an inserted or replaced row.
@@ -537,6 +652,14 @@ impl QuotaStore for SqlStore {
 
     fn put_many(&self, quotas: Vec<NewQuota>) -> BoxFuture<'_, Result<Written, StoreError>> {
         Box::pin(self.put_many_inner(quotas))
+    }
+
+    fn write_batch(
+        &self,
+        quotas: Vec<NewQuota>,
+        deletes: Vec<String>,
+    ) -> BoxFuture<'_, Result<Written, StoreError>> {
+        Box::pin(self.write_batch_inner(quotas, deletes))
     }
 
     fn delete(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>> {
