@@ -11,6 +11,10 @@ pub enum Outcome {
     Passed,
     /// A quota of the chain rejected it ([`Decision::quota`] names which).
     Rejected,
+    /// A quota of the chain in shadow mode ([`crate::Limits::dry_run`]) would have rejected
+    /// it ([`Decision::quota`] names which); every enforced quota let it through, so it
+    /// passes, counted on every quota of the chain but that one.
+    RejectedDryRun,
 }
 
 /// The result of [`crate::Limiter::check`] or [`crate::Limiter::account`].
@@ -18,14 +22,14 @@ pub enum Outcome {
 pub struct Decision {
     /// Passed, rejected or unlimited.
     pub outcome: Outcome,
-    /// The quota that rejected; `None` unless rejected (a pass was decided by the whole
-    /// chain of the name the caller asked for).
+    /// The quota that rejected (or would have, in shadow mode); `None` on a pass (decided by
+    /// the whole chain of the name the caller asked for).
     pub quota: Option<Box<str>>,
     /// Estimated fill of the deciding quota, in units (of the rejecting one when rejected, of
     /// the checked quota when passed).
     pub fill: f64,
     /// Seconds until the rejecting quota's estimated fill drops to `low_burst` (at least 1);
-    /// `None` unless rejected.
+    /// `None` on a pass.
     pub retry_after: Option<u32>,
 }
 

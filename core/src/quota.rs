@@ -214,33 +214,44 @@ pub struct Limits {
     limit: NonZeroU64,
     low_burst: u64,
     high_burst: u64,
+    /// Shadow mode: decided and counted as rejections, never enforced.
+    dry_run: bool,
 }
 
-/// [`Limits`] as they travel: checked on the way in.
+/// [`Limits`] as they travel: checked on the way in. `dry_run` only when set, so that a
+/// quota without it is byte for byte what it was before shadow mode.
 #[derive(Serialize, Deserialize)]
 struct RawLimits {
     limit: u64,
     low_burst: u64,
     high_burst: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    dry_run: bool,
 }
 
 impl TryFrom<RawLimits> for Limits {
     type Error = QuotaError;
 
     fn try_from(r: RawLimits) -> Result<Limits, QuotaError> {
-        Limits::from_milli(r.limit, r.low_burst, r.high_burst)
+        Ok(Limits::from_milli(r.limit, r.low_burst, r.high_burst)?.with_dry_run(r.dry_run))
     }
 }
 
 impl From<Limits> for RawLimits {
     fn from(l: Limits) -> RawLimits {
-        RawLimits { limit: l.limit(), low_burst: l.low_burst, high_burst: l.high_burst }
+        RawLimits {
+            limit: l.limit(),
+            low_burst: l.low_burst,
+            high_burst: l.high_burst,
+            dry_run: l.dry_run,
+        }
     }
 }
 
 impl Limits {
     /// The smallest limit with no bursts: what a tombstone carries (its numbers mean nothing).
-    pub const NONE: Limits = Limits { limit: NonZeroU64::MIN, low_burst: 0, high_burst: 0 };
+    pub const NONE: Limits =
+        Limits { limit: NonZeroU64::MIN, low_burst: 0, high_burst: 0, dry_run: false };
 
     /// Validates a quota's numbers given in units (as the admin API takes them).
     pub fn from_units(limit: f64, low_burst: f64, high_burst: f64) -> Result<Limits, QuotaError> {
@@ -281,7 +292,21 @@ impl Limits {
                 high: milli_to_units(high_burst),
             });
         }
-        Ok(Limits { limit, low_burst, high_burst })
+        Ok(Limits { limit, low_burst, high_burst, dry_run: false })
+    }
+
+    /// The same numbers in shadow mode (`true`) or enforced (`false`).
+    #[must_use]
+    pub fn with_dry_run(self, dry_run: bool) -> Limits {
+        Limits { dry_run, ..self }
+    }
+
+    /// Shadow mode: every limiter decides and counts what this quota would reject (as
+    /// [`crate::Outcome::RejectedDryRun`]) but lets it through, and does not count it on this
+    /// quota, so the rejections it reports are the ones enforcing it would make.
+    #[inline]
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
     }
 
     /// Drain rate, milli-units per second (1..=1e15).
@@ -330,13 +355,17 @@ pub struct QuotaSpec {
     /// Parent quota's name.
     #[serde(default)]
     pub parent: Option<String>,
+    /// Shadow mode (see [`Limits::dry_run`]).
+    #[serde(default)]
+    pub dry_run: bool,
 }
 
 impl QuotaSpec {
     /// Validates the spec for a quota called `name`.
     pub fn validate(&self, name: &str) -> Result<Limits, QuotaError> {
         validate_name(name)?;
-        let limits = Limits::from_units(self.limit, self.low_burst, self.high_burst)?;
+        let limits = Limits::from_units(self.limit, self.low_burst, self.high_burst)?
+            .with_dry_run(self.dry_run);
         if let Some(parent) = &self.parent {
             validate_name(parent).map_err(|e| QuotaError::Parent(Box::new(e)))?;
             if is_template(parent) {
@@ -430,8 +459,13 @@ mod tests {
             Err(QuotaError::NameTooLong { len: 256 })
         );
         // A template cannot be a parent.
-        let spec =
-            QuotaSpec { limit: 1.0, low_burst: 1.0, high_burst: 2.0, parent: Some("t*".into()) };
+        let spec = QuotaSpec {
+            limit: 1.0,
+            low_burst: 1.0,
+            high_burst: 2.0,
+            parent: Some("t*".into()),
+            dry_run: false,
+        };
         assert_eq!(spec.validate("a"), Err(QuotaError::ParentTemplate("t*".into())));
     }
 
@@ -499,7 +533,8 @@ mod tests {
 
     #[test]
     fn spec_parent_rules() {
-        let mut s = QuotaSpec { limit: 1.0, low_burst: 1.0, high_burst: 2.0, parent: None };
+        let mut s =
+            QuotaSpec { limit: 1.0, low_burst: 1.0, high_burst: 2.0, parent: None, dry_run: false };
         assert!(s.validate("a").is_ok());
         s.parent = Some("a".into());
         assert_eq!(s.validate("a"), Err(QuotaError::SelfParent));

@@ -67,16 +67,17 @@ fn quota() -> impl Strategy<Value = QuotaUpdate> {
     (
         (num(), name(), num(), any::<bool>()),
         (num(), num(), num(), prop::option::of(name())),
-        prop_oneof![Just(0u64), num()],
+        (prop_oneof![Just(0u64), num()], any::<bool>()),
     )
         .prop_map(
-            |((id, name, epoch, deleted), (limit, low_burst, high_burst, parent), reset)| {
+            |((id, name, epoch, deleted), (limit, low_burst, high_burst, parent), (reset, dry))| {
                 // Any valid numbers: a limit of 1..=1e15, bursts up to 1e18, in order.
                 let (a, b) =
                     (low_burst % 1_000_000_000_000_000_001, high_burst % 1_000_000_000_000_000_001);
                 let limits =
                     Limits::from_milli(1 + limit % 1_000_000_000_000_000, a.min(b), a.max(b))
-                        .unwrap();
+                        .unwrap()
+                        .with_dry_run(dry);
                 QuotaUpdate { id, name, epoch, deleted, limits, parent, reset_epoch: reset }
             },
         )
@@ -366,4 +367,51 @@ fn a_live_quota_with_numbers_out_of_range_fails_the_answer_a_tombstone_does_not(
             );
         }
     }
+}
+
+#[test]
+fn quotas_in_shadow_mode_travel_in_an_appended_field_old_limiters_skip() {
+    let q = |id: u64, dry: bool| QuotaUpdate {
+        id,
+        name: format!("q{id}"),
+        epoch: id,
+        deleted: false,
+        limits: Limits::from_milli(1000, 0, 0).unwrap().with_dry_run(dry),
+        parent: None,
+        reset_epoch: 0,
+    };
+    let mut answer = SyncResponse {
+        v: PROTOCOL_VERSION,
+        root_instance: 1,
+        acked_seq: 0,
+        version: 1,
+        counters: Vec::new(),
+        quotas: vec![q(1, false), q(2, true), q(3, false)],
+        epoch: 3,
+        more: false,
+        shard: None,
+        root_epoch: None,
+        key_secret: None,
+        limiters: None,
+    };
+    let b = v2::encode_response(&answer);
+    let got = v2::decode_response(&b, 100).unwrap();
+    assert_eq!(got, answer);
+    assert!(got.quotas[1].limits.dry_run() && !got.quotas[0].limits.dry_run());
+    // The same answer with nobody in shadow mode ends before field 14, byte for byte what a
+    // root that predates it sent; an old limiter reading the new body stops after field 13.
+    answer.quotas[1].limits = answer.quotas[1].limits.with_dry_run(false);
+    let plain = v2::encode_response(&answer);
+    assert!(plain.len() < b.len());
+    // An index past the quotas is refused.
+    let mut bad = b.clone();
+    *bad.last_mut().unwrap() = 9;
+    assert_eq!(
+        v2::decode_response(&bad, 100).unwrap_err().to_string(),
+        "bad v2 body at shadow: index past the quotas"
+    );
+    // v1 JSON carries it as a field of the quota.
+    let json = serde_json::to_string(&got.quotas[1]).unwrap();
+    assert!(json.contains("\"dry_run\":true"), "{json}");
+    assert!(!serde_json::to_string(&got.quotas[0]).unwrap().contains("dry_run"));
 }

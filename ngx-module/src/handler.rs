@@ -42,7 +42,8 @@ pub enum YarlStatus {
     Passed,
     /// Rejected with `yarl_status`.
     Rejected,
-    /// Would have been rejected; passed because of `yarl_dry_run on`.
+    /// Would have been rejected; passed because of `yarl_dry_run on`, or because the quota
+    /// that would have rejected is in shadow mode (`"dry_run": true`).
     RejectedDryRun,
     /// No rule matched a quota.
     Unlimited,
@@ -218,7 +219,13 @@ fn access(r: &mut Request) -> Status {
             "limiting requests by quota \"{}\", fill {:.3}{}",
             q,
             v.fill,
-            if dry { ", dry run" } else { "" }
+            if dry {
+                ", dry run"
+            } else if v.status == YarlStatus::RejectedDryRun {
+                ", dry run (the quota is in shadow mode)"
+            } else {
+                ""
+            }
         );
     }
     worker::count(match v.status {
@@ -262,7 +269,11 @@ fn access(r: &mut Request) -> Status {
 
 fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict<'a> {
     let rejected = |d: yarl_core::Decision, name: &'a [u8]| Verdict {
-        status: if dry { YarlStatus::RejectedDryRun } else { YarlStatus::Rejected },
+        status: if dry || d.outcome == Outcome::RejectedDryRun {
+            YarlStatus::RejectedDryRun
+        } else {
+            YarlStatus::Rejected
+        },
         quota: Some(d.quota.map_or(display_name(name), |q| Cow::Owned(q.into_string()))),
         fill: d.fill,
         retry_after: d.retry_after,
@@ -270,6 +281,9 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
         deferred: Vec::new(),
     };
     let mut matched: Option<&[u8]> = None;
+    // The first rejection of a quota in shadow mode: the request goes on, and is reported as
+    // REJECTED_DRY_RUN if nothing enforced rejects it.
+    let mut shadowed: Option<(yarl_core::Decision, &[u8])> = None;
     // Account lines stay on the stack: a location rarely has more than a few.
     let mut inline: [(&[u8], u64); 4] = [(b"", 0); 4];
     let mut spill: Vec<(&[u8], u64)> = Vec::new();
@@ -291,6 +305,10 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
                 match d.outcome {
                     Outcome::Unlimited => {}
                     Outcome::Passed => matched = Some(name),
+                    Outcome::RejectedDryRun => {
+                        matched = Some(name);
+                        shadowed.get_or_insert((d, name));
+                    }
                     Outcome::Rejected => return rejected(d, name),
                 }
             }
@@ -324,10 +342,17 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
             Ok((d, Some(k))) if d.outcome == Outcome::Passed => {
                 matched = Some(accounts[k].0);
             }
+            Ok((d, Some(k))) if d.outcome == Outcome::RejectedDryRun => {
+                matched = Some(accounts[k].0);
+                shadowed.get_or_insert((d, accounts[k].0));
+            }
             // Unlimited; or weights above the maximum, which runtime_weight and the directive
             // parser already clamp: never worth failing a request over.
             _ => {}
         }
+    }
+    if let Some((d, name)) = shadowed {
+        return Verdict { deferred, ..rejected(d, name) };
     }
     let status = if matched.is_some() { YarlStatus::Passed } else { YarlStatus::Unlimited };
     Verdict {

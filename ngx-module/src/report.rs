@@ -61,6 +61,8 @@ struct Quota<'a> {
     limit: f64,
     low_burst: f64,
     high_burst: f64,
+    /// Shadow mode: its rejections are counted (`REJECTED_DRY_RUN`), not enforced.
+    dry_run: bool,
     parent: Option<&'a str>,
     fill: f64,
     rejections: u64,
@@ -240,6 +242,7 @@ pub fn render(input: &Input<'_>) -> String {
                 limit: q.limit,
                 low_burst: q.low_burst,
                 high_burst: q.high_burst,
+                dry_run: q.dry_run,
                 parent: q.parent.as_deref(),
                 fill: q.fill,
                 rejections: q.rejections,

@@ -110,6 +110,7 @@ fn without_a_zone_and_with_a_quota_query() {
         limit: 10.0,
         low_burst: 2.0,
         high_burst: 4.0,
+        dry_run: true,
         parent: Some("p".into()),
         fill: 3.5,
         rejections: 7,
@@ -133,6 +134,7 @@ fn without_a_zone_and_with_a_quota_query() {
     assert_eq!(page["quota"]["parent"], "p");
     assert_eq!(page["quota"]["fill"], 3.5);
     assert_eq!(page["quota"]["rejections"], 7);
+    assert_eq!(page["quota"]["dry_run"], true);
 
     let missing = parse(&render(&Input {
         pid: 1,

@@ -38,6 +38,9 @@ struct QuotaBody {
     high_burst: f64,
     #[serde(default)]
     parent: Option<String>,
+    /// Shadow mode: limiters count what it would reject but let it through.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 /// One item of `POST /v1/quotas:batch`: a quota to create or replace, or
@@ -54,6 +57,9 @@ struct BatchItem {
     high_burst: Option<f64>,
     #[serde(default)]
     parent: Option<String>,
+    /// Shadow mode: limiters count what it would reject but let it through.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 /// A parsed batch: the writes and the deletes, each with the index of its item in the
@@ -75,6 +81,9 @@ pub(crate) struct QuotaJson {
     low_burst: f64,
     high_burst: f64,
     parent: Option<String>,
+    /// Shadow mode (absent when off).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    dry_run: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     deleted: bool,
     /// The epoch of the last `:reset`, absent if never.
@@ -94,6 +103,7 @@ impl From<StoredQuota> for QuotaJson {
             limit: milli_to_units(q.limits.limit()),
             low_burst: milli_to_units(q.limits.low_burst()),
             high_burst: milli_to_units(q.limits.high_burst()),
+            dry_run: q.limits.dry_run(),
             parent: q.parent,
             deleted: q.deleted,
             reset_epoch: q.reset_epoch,
@@ -188,6 +198,7 @@ pub(crate) async fn put(
             low_burst: b.low_burst,
             high_burst: b.high_burst,
             parent: b.parent,
+            dry_run: b.dry_run,
         };
         let limits = spec.validate(&name).map_err(|e| invalid(None, e))?;
         let written =
@@ -399,6 +410,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
                 it.low_burst.map(|_| "low_burst"),
                 it.high_burst.map(|_| "high_burst"),
                 it.parent.as_ref().map(|_| "parent"),
+                it.dry_run.then_some("dry_run"),
             ]
             .into_iter()
             .flatten()
@@ -428,6 +440,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
             low_burst: need(it.low_burst, "low_burst")?,
             high_burst: need(it.high_burst, "high_burst")?,
             parent: it.parent,
+            dry_run: it.dry_run,
         };
         let limits = spec
             .validate(&it.name)

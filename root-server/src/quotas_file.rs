@@ -52,6 +52,9 @@ pub struct QuotaFields {
     /// The parent quota's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// Shadow mode: limiters count what the quota would reject but let it through.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// Quotas by name, in the root's (bytewise) name order.
@@ -179,6 +182,7 @@ fn normalize(name: &str, mut f: QuotaFields) -> Result<QuotaFields, yarl_core::Q
         low_burst: f.low_burst,
         high_burst: f.high_burst,
         parent: f.parent.clone(),
+        dry_run: f.dry_run,
     };
     let limits = spec.validate(name)?;
     f.limit = milli_to_units(limits.limit());
@@ -231,7 +235,7 @@ impl Plan {
 /// The fields of `f` as `(name, shown value)`, the admin API's fields first in its order,
 /// then any other alphabetically; unset optional fields are left out.
 fn shown(f: &QuotaFields) -> Vec<(String, String)> {
-    const ORDER: [&str; 4] = ["limit", "low_burst", "high_burst", "parent"];
+    const ORDER: [&str; 5] = ["limit", "low_burst", "high_burst", "parent", "dry_run"];
     let serde_json::Value::Object(map) = serde_json::to_value(f).unwrap_or_default() else {
         return Vec::new();
     };
@@ -518,7 +522,13 @@ mod tests {
     use super::*;
 
     fn q(limit: f64, low: f64, high: f64, parent: Option<&str>) -> QuotaFields {
-        QuotaFields { limit, low_burst: low, high_burst: high, parent: parent.map(Into::into) }
+        QuotaFields {
+            limit,
+            low_burst: low,
+            high_burst: high,
+            parent: parent.map(Into::into),
+            dry_run: false,
+        }
     }
 
     const FILE: &str = "\

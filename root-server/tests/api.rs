@@ -716,3 +716,49 @@ async fn templates_and_their_keys() {
         assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
     }
 }
+
+#[tokio::test]
+async fn shadow_mode_is_stored_listed_and_flipped() {
+    let (st, _d) = root().await;
+    let body =
+        json!({"limit": 10.0, "low_burst": 5.0, "high_burst": 10.0, "dry_run": true}).to_string();
+    let (s, v) = call(&st, PUT, "/v1/quotas/new_limit", Some(&body), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["dry_run"], true);
+    let (_, v) = call(&st, GET, "/v1/quotas/new_limit", None, None).await;
+    assert_eq!(v["dry_run"], true, "read back from the database: {v}");
+    // A template's keys show its mode.
+    let (s, _) = call(&st, PUT, "/v1/quotas/k_*", Some(&body), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = call(&st, GET, "/v1/quotas/k_abc", None, None).await;
+    assert_eq!((&v["template"], &v["dry_run"]), (&json!("k_*"), &json!(true)), "{v}");
+    // Batch writes take it too; a delete item refuses it.
+    let batch =
+        json!([{"name": "b", "limit": 1.0, "low_burst": 1.0, "high_burst": 1.0, "dry_run": true}]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&batch.to_string()), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas", None, None).await;
+    let shadow: Vec<&str> = v["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|q| q["dry_run"] == true)
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(shadow, ["b", "k_*", "new_limit"]);
+    let bad = json!([{"name": "b", "delete": true, "dry_run": true}]).to_string();
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&bad), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(err(&v).contains("dry_run"), "{v}");
+    // Enforcing it is a write like any other: a new epoch, and no field when off.
+    let enforce = quota(10.0, 5.0, 10.0, None);
+    let (s, v) = call(&st, PUT, "/v1/quotas/new_limit", Some(&enforce), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v.get("dry_run"), None, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/new_limit", None, None).await;
+    assert_eq!(v.get("dry_run"), None, "{v}");
+    let wrong = json!({"limit": 1.0, "low_burst": 1.0, "high_burst": 1.0, "dry_run": "yes"});
+    let (s, v) = call(&st, PUT, "/v1/quotas/new_limit", Some(&wrong.to_string()), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(err(&v).contains("expected a boolean"), "{v}");
+}

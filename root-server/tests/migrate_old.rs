@@ -113,7 +113,8 @@ async fn an_old_sqlite_database_is_adopted() {
         vec![
             (1, "adopted from yarl_schema_migrations".into(), true),
             (2, "reset epoch".into(), true),
-            (3, "key secret".into(), true)
+            (3, "key secret".into(), true),
+            (4, "dry run".into(), true)
         ],
         "version 1 adopted, the later ones applied"
     );
@@ -136,7 +137,7 @@ async fn an_old_postgres_database_is_adopted() {
         .unwrap();
     assert_eq!(
         rows,
-        vec![(1, true), (2, true), (3, true)],
+        vec![(1, true), (2, true), (3, true), (4, true)],
         "version 1 adopted, the later ones applied"
     );
 }

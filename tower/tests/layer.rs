@@ -400,3 +400,27 @@ async fn a_template_gives_each_client_a_bucket_of_its_own() {
     let usage = yarl.limiter().zone_status().usage;
     assert_eq!((usage.templates, usage.keys), (1, 2));
 }
+
+#[tokio::test]
+async fn a_quota_in_shadow_mode_is_decided_and_not_enforced() {
+    let (yarl, _clock) = limiter(&[("q", 1.0, 0.0, 0.0, None)]);
+    let shadow = QuotaUpdate {
+        reset_epoch: 0,
+        id: 1,
+        name: "q".into(),
+        epoch: 2,
+        deleted: false,
+        limits: Limits::from_units(1.0, 0.0, 0.0).unwrap().with_dry_run(true),
+        parent: None,
+    };
+    yarl.limiter().apply_quotas(&[shadow]);
+    let rule = |_: &Parts, q: &mut Quotas| {
+        q.account("q", 1);
+    };
+    let svc = yarl.layer(rule).layer(service_fn(hello));
+    for _ in 0..3 {
+        assert_eq!(svc.clone().oneshot(get_req("/")).await.unwrap().status(), StatusCode::OK);
+    }
+    let q = yarl.limiter().quota("q").unwrap();
+    assert_eq!((q.fill, q.rejections), (1.0, 2), "counted as enforcing it would, not enforced");
+}

@@ -8,7 +8,7 @@ use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
 use crate::units::{MAX_WEIGHT_UNITS, MILLI};
 use crate::zone::slot::{
-    Rates, AT, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS,
+    Rates, AT, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS, SHADOW,
 };
 use crate::zone::{hdr, RECENT_REJECTIONS};
 use std::sync::atomic::Ordering::*;
@@ -20,6 +20,9 @@ pub(super) struct Chain {
     len: usize,
     /// Bit `k`: slot `k`'s bucket was empty when the chain was walked.
     empty: u16,
+    /// Bit `k`: slot `k` is a quota in shadow mode that would have rejected: the request
+    /// passes but is counted there as refused demand, as enforcing it would have.
+    shadowed: u16,
 }
 
 const _: () = assert!(MAX_CHAIN <= u16::BITS as usize);
@@ -39,6 +42,13 @@ impl Chain {
         }
     }
 
+    /// Notes that the last slot pushed would have rejected in shadow mode.
+    fn last_was_shadowed(&mut self) {
+        if self.len > 0 {
+            self.shadowed |= 1 << (self.len - 1);
+        }
+    }
+
     fn slots(&self) -> &[u32] {
         &self.slots[..self.len]
     }
@@ -46,7 +56,8 @@ impl Chain {
 
 enum Walk {
     Unlimited,
-    Passed(f64),
+    /// The leaf's fill, and the first rejection a quota in shadow mode would have made.
+    Passed(f64, Option<Decision>),
     Rejected(Decision),
 }
 
@@ -123,9 +134,14 @@ impl Limiter {
                 self.count_rejected(&chain, weight);
                 d
             }
-            Walk::Passed(fill) => {
+            Walk::Passed(fill, shadow) => {
                 self.add_local(&chain, weight, now);
-                Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None }
+                shadow.unwrap_or(Decision {
+                    outcome: Outcome::Passed,
+                    quota: None,
+                    fill,
+                    retry_after: None,
+                })
             }
         };
         if weight == 0 && self.watch_checks.load(Relaxed) {
@@ -150,7 +166,8 @@ impl Limiter {
     }
 
     /// [`account_many`](Self::account_many), also saying which item decided: the rejecting
-    /// one, or on a pass the last one that matched a quota (`None` when none did).
+    /// one, else the first one a quota in shadow mode would have rejected, else the last one
+    /// that matched a quota (`None` when none did).
     pub fn account_many_matched<N: AsRef<[u8]>>(
         &self,
         items: &[(N, u64)],
@@ -165,6 +182,7 @@ impl Limiter {
         let mut more: Vec<(Chain, u64)> = Vec::new();
         let mut n = 0;
         let mut result = (Decision::unlimited(), None);
+        let mut shadowed = None;
         for (k, (name, weight)) in items.iter().enumerate() {
             let (name, weight) = (name.as_ref(), weight * MILLI);
             let mut chain = Chain::default();
@@ -177,7 +195,10 @@ impl Limiter {
                     }
                     return Ok((d, Some(k)));
                 }
-                Walk::Passed(fill) => {
+                Walk::Passed(fill, shadow) => {
+                    if let (None, Some(d)) = (&shadowed, shadow) {
+                        shadowed = Some((d, Some(k)));
+                    }
                     let d =
                         Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None };
                     result = (d, Some(k));
@@ -193,7 +214,7 @@ impl Limiter {
         for (c, w) in passed.iter().take(n).chain(&more) {
             self.add_local(c, *w, now);
         }
-        Ok(result)
+        Ok(shadowed.unwrap_or(result))
     }
 
     /// Decides for `name`'s chain at `now`, recording the walked slots in `chain` (on a
@@ -212,6 +233,7 @@ impl Limiter {
             None
         };
         let mut leaf_fill = 0.0;
+        let mut shadowed = None;
         loop {
             let fill = slot.estimate(now, fresh, horizon, peers);
             if chain.len == 0 {
@@ -219,7 +241,8 @@ impl Limiter {
             }
             let low = slot.get(LOW);
             let limit = slot.get(LIMIT);
-            let high = slot.get(HIGH);
+            let high_word = slot.get(HIGH);
+            let (high, shadow) = (high_word & !SHADOW, high_word & SHADOW != 0);
             let mut p = drop_probability(fill, low, high);
             if let Some(dt) = guard_dt {
                 // One host alone may not outrun the whole quota; a tenth of an interval's
@@ -248,7 +271,22 @@ impl Limiter {
                     chain.last_was_empty();
                 }
             }
-            if rejected {
+            if rejected && shadow {
+                // Counted as a rejection everywhere one is reported, but not enforced: the
+                // walk goes on to the enforced quotas above, and this quota is not charged.
+                chain.last_was_shadowed();
+                self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
+                slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
+                self.note_rejection(idx, now);
+                if shadowed.is_none() {
+                    shadowed = Some(Decision {
+                        outcome: Outcome::RejectedDryRun,
+                        quota: Some(self.decision_name(idx, name)),
+                        fill: fill / MILLI as f64,
+                        retry_after: Some(retry_after_secs(fill, low, limit)),
+                    });
+                }
+            } else if rejected {
                 if slot.get(AT) == 0 && self.peers() > 1 {
                     // Refused on a guess (a counter no root has reported, scaled by the
                     // live limiters): the roots know better a round from now.
@@ -265,12 +303,7 @@ impl Limiter {
                 }
                 return Walk::Rejected(Decision {
                     outcome: Outcome::Rejected,
-                    // A key keeps no name: it is the one the request gave.
-                    quota: Some(if self.is_key_slot(idx) {
-                        crate::quota::escape_name(name).into()
-                    } else {
-                        self.slot_name(idx).into()
-                    }),
+                    quota: Some(self.decision_name(idx, name)),
                     fill: fill / MILLI as f64,
                     retry_after: Some(retry_after_secs(fill, low, limit)),
                 });
@@ -287,7 +320,17 @@ impl Limiter {
                 None => break,
             }
         }
-        Walk::Passed(leaf_fill / MILLI as f64)
+        Walk::Passed(leaf_fill / MILLI as f64, shadowed)
+    }
+
+    /// The name a decision by slot `idx` reports: a key keeps no name, it is the one the
+    /// request gave.
+    fn decision_name(&self, idx: u32, name: &[u8]) -> Box<str> {
+        if self.is_key_slot(idx) {
+            crate::quota::escape_name(name).into()
+        } else {
+            self.slot_name(idx).into()
+        }
     }
 
     /// Records a rejection by slot `idx` in the ring of recent rejections (for ranking the
@@ -305,6 +348,11 @@ impl Limiter {
         }
         for (k, &i) in chain.slots().iter().enumerate() {
             if let Some(s) = self.slot(i) {
+                if chain.shadowed & 1 << k != 0 {
+                    add_capped(s.w(REJECTED), weight);
+                    self.mark_dirty(i);
+                    continue;
+                }
                 let before = add_capped(s.w(LOCAL), weight);
                 let local = before.saturating_add(weight);
                 if chain.empty & 1 << k != 0 {

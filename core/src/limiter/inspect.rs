@@ -8,7 +8,7 @@ use crate::ratelimit::{Level, Partition};
 use crate::sync::RootStatus;
 use crate::units::{milli_to_units, MILLI};
 use crate::zone::roots::{self, LATENCY_BUCKETS_US};
-use crate::zone::slot::{HIGH, ID, LIMIT, LOW, REJECTS};
+use crate::zone::slot::{ID, LIMIT, LOW, REJECTS};
 use crate::zone::{
     self, hdr, ZoneUsage, AUX_COUNTERS, AUX_LANES, RECENT_REJECTIONS, TEMPLATE_STATS,
 };
@@ -69,7 +69,8 @@ impl Limiter {
             template: self.template_of_key(s).map(|t| self.slot_name(t)),
             limit: milli_to_units(slot.get(LIMIT)),
             low_burst: milli_to_units(slot.get(LOW)),
-            high_burst: milli_to_units(slot.get(HIGH)),
+            high_burst: milli_to_units(slot.high_burst()),
+            dry_run: slot.shadow(),
             parent,
             fill: slot.estimate(now, fresh, self.horizon_ns(), self.peers_cell()) / MILLI as f64,
             rejections: slot.get(REJECTS) >> 32,
@@ -96,7 +97,7 @@ impl Limiter {
                 name,
                 limit: milli_to_units(slot.get(LIMIT)),
                 low_burst: milli_to_units(slot.get(LOW)),
-                high_burst: milli_to_units(slot.get(HIGH)),
+                high_burst: milli_to_units(slot.high_burst()),
                 fill: slot.estimate(now, fresh, horizon, peers) / MILLI as f64,
                 partition: partition.take(),
             });

@@ -126,6 +126,8 @@ pub struct QuotaInfo {
     pub low_burst: f64,
     /// Units.
     pub high_burst: f64,
+    /// Shadow mode: its rejections are counted, never enforced.
+    pub dry_run: bool,
     /// Parent's name, when linked.
     pub parent: Option<String>,
     /// Estimated fill now, units.

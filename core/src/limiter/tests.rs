@@ -692,3 +692,89 @@ fn huge_charges_never_wrap_the_count() {
 }
 
 mod keys;
+
+fn shadow(u: QuotaUpdate) -> QuotaUpdate {
+    QuotaUpdate { limits: u.limits.with_dry_run(true), ..u }
+}
+
+#[test]
+fn a_quota_in_shadow_mode_reports_its_rejections_and_enforces_nothing() {
+    let (l, _) = setup();
+    // 5 units of room under a parent of 8 that enforces.
+    l.apply_quotas(&[
+        q(1, "all", 1, 0.001, 8.0, 8.0, None),
+        shadow(q(2, "key", 2, 0.001, 5.0, 5.0, Some("all"))),
+    ]);
+    assert!(l.quota("key").unwrap().dry_run && !l.quota("all").unwrap().dry_run);
+    // A hard cutoff at 5: passes while the fill is at most 5.
+    for _ in 0..6 {
+        assert_eq!(l.account("key", 1).unwrap().outcome, Outcome::Passed);
+    }
+    // The 7th would be rejected by `key`: it passes, named, with the retry it would get.
+    let d = l.account("key", 1).unwrap();
+    assert_eq!(d.outcome, Outcome::RejectedDryRun);
+    assert!(d.allowed());
+    assert_eq!((d.quota.as_deref(), d.fill), (Some("key"), 6.0));
+    assert!(d.retry_after.is_some());
+    // Counted on the enforced parent, not on the shadow quota (whose fill stays what
+    // enforcing it would leave), and reported as a rejection of `key`.
+    assert_eq!(l.quota("all").unwrap().fill, 7.0);
+    assert_eq!(l.quota("key").unwrap().fill, 6.0);
+    assert_eq!(l.quota("key").unwrap().rejections, 1);
+    assert_eq!(l.top_rejections(10, 60).first().map(|r| r.0.as_str()), Some("key"));
+    // A check sees the same.
+    assert_eq!(l.check("key").outcome, Outcome::RejectedDryRun);
+    // The enforced parent still rejects, and wins over the shadow verdict.
+    assert_eq!(l.account("key", 2).unwrap().outcome, Outcome::RejectedDryRun);
+    let d = l.account("key", 1).unwrap();
+    assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::Rejected, Some("all")));
+    assert_eq!(l.quota("all").unwrap().fill, 9.0, "nothing added on a real rejection");
+    // Flipped to enforcing by a quota change: the same request is rejected by `key`.
+    l.apply_quotas(&[q(2, "key", 3, 0.001, 5.0, 5.0, Some("all"))]);
+    assert!(!l.quota("key").unwrap().dry_run);
+    assert_eq!(l.check("key").outcome, Outcome::Rejected);
+}
+
+#[test]
+fn shadow_rejections_count_as_demand_and_account_many_reports_them() {
+    let (l, _) = setup();
+    l.apply_quotas(&[
+        shadow(q(1, "s", 1, 0.001, 0.0, 0.0, None)),
+        q(2, "e", 2, 0.001, 100.0, 100.0, None),
+    ]);
+    // A hard cutoff at 0: the first unit passes, the rest would not.
+    assert_eq!(l.account("s", 1).unwrap().outcome, Outcome::Passed);
+    let d = l.account_many(&[("e", 2), ("s", 3)]).unwrap();
+    assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::RejectedDryRun, Some("s")));
+    assert_eq!(l.quota("e").unwrap().fill, 2.0, "the enforced quota counts the request");
+    let dirty = l.take_dirty();
+    l.with_counters(|c| {
+        let mut got: Vec<_> =
+            dirty.iter().map(|&s| (c.id_of(s).unwrap(), c.local(s), c.take_rejected(s))).collect();
+        got.sort();
+        // What enforcing `s` would have sent the roots: refused demand, no count.
+        assert_eq!(got, vec![(1, 1000, 3000), (2, 2000, 0)]);
+    });
+    // An enforced rejection elsewhere still rejects the whole request.
+    l.apply_quotas(&[q(3, "x", 3, 0.001, 0.0, 0.0, None)]);
+    l.account("x", 1).unwrap();
+    let d = l.account_many(&[("s", 1), ("x", 1)]).unwrap();
+    assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::Rejected, Some("x")));
+}
+
+#[test]
+fn keys_follow_their_templates_shadow_mode() {
+    let l = Limiter::builder()
+        .clock(Arc::new(ManualClock::at(10 * S)))
+        .random(SeededRandom::new(42))
+        .keys(64)
+        .build();
+    l.apply_quotas(&[shadow(q(1, "k_*", 1, 0.001, 1.0, 1.0, None))]);
+    for _ in 0..2 {
+        assert_eq!(l.account("k_a", 1).unwrap().outcome, Outcome::Passed);
+    }
+    let d = l.account("k_a", 1).unwrap();
+    assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::RejectedDryRun, Some("k_a")));
+    l.apply_quotas(&[q(1, "k_*", 2, 0.001, 1.0, 1.0, None)]);
+    assert_eq!(l.account("k_a", 1).unwrap().outcome, Outcome::Rejected, "enforced again");
+}

@@ -16,7 +16,7 @@ use super::{ApplyReport, Limiter};
 use crate::quota::{is_template, raw_name, validate_name, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
 use crate::zone::keys::{is_key_id, TEMPLATE};
-use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW};
+use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, SHADOW};
 use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
@@ -363,7 +363,8 @@ impl Limiter {
         if let Some(slot) = self.slot(s) {
             slot.w(LIMIT).store(u.limits.limit(), Relaxed);
             slot.w(LOW).store(u.limits.low_burst(), Relaxed);
-            slot.w(HIGH).store(u.limits.high_burst(), Relaxed);
+            let shadow = if u.limits.dry_run() { SHADOW } else { 0 };
+            slot.w(HIGH).store(u.limits.high_burst() | shadow, Relaxed);
         }
         self.cold(s).0.store(u.epoch, Relaxed);
     }

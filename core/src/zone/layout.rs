@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 6;
+pub const LAYOUT_VERSION: u64 = 7;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -482,6 +482,7 @@ mod tests {
         let rates = slot::Rates { inflow: 1500.0, demand: 3e12, own: 0.25 };
         line("slot.rates", format!("{:#018x}", rates.pack()));
         line("slot.ms32", format!("{:#010x}", slot::to_ms32(86_400_000_000_123)));
+        line("slot.shadow", format!("{:#018x}", slot::SHADOW));
         s
     }
 

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | 0 | quota id; 0 = free |
 //! | 1 | name tag (low 32 bits: the upper half of the name's hash) · parent slot + 1 (high 32 bits; 0 = none) |
-//! | 2, 3, 4 | `limit` (milli-units/s), `low_burst`, `high_burst` (milli-units) |
+//! | 2, 3, 4 | `limit` (milli-units/s), `low_burst`, `high_burst` (milli-units; the top bit of word 4 is [`SHADOW`]) |
 //! | 5 | seqlock counter over `base`/`at` (low 32 bits) · offset of the name's arena tail (high 32 bits) |
 //! | 6, 7 | `base`: the cluster fill (max over roots), milli-units, as of `at` (ns) |
 //! | 8 | `local`: accounted here, not yet taken by a sync round |
@@ -36,6 +36,11 @@ word_table! { FIELDS:
     pub(crate) const REJECTS = 12;
     pub(crate) const NAME = 13;
 }
+/// The top bit of the [`HIGH`] word: the quota is in shadow mode
+/// ([`crate::Limits::dry_run`]). `high_burst` (at most 1e18 milli-units) keeps the bits below,
+/// and a key copies its template's word whole, so keys follow their template's mode.
+pub(crate) const SHADOW: u64 = 1 << 63;
+
 /// One rejection in the [`REJECTS`] word (the count lives in its high half).
 pub(crate) const ONE_REJECTION: u64 = 1 << 32;
 
@@ -179,6 +184,18 @@ impl<'a> Slot<'a> {
 
     pub fn set_parent(&self, parent: u32) {
         self.set_tag_parent(self.tag(), parent);
+    }
+
+    /// `high_burst`, milli-units.
+    #[inline]
+    pub fn high_burst(&self) -> u64 {
+        self.get(HIGH) & !SHADOW
+    }
+
+    /// Whether the quota is in shadow mode (see [`SHADOW`]).
+    #[inline]
+    pub fn shadow(&self) -> bool {
+        self.get(HIGH) & SHADOW != 0
     }
 
     pub fn tail_off(&self) -> u32 {

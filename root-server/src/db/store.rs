@@ -42,8 +42,8 @@ const PG_WRITE_LOCK: i64 = 0x7961_726c;
 pub(super) struct Dialect {
     /// `"sqlite"` or `"postgres"`.
     pub kind: &'static str,
-    /// Rows per batch `INSERT`: SQLite binds 6 parameters per row and allows 32,766;
-    /// PostgreSQL binds six arrays whatever the count.
+    /// Rows per batch `INSERT`: SQLite binds 7 parameters per row and allows 32,766;
+    /// PostgreSQL binds seven arrays whatever the count.
     pub insert_chunk: usize,
     /// Names per parent lookup.
     pub lookup_chunk: usize,
@@ -55,7 +55,7 @@ pub(super) struct Dialect {
 
 pub(super) const SQLITE: Dialect = Dialect {
     kind: "sqlite",
-    insert_chunk: 5_000,
+    insert_chunk: 4_500,
     lookup_chunk: 50_000,
     // A list is passed as one JSON array: SQLite has no array type.
     live_by_name: "SELECT name, parent FROM yarl_quotas
@@ -73,24 +73,25 @@ pub(super) const POSTGRES: Dialect = Dialect {
 };
 
 const COLUMNS: &str = "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, \
-                       parent, reset_epoch";
+                       parent, reset_epoch, dry_run";
 
 const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     limit_milli = excluded.limit_milli,
     low_burst_milli = excluded.low_burst_milli,
     high_burst_milli = excluded.high_burst_milli,
+    dry_run = excluded.dry_run,
     parent = excluded.parent,
     epoch = excluded.epoch,
     deleted = FALSE
  RETURNING id, epoch, reset_epoch";
 
-type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64);
+type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64, bool);
 
 fn from_row(r: Row) -> Result<StoredQuota, StoreError> {
-    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch) = r;
+    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch, dry_run) = r;
     Ok(StoredQuota {
         id: u64::try_from(id).unwrap_or(0),
-        limits: limits_from_row(&name, l, lo, hi)?,
+        limits: limits_from_row(&name, l, lo, hi)?.with_dry_run(dry_run),
         name,
         epoch: epoch_from_row(epoch),
         deleted,
@@ -588,7 +589,7 @@ impl InsertChunk for Sqlite {
             // One multi-row VALUES list (SQLite has no arrays to bind).
             let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
                 "INSERT INTO yarl_quotas
-                 (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch) ",
+                 (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run) ",
             );
             qb.push_values(chunk.iter().enumerate(), |mut b, (k, q)| {
                 b.push_bind(q.name.as_str())
@@ -596,7 +597,8 @@ impl InsertChunk for Sqlite {
                     .push_bind(to_i64(q.limits.low_burst()))
                     .push_bind(to_i64(q.limits.high_burst()))
                     .push_bind(q.parent.as_deref())
-                    .push_bind(to_i64(first + k as u64 + 1));
+                    .push_bind(to_i64(first + k as u64 + 1))
+                    .push_bind(q.limits.dry_run());
             });
             qb.push(UPSERT_SET);
             Ok(qb.build_query_as().fetch_all(&mut **tx).await?)
@@ -611,18 +613,19 @@ impl InsertChunk for Postgres {
         first: Epoch,
     ) -> BoxFuture<'t, Result<Vec<Upserted>, StoreError>> {
         Box::pin(async move {
-            // Six arrays, one row per element: one statement whatever the chunk size.
+            // Seven arrays, one row per element: one statement whatever the chunk size.
             let names: Vec<&str> = chunk.iter().map(|q| q.name.as_str()).collect();
             let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit())).collect();
             let low: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.low_burst())).collect();
             let high: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.high_burst())).collect();
             let parent: Vec<Option<&str>> = chunk.iter().map(|q| q.parent.as_deref()).collect();
             let epoch: Vec<i64> = (0..chunk.len()).map(|k| to_i64(first + k as u64 + 1)).collect();
+            let dry_run: Vec<bool> = chunk.iter().map(|q| q.limits.dry_run()).collect();
             let sql = format!(
                 "INSERT INTO yarl_quotas
-                    (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch)
+                    (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run)
                  SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[],
-                                      $5::text[], $6::int8[]){UPSERT_SET}"
+                                      $5::text[], $6::int8[], $7::bool[]){UPSERT_SET}"
             );
             Ok(sqlx::query_as(&sql)
                 .bind(names)
@@ -631,6 +634,7 @@ impl InsertChunk for Postgres {
                 .bind(high)
                 .bind(parent)
                 .bind(epoch)
+                .bind(dry_run)
                 .fetch_all(&mut **tx)
                 .await?)
         })

@@ -453,6 +453,24 @@ fn take<'a, T: de::Deserialize<'a>>(
     })
 }
 
+/// Field 14: the indexes of the answer's quotas in shadow mode.
+fn shadow_mode(r: &mut SyncResponse, rest: &[u8]) -> Result<(), DecodeError> {
+    let (n, mut rest) = take::<u64>(rest, "shadow", "not a list")?;
+    if n > r.quotas.len() as u64 {
+        return Err(malformed("shadow", "more than the quotas"));
+    }
+    for _ in 0..n {
+        let (i, more) = take::<u32>(rest, "shadow", "not a varint")?;
+        let q = r
+            .quotas
+            .get_mut(i as usize)
+            .ok_or_else(|| malformed("shadow", "index past the quotas"))?;
+        q.limits = q.limits.with_dry_run(true);
+        rest = more;
+    }
+    Ok(())
+}
+
 /// Decodes an answer with at most `max_entries` counters + quotas.
 pub(super) fn decode_response(
     body: &[u8],
@@ -502,9 +520,12 @@ pub(super) fn decode_response(
                     take::<Option<(u64, u64)>>(rest, "key_secret", "not an option of two u64")?;
                 r.key_secret = secret;
                 if !rest.is_empty() {
-                    let (n, _) =
+                    let (n, rest) =
                         take::<Option<u32>>(rest, "limiters", "not an option of a varint")?;
                     r.limiters = n;
+                    if !rest.is_empty() {
+                        shadow_mode(&mut r, rest)?;
+                    }
                 }
             }
         }

@@ -148,10 +148,21 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
             .filter(|(_, q)| q.as_ref().reset_epoch != 0)
             .map(|(i, q)| (i as u32, q.as_ref().reset_epoch))
             .collect();
-        let peers = r.limiters.is_some();
+        // Field 14 (the quotas in shadow mode, by index) only when one is: a limiter that
+        // predates it stops reading after field 13.
+        let shadow: Vec<u32> = r
+            .quotas
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.as_ref().limits.dry_run())
+            .map(|(i, _)| i as u32)
+            .collect();
+        let peers = r.limiters.is_some() || !shadow.is_empty();
         let keys = peers || r.key_secret.is_some();
         let more_fields = keys || r.root_epoch.is_some() || !resets.is_empty();
-        let fields = if peers {
+        let fields = if !shadow.is_empty() {
+            14
+        } else if peers {
             13
         } else if keys {
             12
@@ -179,6 +190,9 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
         }
         if peers {
             t.serialize_element(&r.limiters)?;
+        }
+        if !shadow.is_empty() {
+            t.serialize_element(&shadow)?;
         }
         t.end()
     }
