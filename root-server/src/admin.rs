@@ -6,8 +6,9 @@
 //! first: a bounded number at once, the rest wait a moment and then get `503`.
 
 use crate::db::{NewQuota, StoreError, StoredQuota};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::guard::read_body;
+use crate::openapi::{NamePrefix, QuotaName};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -17,6 +18,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
 use yarl_core::units::milli_to_units;
 use yarl_core::{validate_name, QuotaSpec};
 
@@ -26,40 +28,66 @@ const MAX_PAGE: u32 = 1_000;
 
 /// The body of `PUT /v1/quotas/{name}`. Unknown fields are refused so a typo such as
 /// `"lowburst"` is an error, not a silently defaulted value.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct QuotaBody {
+pub(crate) struct QuotaBody {
     /// Optional; must equal the name in the path.
     #[serde(default)]
+    #[schema(value_type = Option<QuotaName>)]
     name: Option<String>,
+    /// Units per second that drain the bucket.
+    #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    /// Fill (units) up to which every request passes; at most `high_burst`.
+    #[schema(minimum = 0, maximum = 1e15)]
     low_burst: f64,
+    /// Fill (units) from which every request is refused; between the two, requests are
+    /// refused with rising probability.
+    #[schema(minimum = 0, maximum = 1e15)]
     high_burst: f64,
+    /// A live quota (not a template, not itself) that also counts this one's requests.
     #[serde(default)]
+    #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
 }
 
 /// One item of `POST /v1/quotas:batch`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BatchItem {
+pub(crate) struct BatchItem {
+    #[schema(value_type = QuotaName)]
     name: String,
+    /// As in `PUT /v1/quotas/{name}`.
+    #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
     low_burst: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
     high_burst: f64,
+    /// A live quota or one earlier in the same batch.
     #[serde(default)]
+    #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// A stored quota (or its tombstone, after a delete).
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct QuotaJson {
+    #[schema(value_type = QuotaName)]
     name: String,
+    /// Never reused.
     id: u64,
+    /// The write's epoch: above every earlier write's.
     epoch: u64,
+    #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
     low_burst: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
     high_burst: f64,
+    #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
+    /// Present (`true`) only on the tombstone a delete answers with.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     deleted: bool,
     /// The epoch of the last `:reset`, absent if never.
@@ -87,45 +115,70 @@ impl From<StoredQuota> for QuotaJson {
     }
 }
 
-#[derive(Debug, Serialize)]
+/// This root's view of the quota's bucket.
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct CounterJson {
     fill: f64,
     rate: f64,
     drop_probability: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct QuotaWithCounter {
     #[serde(flatten)]
     quota: QuotaJson,
     /// For a key (a name under a template, with no quota of its own): the template that
     /// limits it; the numbers and parent are the template's, the id the key's.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<QuotaName>)]
     template: Option<String>,
     /// `null` until this root has loaded the quota (at most one poll interval).
     counter: Option<CounterJson>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Page {
+    /// In name order.
     quotas: Vec<QuotaJson>,
     /// Pass as `after` to get the next page; `null` on the last page.
+    #[schema(value_type = Option<QuotaName>)]
     next: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct BatchResult {
+    /// Quotas written.
     count: usize,
+    /// The epoch of the first item; `null` for an empty batch.
     first_epoch: Option<u64>,
+    /// The epoch of the last item; `null` for an empty batch.
     last_epoch: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListParams {
     #[serde(default)]
+    #[param(value_type = Option<NamePrefix>)]
     prefix: String,
+    /// Only names after this one: the `next` of the previous page.
+    #[param(value_type = Option<QuotaName>)]
     after: Option<String>,
+    /// Page size (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+}
+
+/// The refusals every admin route may answer with, besides its own.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only described, never built: the answers are `ApiError`s
+pub(crate) enum AdminErrors {
+    /// No admin token, or the wrong one.
+    #[response(status = 401, headers(("WWW-Authenticate" = String, description = "`Bearer`")))]
+    Unauthorized(ErrorBody),
+    /// Too many admin requests at once, or the database is unreachable.
+    #[response(status = 503, headers(("Retry-After" = u32, description = "Seconds to wait: 1")))]
+    Unavailable(ErrorBody),
 }
 
 /// Deadline for an admin body (1 MiB).
@@ -151,6 +204,30 @@ fn refused(st: &AppState, e: ApiError) -> ApiError {
     e
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/quotas/{name}",
+    operation_id = "put_quota",
+    summary = "Create or replace a quota",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    request_body = QuotaBody,
+    responses(
+        (status = 200, description = "The quota as stored.", body = QuotaJson,
+        links(
+            ("GetQuota" = (operation_id = "get_quota", parameters(("name" = "$response.body#/name")))),
+            ("ResetQuota" = (operation_id = "reset_quota", parameters(("name" = "$response.body#/name")))),
+            ("DeleteQuota" = (operation_id = "delete_quota", parameters(("name" = "$response.body#/name")))),
+        )),
+        (status = 400, description = "The body is not JSON of this shape, or the path is not UTF-8.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s.", body = ErrorBody),
+        (status = 409, description = "The parent would close a cycle.", body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB.", body = ErrorBody),
+        (status = 422, description = "The quota is invalid (the message names the field), the body names another quota, the parent does not exist, or the parent chain would be too long.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn put(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -190,6 +267,22 @@ pub(crate) async fn put(
     Ok(Json(q.into()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas/{name}",
+    operation_id = "get_quota",
+    summary = "A quota, or a key under a template, with its counter on this root",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "The quota; for a key, the template's numbers and `template`.", body = QuotaWithCounter),
+        (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such quota, and no template covers the name.", body = ErrorBody),
+        (status = 422, description = "The name is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn get(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -246,6 +339,23 @@ async fn key_of(
     Ok(Some(Json(QuotaWithCounter { quota, template: Some(template.name), counter })))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/quotas/{name}",
+    operation_id = "delete_quota",
+    summary = "Delete a quota",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "The tombstone (`deleted: true`).", body = QuotaJson),
+        (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such quota.", body = ErrorBody),
+        (status = 409, description = "Other quotas name it as their parent.", body = ErrorBody),
+        (status = 422, description = "The name is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn delete(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -270,6 +380,22 @@ pub(crate) async fn delete(
 /// `POST /v1/quotas/{name}:reset`: empties the quota's counter on every root and limiter.
 /// The action is a suffix of the path segment (as in Google's API style), so a quota
 /// literally called `a:reset` is reset with `/v1/quotas/a:reset:reset`.
+#[utoipa::path(
+    post,
+    path = "/v1/quotas/{name}:reset",
+    operation_id = "reset_quota",
+    summary = "Empty the quota's counter on every root and limiter",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "The quota with its new `reset_epoch`.", body = QuotaJson),
+        (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such quota.", body = ErrorBody),
+        (status = 422, description = "The name is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn action(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -278,10 +404,7 @@ pub(crate) async fn action(
     let result = async {
         let segment = path_name(name)?;
         let Some(name) = segment.strip_suffix(":reset") else {
-            return Err(ApiError::BadRequest(format!(
-                "POST /v1/quotas/{segment}: the only action is :reset \
-                 (POST /v1/quotas/NAME:reset); PUT creates or replaces a quota"
-            )));
+            return Err(ApiError::NoSuchAction(format!("/v1/quotas/{segment}")));
         };
         validate_name(name).map_err(|e| invalid(None, e))?;
         Ok(st.0.store.reset(name.to_owned()).await?)
@@ -297,6 +420,20 @@ pub(crate) async fn action(
     Ok(Json(q.into()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas",
+    operation_id = "list_quotas",
+    summary = "Quotas and tombstones in name order, a page at a time",
+    params(ListParams),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "A page.", body = Page),
+        (status = 400, description = "A parameter is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn list(
     State(st): State<AppState>,
     params: Result<Query<ListParams>, QueryRejection>,
@@ -327,6 +464,24 @@ pub(crate) async fn list(
     Ok(Json(Page { quotas: rows.into_iter().map(Into::into).collect(), next }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/quotas:batch",
+    operation_id = "batch_quotas",
+    summary = "Create or replace many quotas in one transaction",
+    security(("admin_token" = [])),
+    tag = "quotas",
+    request_body(content = Vec<BatchItem>, description = "All written or none; a parent may be an earlier item."),
+    responses(
+        (status = 200, description = "All written.", body = BatchResult),
+        (status = 400, description = "The body is not a JSON array of items.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 60 s.", body = ErrorBody),
+        (status = 409, description = "An item would close a parent cycle (`index` names it).", body = ErrorBody),
+        (status = 413, description = "The body is over 256 MiB.", body = ErrorBody),
+        (status = 422, description = "An item is invalid, repeats a name, has an unknown parent or too long a parent chain (`index` names it).", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn batch(
     State(st): State<AppState>,
     headers: HeaderMap,
