@@ -30,6 +30,7 @@ const MAX_PAGE: u32 = 1_000;
 /// `"lowburst"` is an error, not a silently defaulted value.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"limit": 10.0, "low_burst": 5.0, "high_burst": 20.0}))]
 pub(crate) struct QuotaBody {
     /// Optional; must equal the name in the path.
     #[serde(default)]
@@ -54,6 +55,7 @@ pub(crate) struct QuotaBody {
 /// One item of `POST /v1/quotas:batch`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "s3_bucket-1.read", "limit": 10.0, "low_burst": 5.0, "high_burst": 20.0}))]
 pub(crate) struct BatchItem {
     #[schema(value_type = QuotaName)]
     name: String,
