@@ -12,9 +12,10 @@ OUT := $(TARGET_DIR)/$(PROFILE)
 CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
 # Debian packages the build and the tests need: bindgen's libclang and the headers the
-# vendored nginx compiles against; PostgreSQL for the database tests; curl for `make run`.
+# vendored nginx compiles against; PostgreSQL for the database tests; curl for `make run`;
+# python3-venv for schemathesis's virtualenv.
 APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev zlib1g-dev \
-	postgresql curl perl openssl python3-prometheus-client
+	postgresql curl perl openssl python3-prometheus-client python3-venv
 # Prometheus and promtool for the alert-rule tests and t/yarl_prometheus.t, without the
 # node exporter it recommends (a daemon the tests do not need).
 APT_PACKAGES_NO_RECOMMENDS := prometheus
@@ -26,7 +27,7 @@ S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test prove alert-rules-test test run bench bench-nginx bench-root \
+.PHONY: all deps build lint unit-test hostile-test schemathesis-deps schemathesis-test prove alert-rules-test test run bench bench-nginx bench-root \
 	bench-tower clean distro-deps distro-module distro-test packaging-test install \
 	docker-deps docker-image docker-test docker-cluster docker-cluster-down sim
 
@@ -119,7 +120,31 @@ alert-rules-test: deps
 	cd packaging/prometheus && promtool test rules yarl-alerts.test.yml
 	promtool check config --syntax-only packaging/prometheus/prometheus.yml
 
-test: lint unit-test alert-rules-test prove distro-test packaging-test
+
+# schemathesis (PyPI), pinned, in its own virtualenv in the target dir: it fuzzes the admin
+# API against the OpenAPI document the root serves (scripts/schemathesis-test.sh).
+SCHEMATHESIS_VERSION := 4.32.5
+SCHEMATHESIS_VENV := $(TARGET_DIR)/schemathesis-venv
+SCHEMATHESIS := $(SCHEMATHESIS_VENV)/bin/schemathesis
+
+schemathesis-deps: deps
+	@if "$(SCHEMATHESIS)" --version 2>/dev/null | grep -qx "schemathesis, version $(SCHEMATHESIS_VERSION)"; then \
+		echo "schemathesis-deps: schemathesis $(SCHEMATHESIS_VERSION) present"; \
+	else \
+		echo "schemathesis-deps: installing schemathesis $(SCHEMATHESIS_VERSION) into $(SCHEMATHESIS_VENV)"; \
+		python3 -m venv "$(SCHEMATHESIS_VENV)" \
+			&& "$(SCHEMATHESIS_VENV)/bin/pip" install -q "schemathesis==$(SCHEMATHESIS_VERSION)"; \
+	fi
+
+# The admin API against its OpenAPI document: a real root on loopback with tokens, every
+# schemathesis check, the stateful phase over the document's links; about 15 s once built.
+# ST_SEED, ST_MAX_EXAMPLES and ST_ARGS are passed on (see the script).
+schemathesis-test: schemathesis-deps
+	$(CARGO) build -p yarl-root $(CARGO_PROFILE_FLAG)
+	ROOT_BIN=$(ROOT_BIN) SCHEMATHESIS=$(SCHEMATHESIS) scripts/schemathesis-test.sh
+
+
+test: lint unit-test alert-rules-test schemathesis-test prove distro-test packaging-test
 
 run: build
 	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) S3_APP_BIN=$(S3_APP_BIN) \

@@ -63,8 +63,10 @@ pub enum QuotaError {
         /// The given high burst.
         high: f64,
     },
-    /// A `%` not followed by two hex digits.
-    #[error("name has a bad escape at byte {pos}: % must be followed by two hex digits")]
+    /// A `%` not followed by two upper-case hex digits.
+    #[error(
+        "name has a bad escape at byte {pos}: % must be followed by two upper-case hex digits"
+    )]
     NameBadEscape {
         /// Its byte offset.
         pos: usize,
@@ -92,7 +94,7 @@ pub enum QuotaError {
 }
 
 /// Checks a quota name as the admin API and the database write it: 1–255 bytes (once
-/// unescaped) of `[A-Za-z0-9._:@-]`, where `%XX` (two hex digits) stands for any byte
+/// unescaped) of `[A-Za-z0-9._:@-]`, where `%XX` (two upper-case hex digits) stands for any byte
 /// outside that set (`%25` for `%` itself), and a trailing `*` makes the quota a template
 /// (see [`is_template`]). Escapes are canonical: escaping a byte of the set is refused, so
 /// one key has one name.
@@ -113,7 +115,8 @@ pub fn validate_name(name: &str) -> Result<(), QuotaError> {
                 let byte = b
                     .get(i + 1..i + 3)
                     .and_then(|h| std::str::from_utf8(h).ok())
-                    .filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))
+                    // Upper case only: `%2f` and `%2F` would be two names of one key.
+                    .filter(|h| h.bytes().all(|c| matches!(c, b'0'..=b'9' | b'A'..=b'F')))
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
                     .ok_or(QuotaError::NameBadEscape { pos: i })?;
                 if is_name_char(byte as char) {
@@ -440,6 +443,7 @@ mod tests {
         assert_eq!(raw_name(&escape_name("k_é%".as_bytes())), "k_é%".as_bytes());
         assert_eq!(validate_name("a%4"), Err(QuotaError::NameBadEscape { pos: 1 }));
         assert_eq!(validate_name("a%zz"), Err(QuotaError::NameBadEscape { pos: 1 }));
+        assert_eq!(validate_name("a%2f"), Err(QuotaError::NameBadEscape { pos: 1 }));
         assert_eq!(
             validate_name("api_key_%2A"),
             Err(QuotaError::NameNotCanonical { pos: 8, ch: '*' }),

@@ -6,8 +6,9 @@
 //! first: a bounded number at once, the rest wait a moment and then get `503`.
 
 use crate::db::{NewQuota, StoreError, StoredQuota};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::guard::read_body;
+use crate::openapi::{NamePrefix, QuotaName};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
 use yarl_core::units::milli_to_units;
 use yarl_core::{validate_name, QuotaSpec};
 
@@ -27,16 +29,27 @@ const MAX_PAGE: u32 = 1_000;
 
 /// The body of `PUT /v1/quotas/{name}`. Unknown fields are refused so a typo such as
 /// `"lowburst"` is an error, not a silently defaulted value.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct QuotaBody {
+#[schema(example = json!({"limit": 10.0, "low_burst": 5.0, "high_burst": 20.0}))]
+pub(crate) struct QuotaBody {
     /// Optional; must equal the name in the path.
     #[serde(default)]
+    #[schema(value_type = Option<QuotaName>)]
     name: Option<String>,
+    /// Units per second that drain the bucket.
+    #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    /// Fill (units) up to which every request passes; at most `high_burst`.
+    #[schema(minimum = 0, maximum = 1e15)]
     low_burst: f64,
+    /// Fill (units) from which every request is refused; between the two, requests are
+    /// refused with rising probability.
+    #[schema(minimum = 0, maximum = 1e15)]
     high_burst: f64,
+    /// A live quota (not a template, not itself) that also counts this one's requests.
     #[serde(default)]
+    #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
     /// Shadow mode: limiters count what it would reject but let it through.
     #[serde(default)]
@@ -46,20 +59,89 @@ struct QuotaBody {
 /// One item of `POST /v1/quotas:batch`: a quota to create or replace, or
 /// `{"name": …, "delete": true}`. The numbers are optional here only so that a delete can
 /// leave them out; `parse_batch` requires them of a write and refuses them on a delete.
+/// The document describes the two shapes apart ([`BatchItemSchema`]).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BatchItem {
+pub(crate) struct BatchItem {
     name: String,
+    /// `true`: delete the quota named (no other field); absent or `false`: a write.
     #[serde(default)]
     delete: bool,
+    /// As in `PUT /v1/quotas/{name}`; required for a write.
     limit: Option<f64>,
     low_burst: Option<f64>,
     high_burst: Option<f64>,
+    /// A live quota or one earlier in the same batch.
     #[serde(default)]
     parent: Option<String>,
     /// Shadow mode: limiters count what it would reject but let it through.
     #[serde(default)]
     dry_run: bool,
+}
+
+/// The two shapes of a batch item, for the OpenAPI document only: one [`BatchItem`] reads
+/// both, and the document must not call an item with neither numbers nor `"delete": true`
+/// valid.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum BatchItemSchema {
+    Write(BatchWrite),
+    Delete(BatchDelete),
+}
+
+/// A quota to create or replace.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+#[schema(example = json!({"name": "s3_bucket-1.read", "limit": 10.0, "low_burst": 5.0, "high_burst": 20.0}))]
+pub(crate) struct BatchWrite {
+    #[schema(value_type = QuotaName)]
+    name: String,
+    /// Absent, or `false`.
+    #[serde(default)]
+    #[schema(schema_with = only_false)]
+    delete: bool,
+    /// As in `PUT /v1/quotas/{name}`.
+    #[schema(minimum = 0.001, maximum = 1e12)]
+    limit: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
+    low_burst: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
+    high_burst: f64,
+    /// A live quota or one earlier in the same batch.
+    #[schema(value_type = Option<QuotaName>)]
+    parent: Option<String>,
+    /// Shadow mode: limiters count what it would reject but let it through.
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// A quota to delete, as `DELETE /v1/quotas/{name}` does.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+#[schema(example = json!({"name": "s3_bucket-1.read", "delete": true}))]
+pub(crate) struct BatchDelete {
+    #[schema(value_type = QuotaName)]
+    name: String,
+    #[schema(schema_with = only_true)]
+    delete: bool,
+}
+
+fn only_bool(value: bool) -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::Boolean)
+        .enum_values(Some([value]))
+        .build()
+}
+
+fn only_true() -> utoipa::openapi::Object {
+    only_bool(true)
+}
+
+fn only_false() -> utoipa::openapi::Object {
+    only_bool(false)
 }
 
 /// A parsed batch: the writes and the deletes, each with the index of its item in the
@@ -72,18 +154,27 @@ struct Batch {
     index: Vec<usize>,
 }
 
-#[derive(Debug, Serialize)]
+/// A stored quota (or its tombstone, after a delete).
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct QuotaJson {
+    #[schema(value_type = QuotaName)]
     name: String,
+    /// Never reused.
     id: u64,
+    /// The write's epoch: above every earlier write's.
     epoch: u64,
+    #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
     low_burst: f64,
+    #[schema(minimum = 0, maximum = 1e15)]
     high_burst: f64,
+    #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
     /// Shadow mode (absent when off).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     dry_run: bool,
+    /// Present (`true`) only on the tombstone a delete answers with.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     deleted: bool,
     /// The epoch of the last `:reset`, absent if never.
@@ -112,45 +203,70 @@ impl From<StoredQuota> for QuotaJson {
     }
 }
 
-#[derive(Debug, Serialize)]
+/// This root's view of the quota's bucket.
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct CounterJson {
     fill: f64,
     rate: f64,
     drop_probability: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct QuotaWithCounter {
     #[serde(flatten)]
     quota: QuotaJson,
     /// For a key (a name under a template, with no quota of its own): the template that
     /// limits it; the numbers and parent are the template's, the id the key's.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<QuotaName>)]
     template: Option<String>,
     /// `null` until this root has loaded the quota (at most one poll interval).
     counter: Option<CounterJson>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Page {
+    /// In name order.
     quotas: Vec<QuotaJson>,
     /// Pass as `after` to get the next page; `null` on the last page.
+    #[schema(value_type = Option<QuotaName>)]
     next: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct BatchResult {
+    /// Quotas written.
     count: usize,
+    /// The epoch of the first item; `null` for an empty batch.
     first_epoch: Option<u64>,
+    /// The epoch of the last item; `null` for an empty batch.
     last_epoch: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListParams {
     #[serde(default)]
+    #[param(value_type = Option<NamePrefix>)]
     prefix: String,
+    /// Only names after this one: the `next` of the previous page.
+    #[param(value_type = Option<QuotaName>)]
     after: Option<String>,
+    /// Page size (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+}
+
+/// The refusals every admin route may answer with, besides its own.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only described, never built: the answers are `ApiError`s
+pub(crate) enum AdminErrors {
+    /// No admin token, or the wrong one.
+    #[response(status = 401, headers(("WWW-Authenticate" = String, description = "`Bearer`")))]
+    Unauthorized(ErrorBody),
+    /// Too many admin requests at once, or the database is unreachable.
+    #[response(status = 503, headers(("Retry-After" = u32, description = "Seconds to wait: 1")))]
+    Unavailable(ErrorBody),
 }
 
 /// Deadline for an admin body (1 MiB).
@@ -176,6 +292,30 @@ fn refused(st: &AppState, e: ApiError) -> ApiError {
     e
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/quotas/{name}",
+    operation_id = "put_quota",
+    summary = "Create or replace a quota",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    request_body = QuotaBody,
+    responses(
+        (status = 200, description = "The quota as stored.", body = QuotaJson,
+        links(
+            ("GetQuota" = (operation_id = "get_quota", parameters(("name" = "$response.body#/name")))),
+            ("ResetQuota" = (operation_id = "reset_quota", parameters(("name" = "$response.body#/name")))),
+            ("DeleteQuota" = (operation_id = "delete_quota", parameters(("name" = "$response.body#/name")))),
+        )),
+        (status = 400, description = "The body is not JSON of this shape, or the path is not UTF-8.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 10 s.", body = ErrorBody),
+        (status = 409, description = "The parent would close a cycle.", body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB.", body = ErrorBody),
+        (status = 422, description = "The quota is invalid (the message names the field), the body names another quota, the parent does not exist, or the parent chain would be too long.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn put(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -216,6 +356,22 @@ pub(crate) async fn put(
     Ok(Json(q.into()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas/{name}",
+    operation_id = "get_quota",
+    summary = "A quota, or a key under a template, with its counter on this root",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "The quota; for a key, the template's numbers and `template`.", body = QuotaWithCounter),
+        (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such quota, and no template covers the name.", body = ErrorBody),
+        (status = 422, description = "The name is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn get(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -272,6 +428,23 @@ async fn key_of(
     Ok(Some(Json(QuotaWithCounter { quota, template: Some(template.name), counter })))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/quotas/{name}",
+    operation_id = "delete_quota",
+    summary = "Delete a quota",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "The tombstone (`deleted: true`).", body = QuotaJson),
+        (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such quota.", body = ErrorBody),
+        (status = 409, description = "Other quotas name it as their parent.", body = ErrorBody),
+        (status = 422, description = "The name is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn delete(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -296,6 +469,22 @@ pub(crate) async fn delete(
 /// `POST /v1/quotas/{name}:reset`: empties the quota's counter on every root and limiter.
 /// The action is a suffix of the path segment (as in Google's API style), so a quota
 /// literally called `a:reset` is reset with `/v1/quotas/a:reset:reset`.
+#[utoipa::path(
+    post,
+    path = "/v1/quotas/{name}:reset",
+    operation_id = "reset_quota",
+    summary = "Empty the quota's counter on every root and limiter",
+    params(("name" = QuotaName, Path, description = "The quota's name.")),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "The quota with its new `reset_epoch`.", body = QuotaJson),
+        (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such quota.", body = ErrorBody),
+        (status = 422, description = "The name is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn action(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -304,10 +493,7 @@ pub(crate) async fn action(
     let result = async {
         let segment = path_name(name)?;
         let Some(name) = segment.strip_suffix(":reset") else {
-            return Err(ApiError::BadRequest(format!(
-                "POST /v1/quotas/{segment}: the only action is :reset \
-                 (POST /v1/quotas/NAME:reset); PUT creates or replaces a quota"
-            )));
+            return Err(ApiError::NoSuchAction(format!("/v1/quotas/{segment}")));
         };
         validate_name(name).map_err(|e| invalid(None, e))?;
         Ok(st.0.store.reset(name.to_owned()).await?)
@@ -323,6 +509,20 @@ pub(crate) async fn action(
     Ok(Json(q.into()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas",
+    operation_id = "list_quotas",
+    summary = "Quotas and tombstones in name order, a page at a time",
+    params(ListParams),
+    security(("admin_token" = [])),
+    tag = "quotas",
+    responses(
+        (status = 200, description = "A page.", body = Page),
+        (status = 400, description = "A parameter is invalid.", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn list(
     State(st): State<AppState>,
     params: Result<Query<ListParams>, QueryRejection>,
@@ -353,6 +553,25 @@ pub(crate) async fn list(
     Ok(Json(Page { quotas: rows.into_iter().map(Into::into).collect(), next }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/quotas:batch",
+    operation_id = "batch_quotas",
+    summary = "Create, replace or delete many quotas in one transaction",
+    security(("admin_token" = [])),
+    tag = "quotas",
+    request_body(content = Vec<BatchItemSchema>, description = "All written or deleted, or none; a parent may be an earlier item."),
+    responses(
+        (status = 200, description = "All written.", body = BatchResult),
+        (status = 400, description = "The body is not a JSON array of items.", body = ErrorBody),
+        (status = 404, description = "A delete names no live quota (`index` names it).", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 60 s.", body = ErrorBody),
+        (status = 409, description = "An item would close a parent cycle, or a delete leaves a quota whose parent it is (`index` names it).", body = ErrorBody),
+        (status = 413, description = "The body is over 256 MiB.", body = ErrorBody),
+        (status = 422, description = "An item is invalid, repeats a name, has an unknown parent or too long a parent chain (`index` names it).", body = ErrorBody),
+        AdminErrors,
+    ),
+)]
 pub(crate) async fn batch(
     State(st): State<AppState>,
     headers: HeaderMap,

@@ -7,7 +7,18 @@ use crate::db::StoreError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Serialize;
 use yarl_core::proto::SyncError;
+
+/// The body of every error response.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What is wrong, for a person to read.
+    pub error: String,
+    /// In `POST /v1/quotas:batch`: the index of the item at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+}
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +91,18 @@ pub enum ApiError {
     /// 405: the route exists but not with this method.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    /// 405: `POST /v1/quotas/{name}` without a known action: a quota takes GET, PUT and
+    /// DELETE, and POST only with an action suffix.
+    #[error(
+        "POST {0}: the only action is :reset (POST /v1/quotas/NAME:reset); PUT creates or \
+         replaces a quota"
+    )]
+    NoSuchAction(String),
 }
+
+/// What `/v1/quotas/{name}` takes when the name has no action suffix: the router also
+/// routes POST there, for `:reset`, so its own `Allow` would offer POST to every quota.
+pub(crate) const QUOTA_METHODS: &str = "GET,HEAD,PUT,DELETE";
 
 /// Attached to every error response: why it was refused, for metrics and the log.
 #[derive(Debug, Clone)]
@@ -127,7 +149,9 @@ impl ApiError {
             },
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed | ApiError::NoSuchAction(_) => {
+                StatusCode::METHOD_NOT_ALLOWED
+            }
         }
     }
 
@@ -167,7 +191,7 @@ impl ApiError {
             },
             ApiError::Internal(_) => "internal",
             ApiError::NoRoute(_) => "no_route",
-            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::MethodNotAllowed | ApiError::NoSuchAction(_) => "method_not_allowed",
         }
     }
 
@@ -183,13 +207,14 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let mut body = serde_json::json!({ "error": self.to_string() });
-        if let Some(i) = self.index() {
-            body["index"] = i.into();
-        }
+        let body = ErrorBody { error: self.to_string(), index: self.index() };
         let mut resp = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let ApiError::NoSuchAction(_) = self {
+            // RFC 9110 §15.5.6: a 405 lists the methods the resource takes.
+            resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(QUOTA_METHODS));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -22,7 +22,7 @@
 //! | `POST /v1/sync` | [`SYNC_BODY_LIMIT`] | 10 s | 2 × cores, and 256 MiB of bodies | sync |
 //! | `POST /v1/quotas:batch` | [`BATCH_BODY_LIMIT`] | 60 s | 1 | admin |
 //! | `PUT/GET/DELETE /v1/quotas/{name}`, `POST /v1/quotas/{name}:reset`, `GET /v1/quotas` | [`BODY_LIMIT`] | 10 s | 32 | admin |
-//! | `GET /healthz`, `GET /metrics` | none read | — | — | none |
+//! | `GET /healthz`, `GET /metrics`, `GET /v1/openapi.json` | none read | — | — | none |
 //!
 //! A declared `Content-Length` over the limit is refused before reading; a request that
 //! waits longer than `Settings::queue_wait` (a sync: `Settings::sync_queue_wait`) for its
@@ -41,6 +41,7 @@ pub mod db;
 mod error;
 mod guard;
 mod metrics;
+mod openapi;
 pub mod quotas_file;
 pub mod serve;
 mod state;
@@ -89,29 +90,85 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(openapi_json))
         .merge(admin)
         .merge(sync)
         .fallback(|uri: Uri| async move { ApiError::NoRoute(uri.path().to_owned()) })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .method_not_allowed_fallback(|uri: Uri| async move {
+            let mut resp = ApiError::MethodNotAllowed.into_response();
+            // axum keeps an `Allow` the fallback set, and adds its own otherwise.
+            if uri.path().starts_with("/v1/quotas/") && !uri.path().ends_with(":reset") {
+                resp.headers_mut()
+                    .insert(header::ALLOW, header::HeaderValue::from_static(error::QUOTA_METHODS));
+            }
+            resp
+        })
         // Outermost: sees every answer, including the 401s of the token layers.
         .layer(from_fn_with_state(state.clone(), guard::observe))
         .with_state(state)
 }
 
-async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
-    use std::sync::atomic::Ordering::Relaxed;
-    let db_up = !st.0.metrics.db_down.load(Relaxed);
-    Json(serde_json::json!({
-        "status": "ok",
-        "database": if db_up { "up" } else { "down" },
-        "epoch": st.epoch(),
-    }))
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Health {
+    /// Always `ok`: the root answers.
+    #[schema(pattern = "^ok$")]
+    status: &'static str,
+    /// Whether the last database access worked; a root serves its limiters either way.
+    database: DbHealth,
+    /// The newest quota epoch this root has loaded.
+    epoch: u64,
 }
 
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum DbHealth {
+    Up,
+    Down,
+}
+
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    responses((status = 200, description = "The root is up.", body = Health)),
+)]
+async fn healthz(State(st): State<AppState>) -> Json<Health> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let db_up = !st.0.metrics.db_down.load(Relaxed);
+    Json(Health {
+        status: "ok",
+        database: if db_up { DbHealth::Up } else { DbHealth::Down },
+        epoch: st.epoch(),
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4.", body = String, content_type = "text/plain"),
+    ),
+)]
 async fn metrics(State(st): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let snap = st.snapshot().await?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         st.0.metrics.render(&snap, st.0.store.kind()),
     ))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "openapi",
+    tag = "operations",
+    responses(
+        (status = 200, description = "This document.", body = Object, content_type = "application/json"),
+    ),
+)]
+async fn openapi_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], openapi::json())
 }

@@ -574,8 +574,8 @@ async fn reset_empties_the_counter_and_keeps_the_quota() {
 
     for (path, status, msg) in [
         ("/v1/quotas/nope:reset", StatusCode::NOT_FOUND, "\"nope\" does not exist"),
-        ("/v1/quotas/a", StatusCode::BAD_REQUEST, "the only action is :reset"),
-        ("/v1/quotas/a:drain", StatusCode::BAD_REQUEST, "the only action is :reset"),
+        ("/v1/quotas/a", StatusCode::METHOD_NOT_ALLOWED, "the only action is :reset"),
+        ("/v1/quotas/a:drain", StatusCode::METHOD_NOT_ALLOWED, "the only action is :reset"),
         ("/v1/quotas/:reset", StatusCode::UNPROCESSABLE_ENTITY, "empty"),
         ("/v1/quotas/a%20b:reset", StatusCode::UNPROCESSABLE_ENTITY, "' '"),
     ] {
