@@ -246,6 +246,11 @@ fn shown(f: &QuotaFields) -> Vec<(String, String)> {
     fields
 }
 
+/// How a field left out of a quota shows in a diff: a flag is off, anything else unset.
+fn unset(field: &str) -> String {
+    if field == "dry_run" { "false" } else { "none" }.into()
+}
+
 fn show_value(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),
@@ -275,8 +280,8 @@ pub fn plan(desired: &QuotaSet, current: &QuotaSet, prune: bool) -> Plan {
                 let changes = fields
                     .into_iter()
                     .filter_map(|field| {
-                        let o = old.get(&field).cloned().unwrap_or_else(|| "none".into());
-                        let n = new.remove(&field).unwrap_or_else(|| "none".into());
+                        let o = old.get(&field).cloned().unwrap_or_else(|| unset(&field));
+                        let n = new.remove(&field).unwrap_or_else(|| unset(&field));
                         (o != n).then_some(FieldChange { field, old: o, new: n })
                     })
                     .collect();
@@ -634,6 +639,18 @@ quotas:
         assert!(render_plan(&p)
             .ends_with("- gone\n1 to create, 2 to change, 1 to delete, 1 unchanged\n"));
         assert!(plan(&current, &current, true).is_empty());
+        // Shadow mode on and off: a flag left out is off.
+        let trial = |dry_run| QuotaFields { dry_run, ..q(1.0, 1.0, 2.0, None) };
+        let on = QuotaSet::from([("c".into(), trial(true))]);
+        let off = QuotaSet::from([("c".into(), trial(false))]);
+        assert_eq!(
+            render_plan(&plan(&on, &off, false)),
+            "~ c  dry_run: false -> true\n0 to create, 1 to change, 0 to delete, 0 unchanged\n"
+        );
+        assert_eq!(
+            render_plan(&plan(&off, &on, false)),
+            "~ c  dry_run: true -> false\n0 to create, 1 to change, 0 to delete, 0 unchanged\n"
+        );
         assert_eq!(
             render_plan(&plan(&current, &current, true)),
             "0 to create, 0 to change, 0 to delete, 4 unchanged\n"
