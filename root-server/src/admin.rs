@@ -1,13 +1,16 @@
 //! The admin API: quotas in units (floats) on the outside, fixed point in the database.
 //!
-//! Bodies are read with `crate::guard::read_body` (size checked before reading, deadline)
-//! and parsed here rather than with axum's `Json`, so every rejection (bad JSON, too large,
-//! unreadable, too slow) gets the same `{"error": …}` shape. Every route passes its gate
-//! first: a bounded number at once, the rest wait a moment and then get `503`.
+//! Bodies are read with `crate::guard::read_body_paced` (size checked before reading, a
+//! deadline and a pace) and parsed here rather than with axum's `Json`, so every rejection
+//! (bad JSON, too large, unreadable, too slow) gets the same `{"error": …}` shape. Every
+//! route passes its gate: a bounded number at once, the rest wait a moment and then get
+//! `503`. `PUT` reads its body (within a memory budget) before taking its turn, so a client
+//! that stalls its body holds no turn; a batch, whose one turn is also its memory, takes the
+//! turn first and gives it up within about a second if its body stalls.
 
 use crate::db::{NewQuota, StoreError, StoredQuota};
 use crate::error::{ApiError, ErrorBody};
-use crate::guard::read_body;
+use crate::guard::{declared_length, read_body_paced};
 use crate::openapi::{NamePrefix, QuotaName};
 use crate::AppState;
 use axum::body::Body;
@@ -322,10 +325,16 @@ pub(crate) async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<QuotaJson>, ApiError> {
-    let _slot = st.0.guards.admin.enter().await?;
     let result = async {
         let name = path_name(name)?;
-        let body = read_body(&headers, body, crate::BODY_LIMIT, BODY_TIMEOUT).await?;
+        // The body first, within a memory budget and at a pace, then the turn: a client
+        // that declares a body and stalls holds no turn (see `ADMIN_MEMORY_KIB`).
+        let limit = crate::BODY_LIMIT;
+        let declared = declared_length(&headers).unwrap_or(limit as u64).min(limit as u64);
+        let kib = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        let memory = st.0.guards.admin_memory.enter_n(kib).await?;
+        let body = read_body_paced(&headers, body, limit, BODY_TIMEOUT).await?;
+        let slot = st.0.guards.admin.enter().await?;
         let b: QuotaBody =
             serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))?;
         if let Some(n) = &b.name {
@@ -341,8 +350,10 @@ pub(crate) async fn put(
             dry_run: b.dry_run,
         };
         let limits = spec.validate(&name).map_err(|e| invalid(None, e))?;
+        drop((body, memory));
         let written =
             st.0.store.put_many(vec![NewQuota { name, limits, parent: spec.parent }]).await?;
+        drop(slot);
         Ok(written)
     }
     .await;
@@ -580,7 +591,10 @@ pub(crate) async fn batch(
     // One batch at a time: a full one holds its 256 MiB body and the parsed quotas.
     let _slot = st.0.guards.batch.enter().await?;
     let result = async {
-        let body = read_body(&headers, body, crate::BATCH_BODY_LIMIT, BATCH_BODY_TIMEOUT).await?;
+        // At a pace: the one batch turn is also the batch memory, so a body that stalls
+        // gives it up within about a second rather than the whole deadline.
+        let body =
+            read_body_paced(&headers, body, crate::BATCH_BODY_LIMIT, BATCH_BODY_TIMEOUT).await?;
         // Parsing and validating a million items takes a second of CPU: keep it off the
         // async workers that answer syncs.
         let b = tokio::task::spawn_blocking(move || parse_batch(&body))

@@ -48,30 +48,12 @@ pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// Reads a body of at most `limit` bytes within `deadline`. A declared length over the
-/// limit is refused before a byte is read; a streamed body is cut at the limit.
-pub(crate) async fn read_body(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-    deadline: Duration,
-) -> Result<Bytes, ApiError> {
-    if declared_length(headers).is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::TooLarge { limit });
-    }
-    let read = Limited::new(body, limit).collect();
-    match tokio::time::timeout(deadline, read).await {
-        Err(_) => Err(ApiError::BodyTimeout(deadline)),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ApiError::TooLarge { limit }),
-        Ok(Err(e)) => Err(ApiError::Body(e.to_string())),
-    }
-}
-
 /// Grace before a body must keep pace: how long its first bytes may take.
 const PACE_GRACE: Duration = Duration::from_secs(1);
 
-/// Reads a body like [`read_body`], and also at a pace: after [`PACE_GRACE`], the bytes
+/// Reads a body of at most `limit` bytes within `deadline` (a declared length over the
+/// limit is refused before a byte is read; a streamed body is cut at the limit), and at a
+/// pace: after [`PACE_GRACE`], the bytes
 /// received must keep up with those of a body arriving evenly until `deadline` (its
 /// declared length, or `limit` when it declares none), or the request ends with `408`.
 /// A request that declares a body and sends nothing (or trickles it) thus holds what was

@@ -73,6 +73,12 @@ pub struct Settings {
     pub sync_queue_wait: Duration,
 }
 
+/// KiB of admin bodies (`PUT`, at most 1 MiB each) read at once: bodies are read before a
+/// request takes its admin turn, so that a client that declares a body and stalls holds
+/// memory (for about a second, see `guard::read_body_paced`), never a turn; 32 full bodies,
+/// or thousands of ordinary ones.
+pub const ADMIN_MEMORY_KIB: usize = 32 * 1024;
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -121,6 +127,8 @@ pub(crate) struct Guards {
     pub sync: Gate,
     pub sync_memory: Gate,
     pub admin: Gate,
+    /// KiB of admin bodies being read at once ([`ADMIN_MEMORY_KIB`]).
+    pub admin_memory: Gate,
     pub batch: Gate,
 }
 
@@ -191,6 +199,7 @@ impl AppState {
                 settings.sync_queue_wait,
             ),
             admin: Gate::new("admin", settings.admin_concurrency.max(1), wait),
+            admin_memory: Gate::new("admin", ADMIN_MEMORY_KIB, wait),
             batch: Gate::new("batch", 1, wait.max(Duration::from_secs(10))),
         };
         AppState(Arc::new(Inner {

@@ -386,6 +386,31 @@ async fn hostile_inputs_against_a_real_root() {
     assert!(t0.elapsed() < Duration::from_secs(3), "ended after {:?}", t0.elapsed());
     drop(stalled);
 
+    // 5d. Stalled admin bodies: an admin-token holder opens more PUTs than the admin routes
+    // serve at once (32), and a batch, each declaring a body it never sends. Honest admin
+    // calls go on being answered at once, and the batch turn is free again within seconds.
+    let mut stalled = vec![];
+    for i in 0..40 {
+        let mut s = TcpStream::connect(&root.addr).unwrap();
+        let line = if i == 0 { "POST /v1/quotas:batch" } else { "PUT /v1/quotas/stalled" };
+        let len = if i % 4 == 1 { 1 << 20 } else { 100 };
+        let head = format!("{line} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        stalled.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    for i in 0..5 {
+        let body = json!({"limit": 1.0, "low_burst": 1.0, "high_burst": 1.0});
+        let (s, v) = ctx.admin(Method::PUT, &format!("/v1/quotas/honest{i}"), body).await;
+        assert_eq!(s, 200, "an honest PUT with 39 stalled ones open: {v}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(1), "honest PUTs took {:?}", t0.elapsed());
+    let batch = json!([{"name": "honest_batch", "limit": 1.0, "low_burst": 1.0, "high_burst": 1.0}]);
+    let (s, v) = ctx.admin(Method::POST, "/v1/quotas:batch", batch).await;
+    assert_eq!(s, 200, "an honest batch behind a stalled one: {v}");
+    drop(stalled);
+
     // 5c. Idle connections from one address: past --max-connections-per-address (64 here)
     // they are closed at once; another address still gets in.
     let mut idle_conns = vec![];

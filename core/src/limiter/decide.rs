@@ -56,9 +56,19 @@ impl Chain {
 
 enum Walk {
     Unlimited,
-    /// The leaf's fill, and the first rejection a quota in shadow mode would have made.
-    Passed(f64, Option<Decision>),
+    /// The leaf's fill.
+    Passed(f64),
+    /// Passed, but a quota in shadow mode would have rejected (the first one met).
+    Shadowed(Shadowed),
     Rejected(Decision),
+}
+
+/// Where a quota in shadow mode would have rejected, and when: the walk keeps no more, so
+/// that the common pass pays nothing for it; [`Limiter::shadow_decision`] reads the rest.
+#[derive(Clone, Copy)]
+struct Shadowed {
+    idx: u32,
+    now: u64,
 }
 
 impl Limiter {
@@ -134,14 +144,13 @@ impl Limiter {
                 self.count_rejected(&chain, weight);
                 d
             }
-            Walk::Passed(fill, shadow) => {
+            Walk::Passed(fill) => {
                 self.add_local(&chain, weight, now);
-                shadow.unwrap_or(Decision {
-                    outcome: Outcome::Passed,
-                    quota: None,
-                    fill,
-                    retry_after: None,
-                })
+                Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None }
+            }
+            Walk::Shadowed(at) => {
+                self.add_local(&chain, weight, now);
+                self.shadow_decision(at, name)
             }
         };
         if weight == 0 && self.watch_checks.load(Relaxed) {
@@ -195,12 +204,20 @@ impl Limiter {
                     }
                     return Ok((d, Some(k)));
                 }
-                Walk::Passed(fill, shadow) => {
-                    if let (None, Some(d)) = (&shadowed, shadow) {
-                        shadowed = Some((d, Some(k)));
-                    }
+                Walk::Passed(fill) => {
                     let d =
                         Decision { outcome: Outcome::Passed, quota: None, fill, retry_after: None };
+                    result = (d, Some(k));
+                    if n < passed.len() {
+                        passed[n] = (chain, weight);
+                        n += 1;
+                    } else {
+                        more.push((chain, weight));
+                    }
+                }
+                Walk::Shadowed(at) => {
+                    let d = self.shadow_decision(at, name);
+                    shadowed.get_or_insert((d.clone(), Some(k)));
                     result = (d, Some(k));
                     if n < passed.len() {
                         passed[n] = (chain, weight);
@@ -233,7 +250,8 @@ impl Limiter {
             None
         };
         let mut leaf_fill = 0.0;
-        let mut shadowed = None;
+        // Slot + 1 of the first quota in shadow mode that would have rejected; 0: none.
+        let mut shadowed = 0u32;
         loop {
             let fill = slot.estimate(now, fresh, horizon, peers);
             if chain.len == 0 {
@@ -241,8 +259,7 @@ impl Limiter {
             }
             let low = slot.get(LOW);
             let limit = slot.get(LIMIT);
-            let high_word = slot.get(HIGH);
-            let (high, shadow) = (high_word & !SHADOW, high_word & SHADOW != 0);
+            let high = slot.get(HIGH) & !SHADOW;
             let mut p = drop_probability(fill, low, high);
             if let Some(dt) = guard_dt {
                 // One host alone may not outrun the whole quota; a tenth of an interval's
@@ -271,20 +288,13 @@ impl Limiter {
                     chain.last_was_empty();
                 }
             }
-            if rejected && shadow {
+            if rejected && slot.shadow() {
                 // Counted as a rejection everywhere one is reported, but not enforced: the
                 // walk goes on to the enforced quotas above, and this quota is not charged.
                 chain.last_was_shadowed();
-                self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
-                slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
-                self.note_rejection(idx, now);
-                if shadowed.is_none() {
-                    shadowed = Some(Decision {
-                        outcome: Outcome::RejectedDryRun,
-                        quota: Some(self.decision_name(idx, name)),
-                        fill: fill / MILLI as f64,
-                        retry_after: Some(retry_after_secs(fill, low, limit)),
-                    });
+                self.note_shadow_rejection(idx, &slot, now);
+                if shadowed == 0 {
+                    shadowed = idx + 1;
                 }
             } else if rejected {
                 if slot.get(AT) == 0 && self.peers() > 1 {
@@ -320,7 +330,37 @@ impl Limiter {
                 None => break,
             }
         }
-        Walk::Passed(leaf_fill / MILLI as f64, shadowed)
+        match shadowed {
+            0 => Walk::Passed(leaf_fill / MILLI as f64),
+            s => Walk::Shadowed(Shadowed { idx: s - 1, now }),
+        }
+    }
+
+    /// What a quota in shadow mode that would have rejected reports: the rejection, as
+    /// [`Outcome::RejectedDryRun`].
+    #[cold]
+    #[inline(never)]
+    fn shadow_decision(&self, at: Shadowed, name: &[u8]) -> Decision {
+        let (fill, low, limit) = self.slot(at.idx).map_or((0.0, 0, 1), |s| {
+            let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
+            let fill = s.estimate(at.now, fresh, self.horizon_ns(), self.peers_cell());
+            (fill, s.get(LOW), s.get(LIMIT))
+        });
+        Decision {
+            outcome: Outcome::RejectedDryRun,
+            quota: Some(self.decision_name(at.idx, name)),
+            fill: fill / MILLI as f64,
+            retry_after: Some(retry_after_secs(fill, low, limit)),
+        }
+    }
+
+    /// Counts a shadow rejection wherever rejections are reported.
+    #[cold]
+    #[inline(never)]
+    fn note_shadow_rejection(&self, idx: u32, slot: &crate::zone::slot::Slot<'_>, now: u64) {
+        self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
+        slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
+        self.note_rejection(idx, now);
     }
 
     /// The name a decision by slot `idx` reports: a key keeps no name, it is the one the
