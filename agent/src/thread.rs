@@ -23,6 +23,17 @@ pub trait Supervisor: Send + 'static {
         true
     }
 
+    /// Called after [`before_round`](Self::before_round): whether this round may write the
+    /// limiter (the nginx module enters the zone's write section here); `false` skips the
+    /// round, and the agent tries again an interval later.
+    fn may_write(&mut self) -> bool {
+        true
+    }
+
+    /// Called when a round [`may_write`](Self::may_write) allowed has ended (the module
+    /// leaves the write section).
+    fn round_done(&mut self) {}
+
     /// Called once when the agent stops, whatever the reason.
     fn stopped(&mut self) {}
 }
@@ -196,6 +207,16 @@ pub async fn drive(
     let mut regular = true;
     engine.set_pacer(pace);
     while !stop() && supervisor.before_round() {
+        if !supervisor.may_write() {
+            // Another process writes the limiter (see `Supervisor::may_write`): wait an
+            // interval, then ask again.
+            next = tokio::time::Instant::now() + interval;
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = wake.notified() => {}
+            }
+            continue;
+        }
         let polite_until = Instant::now() + interval;
         let epoch_before = engine.limiter().epoch();
         let calls = off_the_runtime(polite_until, || engine.begin_round(clock.now_nanos()));
@@ -224,11 +245,15 @@ pub async fn drive(
                     None => break,
                 },
                 _ = wake.notified() => {
-                    if stop() { return; }
+                    if stop() {
+                        supervisor.round_done();
+                        return;
+                    }
                 }
             }
         }
         let report = off_the_runtime(polite_until, || engine.end_round(clock.now_nanos()));
+        supervisor.round_done();
         publish(engine.status(clock.now_nanos()));
         // More quotas waiting: the next page at once, as long as pages bring quotas (a root
         // that says `more` and brings none would have the agent call it without a pause).

@@ -52,7 +52,8 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
 pub use limiter::{
     AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, TemplateKeys,
-    WeightError, ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN,
+    WeightError, WriteSection, ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN,
+    SECTION_STALE_NS,
 };
 pub use quota::{
     display_name, escape_name, is_template, raw_name, validate_name, Epoch, Limits, QuotaError,

@@ -81,6 +81,12 @@ struct Agent {
     lease_age_ms: u64,
     /// How many times a worker took the agent role.
     starts: u64,
+    /// Rounds skipped because another live worker was inside the zone's write section (a
+    /// former agent stopped mid-round).
+    write_waits: u64,
+    /// Write sections left after another worker had entered meanwhile: two writers of the
+    /// zone at once; always 0 unless something is wrong.
+    write_overlaps: u64,
 }
 
 #[derive(Serialize)]
@@ -195,6 +201,8 @@ pub fn render(input: &Input<'_>) -> String {
             here: z.agent == Some(input.pid),
             lease_age_ms: z.agent_age_ms,
             starts: z.agent_starts,
+            write_waits: z.write_waits,
+            write_overlaps: z.write_overlaps,
         },
         sync: input.sync,
         epoch: z.epoch,

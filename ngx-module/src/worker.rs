@@ -239,6 +239,8 @@ struct LeaseKeeper {
     pid: u32,
     generation: u64,
     cpus: Option<libc::cpu_set_t>,
+    /// Inside the zone's write section (between `may_write` and `round_done`).
+    writing: bool,
 }
 
 /// The master's CPUs, when `worker_cpu_affinity` pinned this worker to fewer: the agent
@@ -295,7 +297,30 @@ impl Supervisor for LeaseKeeper {
             && self.limiter.agent_lease().renew(self.pid, now)
     }
 
+    /// Enters the zone's write section, and holds the lease inside it: an agent stopped
+    /// past its lease, going on, is waited out by the new one and finds the lease gone.
+    fn may_write(&mut self) -> bool {
+        let now = self.limiter.clock().now_nanos();
+        let section = self.limiter.write_section();
+        if !section.enter(self.pid, now, alive) {
+            return false;
+        }
+        if self.limiter.agent_lease().holder() != Some(self.pid) {
+            section.leave(self.pid);
+            return false;
+        }
+        self.writing = true;
+        true
+    }
+
+    fn round_done(&mut self) {
+        if std::mem::take(&mut self.writing) {
+            self.limiter.write_section().leave(self.pid);
+        }
+    }
+
     fn stopped(&mut self) {
+        self.round_done();
         self.limiter.agent_lease().release(self.pid);
     }
 }
@@ -396,6 +421,7 @@ fn start_agent(w: &Worker) -> Result<SyncThread, String> {
         pid: w.pid,
         generation: w.generation,
         cpus: w.agent_cpus,
+        writing: false,
     };
     with_signals_blocked(|| SyncThread::spawn_supervised(engine, transport, keeper))
         .map_err(|e| format!("cannot start the sync thread: {e}"))

@@ -28,6 +28,8 @@ fn zone() -> ZoneStatus {
         agent: Some(7),
         agent_age_ms: 10,
         agent_starts: 1,
+        write_waits: 0,
+        write_overlaps: 0,
         usage: ZoneUsage {
             quotas: 30,
             capacity: 1000,

@@ -46,6 +46,8 @@ fn zone() -> ZoneStatus {
         agent: Some(77),
         agent_age_ms: 120,
         agent_starts: 2,
+        write_waits: 3,
+        write_overlaps: 0,
         usage: ZoneUsage { quotas: 3, capacity: 190_000, missing: 4, ..ZoneUsage::default() },
     }
 }
@@ -78,6 +80,10 @@ fn the_host_state_with_ages_relative_to_render_time() {
     assert_eq!(page["sync_running"], true);
     assert_eq!(page["agent"]["pid"], 77);
     assert_eq!(page["agent"]["here"], false);
+    assert_eq!(
+        (page["agent"]["write_waits"].as_u64(), page["agent"]["write_overlaps"].as_u64()),
+        (Some(3), Some(0))
+    );
     assert_eq!(page["epoch"], 9);
     assert_eq!(page["quotas"], 3);
     assert_eq!(page["rejections"], 5);

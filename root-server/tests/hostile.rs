@@ -406,7 +406,8 @@ async fn hostile_inputs_against_a_real_root() {
         assert_eq!(s, 200, "an honest PUT with 39 stalled ones open: {v}");
     }
     assert!(t0.elapsed() < Duration::from_secs(1), "honest PUTs took {:?}", t0.elapsed());
-    let batch = json!([{"name": "honest_batch", "limit": 1.0, "low_burst": 1.0, "high_burst": 1.0}]);
+    let batch =
+        json!([{"name": "honest_batch", "limit": 1.0, "low_burst": 1.0, "high_burst": 1.0}]);
     let (s, v) = ctx.admin(Method::POST, "/v1/quotas:batch", batch).await;
     assert_eq!(s, 200, "an honest batch behind a stalled one: {v}");
     drop(stalled);

@@ -7,6 +7,7 @@
 use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
 use crate::units::{MAX_WEIGHT_UNITS, MILLI};
+use crate::zone::slot::Slot;
 use crate::zone::slot::{
     Rates, AT, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS, SHADOW,
 };
@@ -138,7 +139,10 @@ impl Limiter {
     fn decide(&self, name: &[u8], weight: u64) -> Decision {
         let now = self.clock.now_nanos();
         let mut chain = Chain::default();
-        let d = match self.walk(name, now, weight, &mut chain) {
+        // An unknown name (the common case where most names have no quota) returns before
+        // the walk and its frame.
+        let Some(leaf) = self.resolve(name, now) else { return Decision::unlimited() };
+        let d = match self.walk(leaf, name, now, weight, &mut chain) {
             Walk::Unlimited => return Decision::unlimited(),
             Walk::Rejected(d) => {
                 self.count_rejected(&chain, weight);
@@ -195,7 +199,11 @@ impl Limiter {
         for (k, (name, weight)) in items.iter().enumerate() {
             let (name, weight) = (name.as_ref(), weight * MILLI);
             let mut chain = Chain::default();
-            match self.walk(name, now, weight, &mut chain) {
+            let walked = match self.resolve(name, now) {
+                Some(leaf) => self.walk(leaf, name, now, weight, &mut chain),
+                None => Walk::Unlimited,
+            };
+            match walked {
                 Walk::Unlimited => {}
                 Walk::Rejected(d) => {
                     self.count_rejected(&chain, weight);
@@ -234,12 +242,18 @@ impl Limiter {
         Ok(shadowed.unwrap_or(result))
     }
 
-    /// Decides for `name`'s chain at `now`, recording the walked slots in `chain` (on a
-    /// rejection: those that passed, then the rejecting one and its ancestors).
-    fn walk(&self, name: &[u8], now: u64, weight: u64, chain: &mut Chain) -> Walk {
-        let Some((mut idx, mut slot)) = self.resolve(name, now) else {
-            return Walk::Unlimited;
-        };
+    /// Decides for the chain of `name`, found at `leaf`, at `now`, recording the walked
+    /// slots in `chain` (on a rejection: those that passed, then the rejecting one and its
+    /// ancestors).
+    fn walk(
+        &self,
+        leaf: (u32, Slot<'_>),
+        name: &[u8],
+        now: u64,
+        weight: u64,
+        chain: &mut Chain,
+    ) -> Walk {
+        let (mut idx, mut slot) = leaf;
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
         let horizon = self.horizon_ns();
         let peers = self.peers_cell();

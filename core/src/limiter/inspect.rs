@@ -43,6 +43,12 @@ pub struct ZoneStatus {
     pub agent_age_ms: u64,
     /// How many times an agent took the lease.
     pub agent_starts: u64,
+    /// Rounds an agent skipped because another live process was inside the write section
+    /// ([`crate::WriteSection`]).
+    pub write_waits: u64,
+    /// Write sections left after another process had entered meanwhile: two writers at
+    /// once; 0 unless something is wrong.
+    pub write_overlaps: u64,
     /// Memory use.
     pub usage: ZoneUsage,
 }
@@ -226,6 +232,8 @@ impl Limiter {
             agent: lease.holder(),
             agent_age_ms: lease.age_ms(now),
             agent_starts: self.hdr(hdr::AGENT_STARTS).load(Relaxed),
+            write_waits: self.write_section().waits(),
+            write_overlaps: self.write_section().overlaps(),
             usage: self.zone_usage(),
         }
     }

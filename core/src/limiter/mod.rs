@@ -45,10 +45,12 @@ mod counters;
 mod decide;
 mod inspect;
 mod keys;
+mod section;
 mod writer;
 
 pub(crate) use counters::no_pace;
 pub use inspect::{AgentLease, ZoneStatus};
+pub use section::{WriteSection, SECTION_STALE_NS};
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Random, ThreadRandom};

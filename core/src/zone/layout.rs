@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 7;
+pub const LAYOUT_VERSION: u64 = 8;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -125,6 +125,14 @@ pub(crate) mod hdr {
         pub const EARLY_ROUNDS = 41;
         /// When the current round began: `local` counts from then.
         pub const ROUND_BEGAN = 42;
+        /// The sync agent's write section: its holder (high half) and when it entered, ms.
+        pub const SECTION_LOCK = 43;
+        /// The last process to enter the write section.
+        pub const SECTION_LAST = 44;
+        /// Write sections left after another process had entered meanwhile.
+        pub const SECTION_OVERLAPS = 45;
+        /// Entries into the write section refused while another live process was inside.
+        pub const SECTION_WAITS = 46;
         /// `SPARE_AREAS` pairs: (area + 1, time it was retired).
         pub const SPARES = 48;
         /// Free-list heads of the arena, by record size in words (index = size).
