@@ -277,6 +277,23 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline for a batch body (256 MiB: 4.3 MB/s).
 const BATCH_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Parses a JSON body; an error names where it is (`limit: invalid type: string "x",
+/// expected f64`, `[3].dry_run: …`), not only its line and column.
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::BadJson(inner.to_string())
+        } else {
+            ApiError::BadJson(format!("{path}: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| ApiError::BadJson(e.to_string()))?;
+    Ok(value)
+}
+
 fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     p.map(|Path(n)| n)
         .map_err(|r| ApiError::BadRequest(format!("bad quota name: {}", r.body_text())))
@@ -335,8 +352,7 @@ pub(crate) async fn put(
         let memory = st.0.guards.admin_memory.enter_n(kib).await?;
         let body = read_body_paced(&headers, body, limit, BODY_TIMEOUT).await?;
         let slot = st.0.guards.admin.enter().await?;
-        let b: QuotaBody =
-            serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+        let b: QuotaBody = parse_json(&body)?;
         if let Some(n) = &b.name {
             if *n != name {
                 return Err(invalid(None, format!("body names {n:?} but the path names {name:?}")));
@@ -625,8 +641,7 @@ pub(crate) async fn batch(
 }
 
 fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
-    let items: Vec<BatchItem> =
-        serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+    let items: Vec<BatchItem> = parse_json(body)?;
     let mut b = Batch { quotas: Vec::with_capacity(items.len()), ..Batch::default() };
     let mut delete_index = Vec::new();
     // The store would catch a name given twice too, but with indexes of its own order.

@@ -760,5 +760,9 @@ async fn shadow_mode_is_stored_listed_and_flipped() {
     let wrong = json!({"limit": 1.0, "low_burst": 1.0, "high_burst": 1.0, "dry_run": "yes"});
     let (s, v) = call(&st, PUT, "/v1/quotas/new_limit", Some(&wrong.to_string()), None).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
-    assert!(err(&v).contains("expected a boolean"), "{v}");
+    assert!(err(&v).contains("dry_run: invalid type: string \"yes\", expected a boolean"), "{v}");
+    let bad = json!([{"name": "c", "limit": 1.0, "low_burst": "1", "high_burst": 1.0}]).to_string();
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&bad), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(err(&v).starts_with("bad JSON: [0].low_burst: invalid type"), "{v}");
 }
