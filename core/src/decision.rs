@@ -65,8 +65,8 @@ pub fn drop_probability(fill: f64, low: u64, high: u64) -> f64 {
 /// of the last synced value and elapsed time, so two requests a millisecond apart get the
 /// same answer, and the value only steps down as time passes.
 #[inline]
-pub fn retry_after_secs(fill: f64, low: u64, limit: u64) -> u32 {
-    let secs = ((fill - low as f64) / limit.max(1) as f64).ceil();
+pub fn retry_after_secs(fill: f64, low: u64, limit: f64) -> u32 {
+    let secs = ((fill - low as f64) / limit.max(1e-9)).ceil();
     if secs.is_nan() || secs < 1.0 {
         1
     } else if secs >= u32::MAX as f64 {
@@ -130,11 +130,11 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_up_and_is_at_least_one() {
-        assert_eq!(retry_after_secs(1_500.0, 1_000, 1_000), 1);
-        assert_eq!(retry_after_secs(3_000.0, 1_000, 1_000), 2);
-        assert_eq!(retry_after_secs(3_001.0, 1_000, 1_000), 3);
-        assert_eq!(retry_after_secs(900.0, 1_000, 1_000), 1);
-        assert_eq!(retry_after_secs(1e18, 0, 1), u32::MAX);
+        assert_eq!(retry_after_secs(1_500.0, 1_000, 1_000.0), 1);
+        assert_eq!(retry_after_secs(3_000.0, 1_000, 1_000.0), 2);
+        assert_eq!(retry_after_secs(3_001.0, 1_000, 1_000.0), 3);
+        assert_eq!(retry_after_secs(900.0, 1_000, 1_000.0), 1);
+        assert_eq!(retry_after_secs(1e18, 0, 1.0), u32::MAX);
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //! module can say exactly what is wrong.
 
 use crate::units::{
-    milli_to_units, units_to_milli, MAX_BURST_UNITS, MAX_LIMIT_UNITS, MIN_LIMIT_UNITS,
+    milli_to_units, parse_window, units_to_milli, Rate, MAX_BURST_UNITS, MAX_LIMIT_UNITS,
+    MIN_LIMIT_UNITS,
 };
 use serde::{Deserialize, Serialize};
-use std::num::NonZeroU64;
 
 /// Longest quota name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -44,9 +44,15 @@ pub enum QuotaError {
         /// Its byte offset.
         pos: usize,
     },
-    /// `limit` is not within [0.001, 1e12] units per second.
-    #[error("limit must be a number from 0.001 to 1e12 (units per second), got {0}")]
+    /// `limit` is not within [0.001, 1e12] units per window.
+    #[error("limit must be a number from 0.001 to 1e12 (units per window, per second unless `per` says), got {0}")]
     LimitOutOfRange(f64),
+    /// A burst left out of a quota without `per`.
+    #[error("{0} is required unless the quota has a window (per)")]
+    MissingBurst(&'static str),
+    /// `per` is not a window a quota can have.
+    #[error("{0}")]
+    Window(String),
     /// A burst is negative, not a number, or above 1e15 units.
     #[error("{field} must be a number from 0 to 1e15 (units), got {value}")]
     BurstOutOfRange {
@@ -208,42 +214,57 @@ fn is_name_char(c: char) -> bool {
 }
 
 /// The numbers of a quota, validated and in fixed point (see [`crate::units`]). Only the
-/// constructors make one, so a `Limits` always holds a limit from 1 to 1e15 milli-units/s
-/// and bursts from 0 to 1e18 milli-units with `low_burst <= high_burst`; whatever arrives
-/// from the wire or a database goes through [`Limits::from_milli`].
+/// constructors make one, so a `Limits` always holds a limit from 1 to 1e15 milli-units per
+/// window of 1 s to 30 days and bursts from 0 to 1e18 milli-units with
+/// `low_burst <= high_burst`; whatever arrives from the wire or a database goes through
+/// [`Limits::from_milli_per`] or [`Limits::from_rate_word`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "RawLimits", into = "RawLimits")]
 pub struct Limits {
-    limit: NonZeroU64,
+    limit: Rate,
     low_burst: u64,
     high_burst: u64,
     /// Shadow mode: decided and counted as rejections, never enforced.
     dry_run: bool,
 }
 
-/// [`Limits`] as they travel: checked on the way in. `dry_run` only when set, so that a
-/// quota without it is byte for byte what it was before shadow mode.
+/// [`Limits`] as they travel: checked on the way in. `dry_run` only when set and `per` only
+/// when not 1 s, so that a quota without them is byte for byte what it was before.
 #[derive(Serialize, Deserialize)]
 struct RawLimits {
+    /// Milli-units per `per`.
     limit: u64,
+    /// The window, seconds.
+    #[serde(default = "one_second", skip_serializing_if = "is_one_second")]
+    per: u64,
     low_burst: u64,
     high_burst: u64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     dry_run: bool,
 }
 
+fn one_second() -> u64 {
+    1
+}
+
+fn is_one_second(s: &u64) -> bool {
+    *s == 1
+}
+
 impl TryFrom<RawLimits> for Limits {
     type Error = QuotaError;
 
     fn try_from(r: RawLimits) -> Result<Limits, QuotaError> {
-        Ok(Limits::from_milli(r.limit, r.low_burst, r.high_burst)?.with_dry_run(r.dry_run))
+        Ok(Limits::from_milli_per(r.limit, r.per, r.low_burst, r.high_burst)?
+            .with_dry_run(r.dry_run))
     }
 }
 
 impl From<Limits> for RawLimits {
     fn from(l: Limits) -> RawLimits {
         RawLimits {
-            limit: l.limit(),
+            limit: l.limit.milli(),
+            per: l.limit.window_secs(),
             low_burst: l.low_burst,
             high_burst: l.high_burst,
             dry_run: l.dry_run,
@@ -254,10 +275,21 @@ impl From<Limits> for RawLimits {
 impl Limits {
     /// The smallest limit with no bursts: what a tombstone carries (its numbers mean nothing).
     pub const NONE: Limits =
-        Limits { limit: NonZeroU64::MIN, low_burst: 0, high_burst: 0, dry_run: false };
+        Limits { limit: Rate::per_second(1), low_burst: 0, high_burst: 0, dry_run: false };
 
-    /// Validates a quota's numbers given in units (as the admin API takes them).
+    /// Validates a quota's numbers given in units, `limit` per second.
     pub fn from_units(limit: f64, low_burst: f64, high_burst: f64) -> Result<Limits, QuotaError> {
+        Limits::from_units_per(limit, 1, low_burst, high_burst)
+    }
+
+    /// Validates a quota's numbers given in units (as the admin API takes them): `limit`
+    /// per window of `per` seconds.
+    pub fn from_units_per(
+        limit: f64,
+        per: u64,
+        low_burst: f64,
+        high_burst: f64,
+    ) -> Result<Limits, QuotaError> {
         // `!(a <= x)` also catches NaN.
         if !(MIN_LIMIT_UNITS..=MAX_LIMIT_UNITS).contains(&limit) {
             return Err(QuotaError::LimitOutOfRange(limit));
@@ -270,19 +302,43 @@ impl Limits {
         if low_burst > high_burst {
             return Err(QuotaError::BurstOrder { low: low_burst, high: high_burst });
         }
-        Limits::from_milli(
+        Limits::from_milli_per(
             units_to_milli(limit).max(1),
+            per,
             units_to_milli(low_burst),
             units_to_milli(high_burst),
         )
     }
 
-    /// Validates numbers that arrived in fixed point (from the wire or a database).
+    /// Validates numbers that arrived in fixed point, `limit` milli-units per second.
     pub fn from_milli(limit: u64, low_burst: u64, high_burst: u64) -> Result<Limits, QuotaError> {
+        Limits::from_milli_per(limit, 1, low_burst, high_burst)
+    }
+
+    /// Validates a limit that arrived as a [`Rate`] word (the v2 wire's `limit`).
+    pub fn from_rate_word(
+        word: u64,
+        low_burst: u64,
+        high_burst: u64,
+    ) -> Result<Limits, QuotaError> {
+        let rate = Rate::from_word(word)
+            .ok_or_else(|| QuotaError::Window(format!("no window has the code of {word:#x}")))?;
+        Limits::from_milli_per(rate.milli(), rate.window_secs(), low_burst, high_burst)
+    }
+
+    /// Validates numbers that arrived in fixed point (from the wire or a database): `limit`
+    /// milli-units per window of `per` seconds.
+    pub fn from_milli_per(
+        limit: u64,
+        per: u64,
+        low_burst: u64,
+        high_burst: u64,
+    ) -> Result<Limits, QuotaError> {
         let max_limit = units_to_milli(MAX_LIMIT_UNITS);
-        let limit = NonZeroU64::new(limit)
-            .filter(|l| l.get() <= max_limit)
-            .ok_or(QuotaError::LimitOutOfRange(milli_to_units(limit)))?;
+        if !(1..=max_limit).contains(&limit) {
+            return Err(QuotaError::LimitOutOfRange(milli_to_units(limit)));
+        }
+        let limit = Rate::new(limit, per).map_err(|e| QuotaError::Window(format!("per: {e}")))?;
         let max_burst = units_to_milli(MAX_BURST_UNITS);
         for (field, value) in [("low_burst", low_burst), ("high_burst", high_burst)] {
             if value > max_burst {
@@ -312,10 +368,16 @@ impl Limits {
         self.dry_run
     }
 
-    /// Drain rate, milli-units per second (1..=1e15).
+    /// Drain rate: 1 to 1e15 milli-units per window.
     #[inline]
-    pub fn limit(&self) -> u64 {
-        self.limit.get()
+    pub fn limit(&self) -> Rate {
+        self.limit
+    }
+
+    /// The window `limit` counts in, seconds (1 for a per-second quota).
+    #[inline]
+    pub fn window_secs(&self) -> u64 {
+        self.limit.window_secs()
     }
 
     /// Fill up to which everything passes, milli-units.
@@ -330,9 +392,9 @@ impl Limits {
         self.high_burst
     }
 
-    /// `limit` in units per second.
+    /// `limit` in units per window.
     pub fn limit_units(&self) -> f64 {
-        milli_to_units(self.limit())
+        milli_to_units(self.limit.milli())
     }
 
     /// `low_burst` in units.
@@ -349,12 +411,18 @@ impl Limits {
 /// A quota as the admin API describes it (numbers in units), before it gets an id and epoch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QuotaSpec {
-    /// Units per second.
+    /// Units per window (`per`, one second when absent).
     pub limit: f64,
-    /// Units.
-    pub low_burst: f64,
-    /// Units.
-    pub high_burst: f64,
+    /// The window: a whole number and a unit, `s`, `m`, `h` or `d` (`"1h"`; a month is
+    /// `"30d"`); `None` is one second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<String>,
+    /// Units; `None` only with `per`: see [`QuotaSpec::validate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_burst: Option<f64>,
+    /// Units; as `low_burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_burst: Option<f64>,
     /// Parent quota's name.
     #[serde(default)]
     pub parent: Option<String>,
@@ -365,10 +433,27 @@ pub struct QuotaSpec {
 
 impl QuotaSpec {
     /// Validates the spec for a quota called `name`.
+    ///
+    /// A quota with a window (`per`) may leave its bursts out: `high_burst` defaults to
+    /// `limit` (the bucket holds one window) and `low_burst` to `limit - 1` (at least 0), so
+    /// an idle client gets exactly `limit` requests of one unit at once (a request passes
+    /// for sure while the fill is at or below `low_burst`, never once it reaches
+    /// `high_burst`), and after that one more each `per / limit`, the leaky bucket's smooth
+    /// refill. Without `per` the bursts are required: a per-second quota's bursts depend on
+    /// the sync interval.
     pub fn validate(&self, name: &str) -> Result<Limits, QuotaError> {
         validate_name(name)?;
-        let limits = Limits::from_units(self.limit, self.low_burst, self.high_burst)?
-            .with_dry_run(self.dry_run);
+        let per = match &self.per {
+            None => 1,
+            Some(text) => parse_window(text).map_err(QuotaError::Window)?,
+        };
+        let windowed = self.per.is_some() && self.limit.is_finite();
+        let burst = |v: Option<f64>, default: f64, field| {
+            v.or(windowed.then_some(default)).ok_or(QuotaError::MissingBurst(field))
+        };
+        let low = burst(self.low_burst, (self.limit - 1.0).max(0.0), "low_burst")?;
+        let high = burst(self.high_burst, self.limit.max(low), "high_burst")?;
+        let limits = Limits::from_units_per(self.limit, per, low, high)?.with_dry_run(self.dry_run);
         if let Some(parent) = &self.parent {
             validate_name(parent).map_err(|e| QuotaError::Parent(Box::new(e)))?;
             if is_template(parent) {
@@ -465,8 +550,9 @@ mod tests {
         // A template cannot be a parent.
         let spec = QuotaSpec {
             limit: 1.0,
-            low_burst: 1.0,
-            high_burst: 2.0,
+            per: None,
+            low_burst: Some(1.0),
+            high_burst: Some(2.0),
             parent: Some("t*".into()),
             dry_run: false,
         };
@@ -522,7 +608,7 @@ mod tests {
     #[test]
     fn fixed_point_limits_are_checked_wherever_they_come_from() {
         let ok = Limits::from_milli(1, 0, 0).unwrap();
-        assert_eq!((ok.limit(), ok.low_burst(), ok.high_burst()), (1, 0, 0));
+        assert_eq!((ok.limit().word(), ok.low_burst(), ok.high_burst()), (1, 0, 0));
         assert_eq!(Limits::from_milli(0, 0, 0), Err(QuotaError::LimitOutOfRange(0.0)));
         assert!(Limits::from_milli(1_000_000_000_000_001, 0, 0).is_err(), "above 1e12/s");
         assert!(Limits::from_milli(1, 0, 1_000_000_000_000_000_001).is_err(), "above 1e15");
@@ -537,8 +623,14 @@ mod tests {
 
     #[test]
     fn spec_parent_rules() {
-        let mut s =
-            QuotaSpec { limit: 1.0, low_burst: 1.0, high_burst: 2.0, parent: None, dry_run: false };
+        let mut s = QuotaSpec {
+            limit: 1.0,
+            per: None,
+            low_burst: Some(1.0),
+            high_burst: Some(2.0),
+            parent: None,
+            dry_run: false,
+        };
         assert!(s.validate("a").is_ok());
         s.parent = Some("a".into());
         assert_eq!(s.validate("a"), Err(QuotaError::SelfParent));

@@ -36,8 +36,10 @@
 pub struct Level {
     /// The quota's name.
     pub name: String,
-    /// Units per second.
+    /// Units per window.
     pub limit: f64,
+    /// The window, seconds (1 for a per-second quota).
+    pub window: u64,
     /// Units.
     pub low_burst: f64,
     /// Units.
@@ -64,9 +66,16 @@ impl Level {
         floor_units(self.low_burst).saturating_add(1)
     }
 
+    /// Units per second.
+    fn per_sec(&self) -> f64 {
+        self.limit / self.window.max(1) as f64
+    }
+
     /// `w`, seconds.
     pub fn window(&self) -> u64 {
-        let w = (self.quota() as f64 / self.limit.max(1e-9)).ceil();
+        // `q · window / limit`, multiplied first: a quota of 5,000 per hour whose `q` is
+        // 5,000 has a `w` of 3,600, not 3,601 from a rounded per-second rate.
+        let w = (self.quota() as f64 * self.window.max(1) as f64 / self.limit.max(1e-9)).ceil();
         if w.is_finite() && w >= 1.0 {
             w.min(u32::MAX as f64) as u64
         } else {
@@ -88,7 +97,7 @@ impl Level {
         if self.remaining() > 0 {
             return 0;
         }
-        let s = ((self.fill - self.low_burst) / self.limit.max(1e-9)).ceil();
+        let s = ((self.fill - self.low_burst) / self.per_sec().max(1e-12)).ceil();
         if s.is_finite() && s >= 1.0 {
             s.min(u32::MAX as f64) as u64
         } else {
@@ -155,7 +164,15 @@ mod tests {
     use super::*;
 
     fn level(name: &str, limit: f64, low: f64, high: f64, fill: f64) -> Level {
-        Level { name: name.into(), limit, low_burst: low, high_burst: high, fill, partition: None }
+        Level {
+            name: name.into(),
+            limit,
+            window: 1,
+            low_burst: low,
+            high_burst: high,
+            fill,
+            partition: None,
+        }
     }
 
     #[test]

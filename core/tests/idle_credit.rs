@@ -246,7 +246,7 @@ proptest! {
     ) {
         let low = (burst_units * weight) as f64;
         let limits = Limits::from_units(limit, low, low).unwrap();
-        let tol = tolerance(with_root, limits.limit(), weight);
+        let tol = tolerance(with_root, limits.limit().milli(), weight);
         let (mut got_all, mut want_all) = (0, 0);
         let runs = run(with_root, limits, weight, &bursts, seed).map_err(TestCaseError::fail)?;
         for (i, (got, want)) in runs.into_iter().enumerate() {

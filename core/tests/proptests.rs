@@ -6,7 +6,9 @@ use proptest::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 use yarl_core::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
-use yarl_core::units::{LeakyBucket, MAX_WEIGHT_UNITS, MILLI, NANOS_PER_SEC};
+use yarl_core::units::{
+    drained, LeakyBucket, Rate, MAX_WEIGHT_UNITS, MAX_WINDOW_SECS, MILLI, NANOS_PER_SEC,
+};
 use yarl_core::{
     Clock, Limiter, Limits, ManualClock, QuotaUpdate, RootConfig, RootState, SyncConfig, SyncEngine,
 };
@@ -25,6 +27,21 @@ fn quota(id: u64, limit_milli: u64) -> QuotaUpdate {
         limits: Limits::from_milli(limit_milli, 1 << 50, 1 << 50).unwrap(),
         parent: None,
     }
+}
+
+/// Any rate a quota can have: 0.001 to 1e12 units per window, every kind of window from one
+/// second to 30 days.
+fn any_rate() -> impl Strategy<Value = Rate> {
+    let window = prop_oneof![
+        Just(1u64),
+        1u64..=4_095,
+        (1u64..=4_095).prop_map(|m| m * 60),
+        (1u64..=720).prop_map(|h| h * 3_600),
+        (1u64..=30).prop_map(|d| d * 86_400),
+        Just(MAX_WINDOW_SECS),
+    ];
+    (prop_oneof![Just(1u64), Just(MAX_RATE), 1u64..=MAX_RATE], window)
+        .prop_map(|(milli, w)| Rate::new(milli, w).unwrap())
 }
 
 fn root(ids: &[(u64, u64)]) -> RootState {
@@ -60,7 +77,7 @@ proptest! {
     #[test]
     fn drain_is_step_independent(
         fill in 0u64..u64::MAX,
-        rate in 1u64..=MAX_RATE,
+        rate in any_rate(),
         steps in prop::collection::vec(0u64..10 * NANOS_PER_SEC, 1..50),
     ) {
         let mut stepwise = LeakyBucket { fill, at: 0, carry: 0 };
@@ -78,7 +95,7 @@ proptest! {
     /// wraps: the fill stays within [0, u64::MAX] and only grows by adds.
     #[test]
     fn no_overflow_for_ten_years_of_maximal_traffic(
-        rate in 1u64..=MAX_RATE,
+        rate in any_rate(),
         ops in prop::collection::vec((0u64..=MAX_WEIGHT_UNITS * MILLI, 0u64..=10 * 365 * 86_400 * NANOS_PER_SEC), 1..40),
     ) {
         let mut b = LeakyBucket::default();
@@ -91,6 +108,52 @@ proptest! {
             b.add(w);
             prop_assert!(b.fill >= w);
         }
+    }
+
+    /// Draining is exact: whatever the steps, the total drained over `t` from an unbounded
+    /// fill is `floor(milli · t / window)`, the rational rate with nothing lost to rounding.
+    #[test]
+    fn drain_is_the_exact_rational_rate(
+        rate in any_rate(),
+        steps in prop::collection::vec(0u64..=40 * 86_400 * NANOS_PER_SEC, 1..30),
+    ) {
+        let mut b = LeakyBucket { fill: u64::MAX, at: 0, carry: 0 };
+        let mut t = 0u64;
+        for s in &steps {
+            t += s;
+            b.advance(t, rate);
+        }
+        let exact = u128::from(rate.milli()) * u128::from(t)
+            / (u128::from(rate.window_secs()) * u128::from(NANOS_PER_SEC));
+        let exact = u64::try_from(exact).unwrap_or(u64::MAX);
+        prop_assert_eq!(b.fill, u64::MAX.saturating_sub(exact));
+        let (whole, rem) = drained(rate, t, 0);
+        prop_assert_eq!(whole, exact);
+        prop_assert!(rem < rate.window_secs() * NANOS_PER_SEC);
+    }
+
+    /// Limits round-trip through every form they travel in (the v1 JSON, the v2 wire's rate
+    /// word, the admin API's units and window text) across the whole range, unchanged.
+    #[test]
+    fn limits_round_trip_across_the_whole_range(
+        rate in any_rate(),
+        low in 0u64..=1_000_000_000_000_000_000,
+        extra in 0u64..=1_000_000_000_000_000,
+        dry_run in any::<bool>(),
+    ) {
+        let high = (low + extra).min(1_000_000_000_000_000_000);
+        let l = Limits::from_milli_per(rate.milli(), rate.window_secs(), low, high)
+            .unwrap()
+            .with_dry_run(dry_run);
+        prop_assert_eq!(l.limit(), rate);
+        let json: Limits = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        prop_assert_eq!(json, l);
+        let wire = Limits::from_rate_word(l.limit().word(), low, high).unwrap();
+        prop_assert_eq!(wire, l.with_dry_run(false));
+        let per = yarl_core::units::parse_window(&rate.window_text()).unwrap();
+        prop_assert_eq!(per, rate.window_secs());
+        let units = Limits::from_units_per(l.limit_units(), per, l.low_burst_units(), l.high_burst_units()).unwrap();
+        prop_assert_eq!(units.limit(), rate);
     }
 
     /// Root sums: batches from different limiters applied in any order give the same fills,

@@ -58,7 +58,10 @@ struct Quota<'a> {
     name: &'a str,
     id: u64,
     epoch: u64,
+    /// Units per `per`.
     limit: f64,
+    /// The window as the admin API writes it (`"1s"` for a per-second quota).
+    per: String,
     low_burst: f64,
     high_burst: f64,
     /// Shadow mode: its rejections are counted (`REJECTED_DRY_RUN`), not enforced.
@@ -248,6 +251,7 @@ pub fn render(input: &Input<'_>) -> String {
                 id: q.id,
                 epoch: q.epoch,
                 limit: q.limit,
+                per: yarl_core::units::window_text(q.window),
                 low_burst: q.low_burst,
                 high_burst: q.high_burst,
                 dry_run: q.dry_run,

@@ -114,6 +114,7 @@ fn without_a_zone_and_with_a_quota_query() {
         id: 3,
         epoch: 5,
         limit: 10.0,
+        window: 3_600,
         low_burst: 2.0,
         high_burst: 4.0,
         dry_run: true,
@@ -141,6 +142,10 @@ fn without_a_zone_and_with_a_quota_query() {
     assert_eq!(page["quota"]["fill"], 3.5);
     assert_eq!(page["quota"]["rejections"], 7);
     assert_eq!(page["quota"]["dry_run"], true);
+    assert_eq!(
+        (&page["quota"]["limit"], &page["quota"]["per"]),
+        (&Value::from(10.0), &Value::from("1h"))
+    );
 
     let missing = parse(&render(&Input {
         pid: 1,

@@ -40,16 +40,22 @@ pub(crate) struct QuotaBody {
     #[serde(default)]
     #[schema(value_type = Option<QuotaName>)]
     name: Option<String>,
-    /// Units per second that drain the bucket.
+    /// Units per window (`per`; per second without it) that drain the bucket.
     #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
-    /// Fill (units) up to which every request passes; at most `high_burst`.
+    /// The window `limit` counts in: a whole number and a unit, `s`, `m`, `h` or `d`
+    /// (`"1h"`; a month is `"30d"`), from 1 s to 30 days; absent: one second.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,8}[smhd]$", example = "1h")]
+    per: Option<String>,
+    /// Fill (units) up to which every request passes; at most `high_burst`. Required
+    /// without `per`; with it, `limit - 1` when absent (an idle client gets `limit` at once).
     #[schema(minimum = 0, maximum = 1e15)]
-    low_burst: f64,
+    low_burst: Option<f64>,
     /// Fill (units) from which every request is refused; between the two, requests are
-    /// refused with rising probability.
+    /// refused with rising probability. Required without `per`; with it, as `low_burst`.
     #[schema(minimum = 0, maximum = 1e15)]
-    high_burst: f64,
+    high_burst: Option<f64>,
     /// A live quota (not a template, not itself) that also counts this one's requests.
     #[serde(default)]
     #[schema(value_type = Option<QuotaName>)]
@@ -72,6 +78,8 @@ pub(crate) struct BatchItem {
     delete: bool,
     /// As in `PUT /v1/quotas/{name}`; required for a write.
     limit: Option<f64>,
+    #[serde(default)]
+    per: Option<String>,
     low_burst: Option<f64>,
     high_burst: Option<f64>,
     /// A live quota or one earlier in the same batch.
@@ -108,10 +116,13 @@ pub(crate) struct BatchWrite {
     /// As in `PUT /v1/quotas/{name}`.
     #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,8}[smhd]$", example = "1h")]
+    per: Option<String>,
     #[schema(minimum = 0, maximum = 1e15)]
-    low_burst: f64,
+    low_burst: Option<f64>,
     #[schema(minimum = 0, maximum = 1e15)]
-    high_burst: f64,
+    high_burst: Option<f64>,
     /// A live quota or one earlier in the same batch.
     #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
@@ -166,8 +177,13 @@ pub(crate) struct QuotaJson {
     id: u64,
     /// The write's epoch: above every earlier write's.
     epoch: u64,
+    /// Units per window (`per`).
     #[schema(minimum = 0.001, maximum = 1e12)]
     limit: f64,
+    /// The window, as `PUT` takes it; absent: one second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,8}[smhd]$")]
+    per: Option<String>,
     #[schema(minimum = 0, maximum = 1e15)]
     low_burst: f64,
     #[schema(minimum = 0, maximum = 1e15)]
@@ -194,7 +210,8 @@ impl From<StoredQuota> for QuotaJson {
         QuotaJson {
             id: q.id,
             epoch: q.epoch,
-            limit: milli_to_units(q.limits.limit()),
+            limit: q.limits.limit_units(),
+            per: (q.limits.window_secs() != 1).then(|| q.limits.limit().window_text()),
             low_burst: milli_to_units(q.limits.low_burst()),
             high_burst: milli_to_units(q.limits.high_burst()),
             dry_run: q.limits.dry_run(),
@@ -358,8 +375,15 @@ pub(crate) async fn put(
                 return Err(invalid(None, format!("body names {n:?} but the path names {name:?}")));
             }
         }
+        // 400, as before windows, for bursts left out of a per-second quota.
+        for (v, field) in [(b.low_burst, "low_burst"), (b.high_burst, "high_burst")] {
+            if v.is_none() && b.per.is_none() {
+                return Err(ApiError::BadJson(format!("missing field `{field}`")));
+            }
+        }
         let spec = QuotaSpec {
             limit: b.limit,
+            per: b.per,
             low_burst: b.low_burst,
             high_burst: b.high_burst,
             parent: b.parent,
@@ -655,6 +679,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
         if it.delete {
             let given: Vec<&str> = [
                 it.limit.map(|_| "limit"),
+                it.per.as_ref().map(|_| "per"),
                 it.low_burst.map(|_| "low_burst"),
                 it.high_burst.map(|_| "high_burst"),
                 it.parent.as_ref().map(|_| "parent"),
@@ -683,10 +708,16 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
         let need = |v: Option<f64>, field: &str| {
             v.ok_or_else(|| ApiError::BadJson(format!("item {i}: missing field `{field}`")))
         };
+        // Bursts are optional only beside a window.
+        let burst = |v: Option<f64>, field: &str| match it.per {
+            Some(_) => Ok(v),
+            None => need(v, field).map(Some),
+        };
         let spec = QuotaSpec {
             limit: need(it.limit, "limit")?,
-            low_burst: need(it.low_burst, "low_burst")?,
-            high_burst: need(it.high_burst, "high_burst")?,
+            low_burst: burst(it.low_burst, "low_burst")?,
+            high_burst: burst(it.high_burst, "high_burst")?,
+            per: it.per,
             parent: it.parent,
             dry_run: it.dry_run,
         };

@@ -39,16 +39,21 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:7700";
 /// The page size of `GET /v1/quotas` (its maximum).
 const PAGE: u32 = 1_000;
 
-/// One quota's settings, as in the admin API's JSON (units per second, as floats).
+/// One quota's settings, as in the admin API's JSON (units per window, as floats).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaFields {
-    /// Units per second.
+    /// Units per window (`per`; per second without it).
     pub limit: f64,
-    /// Units.
-    pub low_burst: f64,
-    /// Units.
-    pub high_burst: f64,
+    /// The window (`"1h"`, `"30d"`); none: one second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<String>,
+    /// Units; may be left out beside `per` (and is always there once read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_burst: Option<f64>,
+    /// Units; as `low_burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_burst: Option<f64>,
     /// The parent quota's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
@@ -179,15 +184,17 @@ pub fn read(path: &Path) -> Result<QuotaSet, Error> {
 fn normalize(name: &str, mut f: QuotaFields) -> Result<QuotaFields, yarl_core::QuotaError> {
     let spec = QuotaSpec {
         limit: f.limit,
+        per: f.per.clone(),
         low_burst: f.low_burst,
         high_burst: f.high_burst,
         parent: f.parent.clone(),
         dry_run: f.dry_run,
     };
     let limits = spec.validate(name)?;
-    f.limit = milli_to_units(limits.limit());
-    f.low_burst = milli_to_units(limits.low_burst());
-    f.high_burst = milli_to_units(limits.high_burst());
+    f.limit = limits.limit_units();
+    f.per = (limits.window_secs() != 1).then(|| limits.limit().window_text());
+    f.low_burst = Some(milli_to_units(limits.low_burst()));
+    f.high_burst = Some(milli_to_units(limits.high_burst()));
     Ok(f)
 }
 
@@ -235,7 +242,7 @@ impl Plan {
 /// The fields of `f` as `(name, shown value)`, the admin API's fields first in its order,
 /// then any other alphabetically; unset optional fields are left out.
 fn shown(f: &QuotaFields) -> Vec<(String, String)> {
-    const ORDER: [&str; 5] = ["limit", "low_burst", "high_burst", "parent", "dry_run"];
+    const ORDER: [&str; 6] = ["limit", "per", "low_burst", "high_burst", "parent", "dry_run"];
     let serde_json::Value::Object(map) = serde_json::to_value(f).unwrap_or_default() else {
         return Vec::new();
     };
@@ -529,8 +536,9 @@ mod tests {
     fn q(limit: f64, low: f64, high: f64, parent: Option<&str>) -> QuotaFields {
         QuotaFields {
             limit,
-            low_burst: low,
-            high_burst: high,
+            per: None,
+            low_burst: Some(low),
+            high_burst: Some(high),
             parent: parent.map(Into::into),
             dry_run: false,
         }
@@ -582,7 +590,7 @@ quotas:
         let cases = [
             ("quotas:\n  a: {limit: 1, low_burst: 1, high_burst: 2}\n  a: {limit: 2, low_burst: 1, high_burst: 2}\n", "quota \"a\" appears twice"),
             ("quotas:\n  a: {limit: 1, low_burst: 1, high_burst: 2, lowburst: 3}\n", "quotas.a: unknown field `lowburst`"),
-            ("quotas:\n  a: {limit: 1, low_burst: 1}\n", "quotas.a: missing field `high_burst`"),
+            ("quotas:\n  a: {limit: 1, low_burst: 1}\n", "quota \"a\": high_burst is required unless the quota has a window (per)"),
             ("quotas:\n  a: {limit: -1, low_burst: 1, high_burst: 2}\n", "quota \"a\": limit must be a number"),
             ("quotas:\n  a: {limit: 1, low_burst: 5, high_burst: 2}\n", "quota \"a\": low_burst (5) must not be greater"),
             ("quotas:\n  a: {limit: ten, low_burst: 1, high_burst: 2}\n", "quotas.a.limit: invalid type"),

@@ -75,7 +75,7 @@ async fn writes_get_increasing_epochs_and_keep_ids(s: Arc<dyn QuotaStore>) {
         .unwrap();
     assert_eq!((w.base_epoch, w.quotas[0].epoch, w.quotas[0].id), (2, 3, id_a));
     let a = s.get("a".into()).await.unwrap().unwrap();
-    assert_eq!((a.id, a.epoch, a.limits.limit(), a.parent), (id_a, 3, 7, None));
+    assert_eq!((a.id, a.epoch, a.limits.limit().milli(), a.parent), (id_a, 3, 7, None));
     assert_eq!(s.get("b".into()).await.unwrap().unwrap().parent.as_deref(), Some("a"));
     assert!(s.get("zz".into()).await.unwrap().is_none());
     // The change log: one row per quota at its latest epoch, in epoch order.

@@ -5,7 +5,7 @@
 use super::writer::Writer;
 use super::{Estimator, Limiter};
 use crate::quota::{Epoch, QuotaId};
-use crate::units::drain_once;
+use crate::units::{drain_once, Rate};
 use crate::zone::roots::{Entry, Roots};
 use crate::zone::slot::{Rates, Slot, ID, INFLIGHT, LIMIT, LOCAL, RATES, REJECTED};
 use crate::zone::{hdr, SLOT_WORDS};
@@ -268,7 +268,11 @@ impl CounterAccess<'_> {
     pub fn synced(&self, s: u32, now: u64) -> u64 {
         self.slot(s).map_or(0, |x| {
             let (base, at) = x.read_base();
-            drain_once(base, x.get(LIMIT), now.saturating_sub(at))
+            drain_once(
+                base,
+                Rate::from_word(x.get(LIMIT)).unwrap_or_default(),
+                now.saturating_sub(at),
+            )
         })
     }
 
@@ -286,9 +290,9 @@ impl CounterAccess<'_> {
         self.slot(s).map(|x| x.read_base())
     }
 
-    /// The quota's limit, milli-units/s.
-    pub fn limit(&self, s: u32) -> u64 {
-        self.slot(s).map_or(0, |x| x.get(LIMIT))
+    /// The quota's limit, milli-units/s (a windowed quota's per-second share).
+    pub fn limit(&self, s: u32) -> f64 {
+        self.slot(s).map_or(0.0, |x| Rate::per_sec_of(x.get(LIMIT)))
     }
 
     /// The current inflow estimate, milli-units/s.

@@ -6,7 +6,7 @@
 
 use super::{Limiter, WeightError, MAX_CHAIN};
 use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
-use crate::units::{MAX_WEIGHT_UNITS, MILLI};
+use crate::units::{Rate, MAX_WEIGHT_UNITS, MILLI};
 use crate::zone::slot::Slot;
 use crate::zone::slot::{
     Rates, AT, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, ONE_REJECTION, RATES, REJECTED, REJECTS, SHADOW,
@@ -272,7 +272,7 @@ impl Limiter {
                 leaf_fill = fill;
             }
             let low = slot.get(LOW);
-            let limit = slot.get(LIMIT);
+            let limit = Rate::per_sec_of(slot.get(LIMIT));
             let high = slot.get(HIGH) & !SHADOW;
             let mut p = drop_probability(fill, low, high);
             if let Some(dt) = guard_dt {
@@ -280,7 +280,7 @@ impl Limiter {
                 // worth absorbs arrival noise. (Subtracting what the others were last seen
                 // adding reacts faster but rejects a lone busy host under the limit:
                 // docs/accuracy.md.)
-                let room = limit as f64 * (dt + horizon as f64 * 1e-10);
+                let room = limit * (dt + horizon as f64 * 1e-10);
                 let own = slot.get(LOCAL).saturating_add(slot.get(INFLIGHT));
                 if own.saturating_add(weight) as f64 > room {
                     p = 1.0;
@@ -290,8 +290,8 @@ impl Limiter {
                 // Suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
                 let demand = Rates::demand_of(slot.get(RATES));
-                if demand > limit as f64 {
-                    p = p.max(1.0 - limit as f64 / demand);
+                if demand > limit {
+                    p = p.max(1.0 - limit / demand);
                 }
             }
             let rejected = p > 0.0 && (p >= 1.0 || self.random.unit() < p);
@@ -355,10 +355,10 @@ impl Limiter {
     #[cold]
     #[inline(never)]
     fn shadow_decision(&self, at: Shadowed, name: &[u8]) -> Decision {
-        let (fill, low, limit) = self.slot(at.idx).map_or((0.0, 0, 1), |s| {
+        let (fill, low, limit) = self.slot(at.idx).map_or((0.0, 0, 1.0), |s| {
             let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
             let fill = s.estimate(at.now, fresh, self.horizon_ns(), self.peers_cell());
-            (fill, s.get(LOW), s.get(LIMIT))
+            (fill, s.get(LOW), Rate::per_sec_of(s.get(LIMIT)))
         });
         Decision {
             outcome: Outcome::RejectedDryRun,

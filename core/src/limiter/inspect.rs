@@ -6,7 +6,7 @@ use super::{Limiter, QuotaInfo, TemplateKeys, MAX_CHAIN};
 use crate::quota::Epoch;
 use crate::ratelimit::{Level, Partition};
 use crate::sync::RootStatus;
-use crate::units::{milli_to_units, MILLI};
+use crate::units::{milli_to_units, Rate, MILLI};
 use crate::zone::roots::{self, LATENCY_BUCKETS_US};
 use crate::zone::slot::{ID, LIMIT, LOW, REJECTS};
 use crate::zone::{
@@ -69,11 +69,13 @@ impl Limiter {
             0 => None,
             p => Some(self.slot_name(p - 1)),
         };
+        let rate = Rate::from_word(slot.get(LIMIT)).unwrap_or_default();
         Some(QuotaInfo {
             id: slot.get(ID),
             epoch: if self.is_key_slot(s) { 0 } else { self.cold(s).0.load(Relaxed) },
             template: self.template_of_key(s).map(|t| self.slot_name(t)),
-            limit: milli_to_units(slot.get(LIMIT)),
+            limit: milli_to_units(rate.milli()),
+            window: rate.window_secs(),
             low_burst: milli_to_units(slot.get(LOW)),
             high_burst: milli_to_units(slot.high_burst()),
             dry_run: slot.shadow(),
@@ -99,9 +101,11 @@ impl Limiter {
             .map(|t| Partition { template: self.slot_name(t), key: slot.get(ID) });
         let mut name = crate::quota::escape_name(name.as_ref());
         loop {
+            let rate = Rate::from_word(slot.get(LIMIT)).unwrap_or_default();
             out.push(Level {
                 name,
-                limit: milli_to_units(slot.get(LIMIT)),
+                limit: milli_to_units(rate.milli()),
+                window: rate.window_secs(),
                 low_burst: milli_to_units(slot.get(LOW)),
                 high_burst: milli_to_units(slot.high_burst()),
                 fill: slot.estimate(now, fresh, horizon, peers) / MILLI as f64,

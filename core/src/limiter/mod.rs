@@ -122,8 +122,10 @@ pub struct QuotaInfo {
     pub id: QuotaId,
     /// Epoch of the version held.
     pub epoch: Epoch,
-    /// Units per second.
+    /// Units per window.
     pub limit: f64,
+    /// The window, seconds (1 for a per-second quota).
+    pub window: u64,
     /// Units.
     pub low_burst: f64,
     /// Units.

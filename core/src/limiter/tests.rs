@@ -50,7 +50,7 @@ fn hot(l: &Limiter, name: &str, r: f64) {
     let id = l.quota(name).unwrap().id;
     l.with_counters(|c| {
         let s = c.slot_of(id).unwrap();
-        c.set_rates(s, r * c.limit(s) as f64, 0.0);
+        c.set_rates(s, r * c.limit(s), 0.0);
     });
 }
 
@@ -777,4 +777,40 @@ fn keys_follow_their_templates_shadow_mode() {
     assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::RejectedDryRun, Some("k_a")));
     l.apply_quotas(&[q(1, "k_*", 2, 0.001, 1.0, 1.0, None)]);
     assert_eq!(l.account("k_a", 1).unwrap().outcome, Outcome::Rejected, "enforced again");
+}
+
+#[test]
+fn an_hourly_quota_admits_its_window_and_says_so() {
+    let (l, clock) = setup();
+    let spec = crate::QuotaSpec {
+        limit: 20.0,
+        per: Some("1h".into()),
+        low_burst: None,
+        high_burst: None,
+        parent: None,
+        dry_run: false,
+    };
+    let limits = spec.validate("hourly").unwrap();
+    assert_eq!(
+        (limits.low_burst(), limits.high_burst(), limits.window_secs()),
+        (19_000, 20_000, 3_600)
+    );
+    l.apply_quotas(&[QuotaUpdate { limits, ..q(1, "hourly", 1, 1.0, 0.0, 0.0, None) }]);
+    let lv = l.levels("hourly");
+    assert_eq!((lv[0].quota(), lv[0].window(), lv[0].remaining()), (20, 3_600, 20));
+    for i in 0..20 {
+        assert_eq!(l.account("hourly", 1).unwrap().outcome, Outcome::Passed, "request {i}");
+    }
+    let d = l.account("hourly", 1).unwrap();
+    assert_eq!(d.outcome, Outcome::Rejected);
+    // One unit over low_burst drains in 3,600 / 20 = 180 s.
+    assert_eq!(d.retry_after, Some(180));
+    let (p, s) = crate::ratelimit::fields(&l.levels("hourly"), Some((0, 180))).unwrap();
+    assert_eq!((p.as_str(), s.as_str()), ("\"hourly\";q=20;w=3600", "\"hourly\";r=0;t=180"));
+    let info = l.quota("hourly").unwrap();
+    assert_eq!((info.limit, info.window), (20.0, 3_600));
+    // Three minutes later one more passes, and only one.
+    clock.advance(Duration::from_secs(180));
+    assert_eq!(l.account("hourly", 1).unwrap().outcome, Outcome::Passed);
+    assert_eq!(l.account("hourly", 1).unwrap().outcome, Outcome::Rejected);
 }

@@ -361,7 +361,7 @@ impl Limiter {
 
     fn store_limits(&self, s: u32, u: &QuotaUpdate) {
         if let Some(slot) = self.slot(s) {
-            slot.w(LIMIT).store(u.limits.limit(), Relaxed);
+            slot.w(LIMIT).store(u.limits.limit().word(), Relaxed);
             slot.w(LOW).store(u.limits.low_burst(), Relaxed);
             let shadow = if u.limits.dry_run() { SHADOW } else { 0 };
             slot.w(HIGH).store(u.limits.high_burst() | shadow, Relaxed);

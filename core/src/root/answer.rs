@@ -221,7 +221,7 @@ impl RootState {
         // The entries, all at once first (see `warm`).
         let mut touched = 0u64;
         for &(_, v, at) in changed {
-            touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
+            touched ^= self.changes.get(at, v).map_or(0, |e| e.limit.word());
         }
         std::hint::black_box(touched);
         for &(id, v, at) in changed {

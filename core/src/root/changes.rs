@@ -4,7 +4,7 @@
 use super::demand::DemandWindow;
 use super::{place_of, RootState};
 use crate::quota::QuotaId;
-use crate::units::LeakyBucket;
+use crate::units::{LeakyBucket, Rate};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering::Relaxed;
 pub(super) struct Change {
     pub(super) id: QuotaId,
     pub(super) bucket: LeakyBucket,
-    pub(super) limit: u64,
+    pub(super) limit: Rate,
     pub(super) demand: DemandWindow,
 }
 
@@ -194,7 +194,7 @@ impl RootState {
     /// it is now goes to the end of the log under a new version, its previous entry becomes
     /// a tombstone, and the sessions watching it are told. Only the caller knows the quota
     /// is live (a counter leaves with its quota), so it passes the limit it read.
-    pub(super) fn log_change(&mut self, id: QuotaId, limit: u64) {
+    pub(super) fn log_change(&mut self, id: QuotaId, limit: Rate) {
         let v = self.next_version();
         let Some(c) = self.counters.get_mut(place_of(&self.quotas, id)) else { return };
         let old = (c.version != 0).then_some((c.log_at, c.version));

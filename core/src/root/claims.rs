@@ -53,14 +53,7 @@ use super::sessions::Session;
 use super::RootState;
 use crate::proto::{DeltaBatch, SyncRequest};
 use crate::quota::{Epoch, Limits, QuotaId};
-use crate::units::NANOS_PER_SEC;
 use crate::zone::keys::is_key_id;
-
-/// `limit` milli-units/s over `ns`, saturating.
-fn limit_over(limit: u64, ns: u64) -> u64 {
-    u64::try_from(u128::from(limit) * u128::from(ns) / u128::from(NANOS_PER_SEC))
-        .unwrap_or(u64::MAX)
-}
 
 impl RootState {
     /// Applies the batches of `req` that were not applied before, in `seq` order, parking
@@ -152,7 +145,7 @@ impl RootState {
     /// The highest fill a claim may lift a counter of limits `l` to: `high_burst` plus
     /// [`RootConfig::claim_slack_ns`](super::RootConfig::claim_slack_ns) of the limit.
     fn ceiling(&self, l: &Limits) -> u64 {
-        l.high_burst().saturating_add(limit_over(l.limit(), self.config.claim_slack_ns))
+        l.high_burst().saturating_add(l.limit().over(self.config.claim_slack_ns))
     }
 
     /// Lifts counter `id` by up to `amount`, never past its ceiling; returns what did not
@@ -192,7 +185,10 @@ impl RootState {
         };
         let ceiling = self.ceiling(&l);
         // The most one delta entry may add to the demand meter.
-        let cap = l.high_burst().saturating_add(l.limit()).saturating_mul(DEMAND_CAP_FACTOR);
+        let cap = l
+            .high_burst()
+            .saturating_add(l.limit().per_sec_ceil())
+            .saturating_mul(DEMAND_CAP_FACTOR);
         let attempted = amount.saturating_add(rejected);
         if attempted > cap {
             self.stats.rejected_capped += 1;

@@ -13,7 +13,7 @@
 use super::demand::{meter_at, DemandWindow};
 use super::{CounterView, IdMap, QuotaEntry, RootState};
 use crate::quota::QuotaId;
-use crate::units::{milli_to_units, LeakyBucket};
+use crate::units::{milli_to_units, LeakyBucket, Rate};
 
 /// The place of no counter.
 pub(super) const NO_COUNTER: u32 = u32::MAX;
@@ -127,7 +127,7 @@ pub(super) struct RootCounter {
     /// The rate it drains at: its live quota's limit (set whenever the counter is worked on,
     /// and it leaves with its quota), kept here so that a sweep or an answer reads the
     /// counter alone (a second lookup, in a million-quota map, is a cache miss).
-    pub(super) limit: u64,
+    pub(super) limit: Rate,
     pub(super) version: u64,
     /// Where its latest change sits in the change log (valid while `version` is not 0).
     pub(super) log_at: usize,
@@ -141,7 +141,7 @@ impl RootCounter {
     /// Every word of it, folded: see [`Counters::touch`].
     pub(super) fn touch(&self) -> u64 {
         let b = &self.bucket;
-        let words = [b.fill, b.at, b.carry, self.limit, self.version, self.rate_at];
+        let words = [b.fill, b.at, b.carry, self.limit.word(), self.version, self.rate_at];
         let d = &self.demand;
         d.buckets.iter().chain(&words).fold(d.head ^ self.log_at as u64, |t, &w| t ^ w)
             ^ self.rate.to_bits()
@@ -179,7 +179,7 @@ impl RootState {
     pub(super) fn counter_now(
         &mut self,
         id: QuotaId,
-        limit: u64,
+        limit: Rate,
         now: u64,
     ) -> Option<&mut RootCounter> {
         let q = self.quotas.get_mut(&id)?;
@@ -235,7 +235,7 @@ impl RootState {
         // Then the change-log entries they replace (their counters are in the cache now).
         for id in ids {
             if let Some(c) = self.counter_of(id) {
-                touched ^= self.changes.get(c.log_at, c.version).map_or(0, |e| e.limit);
+                touched ^= self.changes.get(c.log_at, c.version).map_or(0, |e| e.limit.word());
             }
         }
         std::hint::black_box(touched);
@@ -300,7 +300,7 @@ impl RootState {
             // once first (see `warm`).
             let mut touched = 0u64;
             for &(_, id, at, v) in &dead {
-                touched ^= self.changes.get(at, v).map_or(0, |e| e.limit);
+                touched ^= self.changes.get(at, v).map_or(0, |e| e.limit.word());
                 touched ^= self.quotas.get(&id).map_or(0, |q| u64::from(q.counter));
             }
             std::hint::black_box(touched);

@@ -702,7 +702,7 @@ fn the_change_log_reuses_whole_chunk_buffers_and_keeps_places_exact() {
     let change = |id: u64| Change {
         id,
         bucket: LeakyBucket::default(),
-        limit: id,
+        limit: crate::units::Rate::per_second(id),
         demand: DemandWindow::default(),
     };
     let mut log = ChangeLog::default();

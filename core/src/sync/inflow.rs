@@ -13,7 +13,7 @@ use crate::limiter::Estimator;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Sample {
     /// The quota's limit: the rate at which its bucket drains.
-    pub limit: u64,
+    pub limit: f64,
     /// The synced (fill, time) before the round's first report; time 0 if the counter had
     /// never been synced.
     pub before: (u64, u64),
@@ -51,7 +51,7 @@ pub(crate) fn estimate(estimator: Estimator, s: &Sample) -> f64 {
 /// others add the rest: the ratio minus this limiter's own rate over the round, and nothing
 /// when that rate alone reaches the ratio.
 fn static_share(correction_ratio: f64, s: &Sample) -> f64 {
-    (correction_ratio * s.limit as f64 - own_rate(s)).max(0.0)
+    (correction_ratio * s.limit - own_rate(s)).max(0.0)
 }
 
 /// This limiter's own rate over the round.
@@ -72,7 +72,7 @@ fn own_rate(s: &Sample) -> f64 {
 fn static_or_surge(correction_ratio: f64, s: &Sample) -> f64 {
     let stat = static_share(correction_ratio, s);
     let ((b1, t1), (b2, t2)) = (s.before, s.after);
-    let limit = s.limit as f64;
+    let limit = s.limit;
     let dt = t2.saturating_sub(t1) as f64 * 1e-9;
     if t1 == 0 || dt <= 0.0 || (b1 as f64) < limit * dt {
         return stat;
@@ -97,7 +97,7 @@ fn measured(s: &Sample) -> f64 {
         return s.inflow;
     }
     let secs = dt as f64 * 1e-9;
-    let total = (b2 as f64 - b1 as f64) / secs + s.limit as f64;
+    let total = (b2 as f64 - b1 as f64) / secs + s.limit;
     let others = (total - s.own as f64 / secs).max(0.0);
     if s.inflow > 0.0 {
         0.5 * s.inflow + 0.5 * others
@@ -120,7 +120,7 @@ mod tests {
     /// nothing counted here, one-second rounds, no estimate yet.
     fn sample() -> Sample {
         Sample {
-            limit: 10_000,
+            limit: 10_000.0,
             before: (20_000, 10 * S),
             after: (20_000, 11 * S),
             own: 0,
@@ -227,7 +227,7 @@ mod tests {
     prop_compose! {
         /// Any sample, with a previous estimate of any value.
         fn any_sample()(
-            limit in any::<u64>(),
+            limit in any::<u64>().prop_map(|l| l as f64),
             before in any::<(u64, u64)>(),
             after in any::<(u64, u64)>(),
             own in any::<u64>(),
@@ -244,7 +244,7 @@ mod tests {
         /// rounds from 1 ms to a minute, and a previous estimate that is finite and not
         /// negative.
         fn held_sample()(
-            limit in 0..1_000_000_000_000u64,
+            limit in (0..1_000_000_000_000u64).prop_map(|l| l as f64),
             b1 in 0..1_000_000_000_000_000u64,
             t1 in 0..86_400 * S,
             b2 in 0..1_000_000_000_000_000u64,
@@ -280,7 +280,7 @@ mod tests {
             let (before, after, inflow) = (o.before, o.after, o.inflow);
             let other = Sample { before, after, inflow, interval_ns: o.interval_ns, ..s };
             prop_assert_eq!(estimate(e, &s), estimate(e, &other));
-            prop_assert!(estimate(e, &s) <= r * s.limit as f64);
+            prop_assert!(estimate(e, &s) <= r * s.limit);
         }
 
         #[test]

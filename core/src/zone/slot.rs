@@ -17,7 +17,7 @@
 use super::arena::{name, Arena};
 use super::layout::word_table;
 use super::SLOT_WORDS;
-use crate::units::NANOS_PER_SEC as NANOS;
+use crate::units::Rate;
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
 word_table! { FIELDS:
@@ -274,7 +274,7 @@ impl<'a> Slot<'a> {
             return own as f64 * peers.get();
         }
         let inflow = if fresh && at != 0 { Rates::inflow_of(self.get(RATES)) } else { 0.0 };
-        let limit = self.get(LIMIT) as f64;
+        let limit = Rate::per_sec_of(self.get(LIMIT));
         if t0 == at {
             // Everything drains from the last sync: the common case, kept short.
             let dt = now.saturating_sub(at);
@@ -327,13 +327,11 @@ impl<'a> Slot<'a> {
     /// [`estimate`](Self::estimate): a counter no root has reported holds that many times
     /// `pending`.
     pub fn started_empty(&self, pending: u64, now: u64, peers: Peers<'_>) {
-        let limit = self.get(LIMIT);
-        if limit == 0 {
+        let Some(limit) = Rate::from_word(self.get(LIMIT)).filter(|r| r.milli() != 0) else {
             return;
-        }
-        let scale = if self.get(AT) == 0 { peers.get() as u128 } else { 1 };
-        let back = u128::from(pending) * scale * u128::from(NANOS);
-        let back = u64::try_from(back / u128::from(limit)).unwrap_or(u64::MAX);
+        };
+        let scale = if self.get(AT) == 0 { peers.get() as u64 } else { 1 };
+        let back = limit.time_to_drain(pending.saturating_mul(scale));
         let t = now.saturating_sub(back);
         let new = to_ms32(t);
         let _ = self.0[REJECTS].fetch_update(Relaxed, Relaxed, |w| {
@@ -397,6 +395,7 @@ impl<'a> Slot<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::units::NANOS_PER_SEC as NANOS;
 
     fn slot() -> Box<[AtomicU64; SLOT_WORDS]> {
         Box::new(std::array::from_fn(|_| AtomicU64::new(0)))

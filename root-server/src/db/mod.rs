@@ -310,13 +310,19 @@ pub fn redact(url: &str) -> String {
 /// Limits are stored as `BIGINT` milli-units: every accepted value fits in `i64` (bursts are
 /// at most 1e18 milli-units), so the casts are exact; a value that does not fit means the
 /// row was not written by a root.
-fn limits_from_row(name: &str, limit: i64, low: i64, high: i64) -> Result<Limits, StoreError> {
+fn limits_from_row(
+    name: &str,
+    limit: i64,
+    per: i64,
+    low: i64,
+    high: i64,
+) -> Result<Limits, StoreError> {
     let conv = |v: i64| {
         u64::try_from(v).map_err(|_| {
             StoreError::Invalid(format!("quota {name:?} has a negative value in the database"))
         })
     };
-    Limits::from_milli(conv(limit)?, conv(low)?, conv(high)?)
+    Limits::from_milli_per(conv(limit)?, conv(per)?, conv(low)?, conv(high)?)
         .map_err(|e| StoreError::Invalid(format!("quota {name:?} in the database: {e}")))
 }
 

@@ -55,7 +55,7 @@ pub(super) struct Dialect {
 
 pub(super) const SQLITE: Dialect = Dialect {
     kind: "sqlite",
-    insert_chunk: 4_500,
+    insert_chunk: 4_000,
     lookup_chunk: 50_000,
     // A list is passed as one JSON array: SQLite has no array type.
     live_by_name: "SELECT name, parent FROM yarl_quotas
@@ -73,25 +73,26 @@ pub(super) const POSTGRES: Dialect = Dialect {
 };
 
 const COLUMNS: &str = "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, \
-                       parent, reset_epoch, dry_run";
+                       parent, reset_epoch, dry_run, per_s";
 
 const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     limit_milli = excluded.limit_milli,
     low_burst_milli = excluded.low_burst_milli,
     high_burst_milli = excluded.high_burst_milli,
     dry_run = excluded.dry_run,
+    per_s = excluded.per_s,
     parent = excluded.parent,
     epoch = excluded.epoch,
     deleted = FALSE
  RETURNING id, epoch, reset_epoch";
 
-type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64, bool);
+type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64, bool, i64);
 
 fn from_row(r: Row) -> Result<StoredQuota, StoreError> {
-    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch, dry_run) = r;
+    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch, dry_run, per) = r;
     Ok(StoredQuota {
         id: u64::try_from(id).unwrap_or(0),
-        limits: limits_from_row(&name, l, lo, hi)?.with_dry_run(dry_run),
+        limits: limits_from_row(&name, l, per, lo, hi)?.with_dry_run(dry_run),
         name,
         epoch: epoch_from_row(epoch),
         deleted,
@@ -589,16 +590,18 @@ impl InsertChunk for Sqlite {
             // One multi-row VALUES list (SQLite has no arrays to bind).
             let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
                 "INSERT INTO yarl_quotas
-                 (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run) ",
+                 (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run,
+                  per_s) ",
             );
             qb.push_values(chunk.iter().enumerate(), |mut b, (k, q)| {
                 b.push_bind(q.name.as_str())
-                    .push_bind(to_i64(q.limits.limit()))
+                    .push_bind(to_i64(q.limits.limit().milli()))
                     .push_bind(to_i64(q.limits.low_burst()))
                     .push_bind(to_i64(q.limits.high_burst()))
                     .push_bind(q.parent.as_deref())
                     .push_bind(to_i64(first + k as u64 + 1))
-                    .push_bind(q.limits.dry_run());
+                    .push_bind(q.limits.dry_run())
+                    .push_bind(to_i64(q.limits.window_secs()));
             });
             qb.push(UPSERT_SET);
             Ok(qb.build_query_as().fetch_all(&mut **tx).await?)
@@ -613,19 +616,21 @@ impl InsertChunk for Postgres {
         first: Epoch,
     ) -> BoxFuture<'t, Result<Vec<Upserted>, StoreError>> {
         Box::pin(async move {
-            // Seven arrays, one row per element: one statement whatever the chunk size.
+            // Eight arrays, one row per element: one statement whatever the chunk size.
             let names: Vec<&str> = chunk.iter().map(|q| q.name.as_str()).collect();
-            let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit())).collect();
+            let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit().milli())).collect();
             let low: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.low_burst())).collect();
             let high: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.high_burst())).collect();
             let parent: Vec<Option<&str>> = chunk.iter().map(|q| q.parent.as_deref()).collect();
             let epoch: Vec<i64> = (0..chunk.len()).map(|k| to_i64(first + k as u64 + 1)).collect();
             let dry_run: Vec<bool> = chunk.iter().map(|q| q.limits.dry_run()).collect();
+            let per: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.window_secs())).collect();
             let sql = format!(
                 "INSERT INTO yarl_quotas
-                    (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run)
+                    (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run,
+                     per_s)
                  SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[],
-                                      $5::text[], $6::int8[], $7::bool[]){UPSERT_SET}"
+                                      $5::text[], $6::int8[], $7::bool[], $8::int8[]){UPSERT_SET}"
             );
             Ok(sqlx::query_as(&sql)
                 .bind(names)
@@ -635,6 +640,7 @@ impl InsertChunk for Postgres {
                 .bind(parent)
                 .bind(epoch)
                 .bind(dry_run)
+                .bind(per)
                 .fetch_all(&mut **tx)
                 .await?)
         })

@@ -338,7 +338,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
                 id = id.wrapping_add(q.0 as u64);
                 ep = ep.wrapping_add(q.2 as u64);
                 // A tombstone's numbers mean nothing; a live quota's must be valid.
-                let limits = Limits::from_milli(q.4, q.5, q.6).unwrap_or_else(|_| {
+                let limits = Limits::from_rate_word(q.4, q.5, q.6).unwrap_or_else(|_| {
                     bad_limits |= !q.3;
                     Limits::NONE
                 });

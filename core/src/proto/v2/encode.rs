@@ -77,7 +77,7 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for Quotas<'_, Q> {
                 q.name.as_str(),
                 q.epoch.wrapping_sub(epoch) as i64,
                 q.deleted,
-                q.limits.limit(),
+                q.limits.limit().word(),
                 q.limits.low_burst(),
                 q.limits.high_burst(),
                 q.parent.as_deref(),
