@@ -151,7 +151,7 @@ run: build
 		scripts/run.sh
 
 bench: deps
-	$(CARGO) bench -p yarl-core --bench limiter --bench root
+	$(CARGO) bench -p yarl-core --bench limiter --bench root --bench reseed
 
 # Side-by-side nginx benchmark (release build, wrk): plain, limit_req and yarl variants as
 # locations of one nginx, 1M quotas, 1 and 2 workers, the limiter's memory. Prints figures;

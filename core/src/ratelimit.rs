@@ -8,8 +8,9 @@
 //!
 //! * `q = floor(low_burst) + 1`: units that pass at once from an empty bucket, sent one unit
 //!   at a time (the last one may take the fill just past `low_burst`);
-//! * `w = ceil(q / limit)` seconds, at least 1: the bucket drains `q` units in that time, so
-//!   `q` per `w` is the quota's rate;
+//! * `w = ceil(q × window / limit)` seconds, at least 1: the bucket drains `q` units in that
+//!   time, so `q` per `w` is the quota's rate (`q=5000;w=3600` for 5,000 per hour with its
+//!   default bursts);
 //! * `r = floor(low_burst - F) + 1` while `F <= low_burst`, else 0: what still passes for
 //!   sure now (0 for the level that rejected the request, whatever its fill);
 //! * `t = 0` while `r > 0`; otherwise the whole seconds (at least 1) until `F` drains to

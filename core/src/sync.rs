@@ -392,8 +392,14 @@ impl SyncEngine {
             if session::backing_off(e) {
                 continue;
             }
-            let hints = if session::wants_hints(e, &self.active) {
-                session::collect_hints(&self.limiter, &self.active, now, link.shard, self.shards)
+            let hints = if link.wants_hints(e, &self.active) {
+                link.take_hints(session::collect_hints(
+                    &self.limiter,
+                    &self.active,
+                    now,
+                    link.shard,
+                    self.shards,
+                ))
             } else {
                 Vec::new()
             };
@@ -443,7 +449,10 @@ impl SyncEngine {
         let want = (shards > 1).then_some(Shard { index: link.shard, count: shards });
         let resp = match session::accept(result, want) {
             Ok(resp) => resp,
-            Err(err) => return session::fail(e, &err, max_backoff),
+            Err(err) => {
+                link.hints_lost();
+                return session::fail(e, &err, max_backoff);
+            }
         };
         let pending = link.acknowledge(e, &resp);
         status::record_success(e, latency, now, pending);

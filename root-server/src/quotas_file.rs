@@ -616,6 +616,30 @@ quotas:
     }
 
     #[test]
+    fn windows_are_written_as_the_root_writes_them() {
+        let file = parse(
+            "f",
+            "quotas:\n  d: {limit: 1000, per: 1440m}\n  h: {limit: 20, per: 1h, low_burst: 5}\n",
+        )
+        .unwrap();
+        let d = &file["d"];
+        assert_eq!(
+            (d.per.as_deref(), d.low_burst, d.high_burst),
+            (Some("1d"), Some(999.0), Some(1000.0))
+        );
+        let h = &file["h"];
+        assert_eq!(
+            (h.per.as_deref(), h.low_burst, h.high_burst),
+            (Some("1h"), Some(5.0), Some(20.0))
+        );
+        let text = render("r", &file).unwrap();
+        assert!(text.contains("    per: 1d\n"), "{text}");
+        assert_eq!(parse("f", &text).unwrap(), file, "an export reads back as itself");
+        let e = parse("f", "quotas:\n  d: {limit: 1, per: 1w}\n").unwrap_err().to_string();
+        assert!(e.contains("quota \"d\": per must be"), "{e}");
+    }
+
+    #[test]
     fn plan_creates_changes_and_prunes() {
         let current = QuotaSet::from([
             ("a".into(), q(10.0, 10.0, 20.0, None)),

@@ -766,3 +766,59 @@ async fn shadow_mode_is_stored_listed_and_flipped() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(err(&v).starts_with("bad JSON: [0].low_burst: invalid type"), "{v}");
 }
+
+#[tokio::test]
+async fn windows_are_stored_exactly_and_default_their_bursts() {
+    let (st, _d) = root().await;
+    // 1,000 a day: exactly that, not a rate per second rounded to 0.012.
+    let body = json!({"limit": 1000, "per": "1d"}).to_string();
+    let (s, v) = call(&st, PUT, "/v1/quotas/daily", Some(&body), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let want = json!({"limit": 1000.0, "per": "1d", "low_burst": 999.0, "high_burst": 1000.0});
+    for k in ["limit", "per", "low_burst", "high_burst"] {
+        assert_eq!(v[k], want[k], "{k}: {v}");
+    }
+    let (_, v) = call(&st, GET, "/v1/quotas/daily", None, None).await;
+    assert_eq!((&v["limit"], &v["per"]), (&json!(1000.0), &json!("1d")), "read back: {v}");
+    // The extremes: 1 per 30 days, 1e12 per second; 1440 minutes is a day.
+    for (body, limit, per) in [
+        (json!({"limit": 1, "per": "30d", "low_burst": 0, "high_burst": 1}), 1.0, json!("30d")),
+        (json!({"limit": 1e12, "low_burst": 0, "high_burst": 0}), 1e12, Value::Null),
+        (json!({"limit": 5, "per": "1440m"}), 5.0, json!("1d")),
+        (json!({"limit": 5, "per": "1s", "low_burst": 1, "high_burst": 1}), 5.0, Value::Null),
+    ] {
+        let (s, v) = call(&st, PUT, "/v1/quotas/x", Some(&body.to_string()), None).await;
+        assert_eq!(s, StatusCode::OK, "{body}: {v}");
+        let (_, v) = call(&st, GET, "/v1/quotas/x", None, None).await;
+        assert_eq!((v["limit"].as_f64(), &v["per"]), (Some(limit), &per), "{body}: {v}");
+    }
+    // Windows a quota cannot have name the field; a batch item too.
+    for bad in ["0s", "31d", "1w", "1.5h", "4097s", "h"] {
+        let body = json!({"limit": 1, "per": bad}).to_string();
+        let (s, v) = call(&st, PUT, "/v1/quotas/x", Some(&body), None).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
+        assert!(err(&v).starts_with("per"), "{bad}: {v}");
+    }
+    let batch =
+        json!([{"name": "h", "limit": 20, "per": "1h"}, {"name": "m", "limit": 1, "per": "2x"}]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&batch.to_string()), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(err(&v).contains("item 1") && err(&v).contains("per"), "{v}");
+    let batch = json!([{"name": "h", "limit": 20, "per": "1h"}]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&batch.to_string()), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/h", None, None).await;
+    assert_eq!((&v["per"], &v["high_burst"]), (&json!("1h"), &json!(20.0)), "{v}");
+    // A key under a windowed template shows the template's window.
+    let (s, _) = call(
+        &st,
+        PUT,
+        "/v1/quotas/k_*",
+        Some(&json!({"limit": 10, "per": "1h"}).to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = call(&st, GET, "/v1/quotas/k_abc", None, None).await;
+    assert_eq!((&v["template"], &v["per"]), (&json!("k_*"), &json!("1h")), "{v}");
+}

@@ -114,7 +114,8 @@ async fn an_old_sqlite_database_is_adopted() {
             (1, "adopted from yarl_schema_migrations".into(), true),
             (2, "reset epoch".into(), true),
             (3, "key secret".into(), true),
-            (4, "dry run".into(), true)
+            (4, "dry run".into(), true),
+            (5, "window".into(), true),
         ],
         "version 1 adopted, the later ones applied"
     );

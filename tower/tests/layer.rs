@@ -424,3 +424,48 @@ async fn a_quota_in_shadow_mode_is_decided_and_not_enforced() {
     let q = yarl.limiter().quota("q").unwrap();
     assert_eq!((q.fill, q.rejections), (1.0, 2), "counted as enforcing it would, not enforced");
 }
+
+#[tokio::test]
+async fn a_daily_quota_counts_its_window_and_says_so() {
+    let (yarl, clock) = limiter(&[("daily", 1.0, 0.0, 0.0, None)]);
+    let spec = yarl_core::QuotaSpec {
+        limit: 3.0,
+        per: Some("1d".into()),
+        low_burst: None,
+        high_burst: None,
+        parent: None,
+        dry_run: false,
+    };
+    let daily = QuotaUpdate {
+        reset_epoch: 0,
+        id: 1,
+        name: "daily".into(),
+        epoch: 2,
+        deleted: false,
+        limits: spec.validate("daily").unwrap(),
+        parent: None,
+    };
+    yarl.limiter().apply_quotas(&[daily]);
+    let svc = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.account("daily", 1);
+        })
+        .headers(true)
+        .layer(service_fn(hello));
+    for i in 0..3 {
+        let r = svc.clone().oneshot(get_req("/")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "request {i}");
+        assert_eq!(r.headers()["ratelimit-policy"], "\"daily\";q=3;w=86400");
+    }
+    let r = svc.clone().oneshot(get_req("/")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // One unit drains in 86,400 / 3 s: eight hours, said in seconds.
+    assert_eq!(r.headers()["retry-after"], "28800");
+    assert_eq!(r.headers()["ratelimit"], "\"daily\";r=0;t=28800");
+    clock.advance(Duration::from_secs(8 * 3600));
+    assert_eq!(svc.clone().oneshot(get_req("/")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        svc.clone().oneshot(get_req("/")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -21,7 +21,22 @@ pub(super) struct RootLink {
     pub entry: usize,
     /// Batches sent and not acknowledged yet, oldest first: resent unchanged until they are.
     pending: VecDeque<Arc<DeltaBatch>>,
+    /// Hints go in id order, at most [`MAX_HINTS_PER_CALL`] a call: the first id the next
+    /// call hints (0: from the start).
+    hint_next: QuotaId,
+    /// Where the hints of the call in flight leave off: `Some(0)` if they were the last,
+    /// `Some(id)` if hints from `id` on are still to send; taken in by an answer.
+    hint_sent: Option<QuotaId>,
 }
+
+/// The most hints one call carries: a restarted root with a million active keys gets them
+/// over a few rounds rather than in one request beyond its entry limit (each hinted key also
+/// takes a `key_templates` entry; roots refuse more than 2,000,000 entries by default).
+#[cfg(not(test))]
+pub(super) const MAX_HINTS_PER_CALL: usize = 250_000;
+/// Small in tests, so that hints over several calls are seen to work.
+#[cfg(test)]
+pub(super) const MAX_HINTS_PER_CALL: usize = 4;
 
 impl RootLink {
     /// Continues the session of the root at `url` kept in entry `e` (number `entry`).
@@ -32,7 +47,32 @@ impl RootLink {
             add_hints(e);
             e.set(zroots::PENDING, 0);
         }
-        RootLink { url, shard, entry, pending: VecDeque::new() }
+        RootLink { url, shard, entry, pending: VecDeque::new(), hint_next: 0, hint_sent: None }
+    }
+
+    /// Whether the next call carries hints: the root needs them ([`wants_hints`]) or the
+    /// last ones it took were not all.
+    pub fn wants_hints(&self, e: zroots::Entry<'_>, active: &SlotSet) -> bool {
+        self.hint_next != 0 || wants_hints(e, active)
+    }
+
+    /// Cuts `hints` (in id order) to what this call carries: from where the last answered
+    /// call left off, at most [`MAX_HINTS_PER_CALL`].
+    pub fn take_hints(&mut self, mut hints: Vec<(QuotaId, u64)>) -> Vec<(QuotaId, u64)> {
+        let from = hints.partition_point(|h| h.0 < self.hint_next);
+        hints.drain(..from);
+        if hints.len() > MAX_HINTS_PER_CALL {
+            hints.truncate(MAX_HINTS_PER_CALL);
+            self.hint_sent = hints.last().map(|h| h.0.saturating_add(1));
+        } else {
+            self.hint_sent = Some(0);
+        }
+        hints
+    }
+
+    /// A call failed: its hints go again.
+    pub fn hints_lost(&mut self) {
+        self.hint_sent = None;
     }
 
     /// The batches to send, oldest first.
@@ -63,6 +103,10 @@ impl RootLink {
         // A root that restarted lost its counters: tell it what we know next round.
         let restarted = known != 0 && known != resp.root_instance;
         e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
+        // A restart loses what earlier calls hinted: start over.
+        self.hint_next =
+            if restarted { 0 } else { self.hint_sent.take().unwrap_or(self.hint_next) };
+        self.hint_sent = None;
         e.set(zroots::INSTANCE, resp.root_instance);
         e.set(zroots::SINCE, resp.version);
         e.set(zroots::ACKED, resp.acked_seq);

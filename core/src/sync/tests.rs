@@ -788,3 +788,39 @@ fn a_new_key_counts_for_every_live_limiter_until_a_root_reports_it() {
     let alone = (0..10).filter(|_| pass(&nodes[0], "api_key_new")).count();
     assert!((4..=6).contains(&alone), "alone again: {alone}");
 }
+
+#[test]
+fn many_hints_go_over_several_calls_and_restore_every_daily_count() {
+    // Ten daily quotas (1,000 a day) with counts; their root restarts. Hints go at most
+    // `MAX_HINTS_PER_CALL` (4 in tests) a call, in id order, until every one arrived.
+    let clock = ManualClock::at(S);
+    let day = |id: u64| QuotaUpdate {
+        limits: Limits::from_units_per(1_000.0, 86_400, 999.0, 1_000.0).unwrap(),
+        ..quota(id, &format!("d{id}"), 1.0, 0.0, 0.0)
+    };
+    let qs: Vec<_> = (1..=10).map(day).collect();
+    let mut r = root_with(&qs);
+    let mut n = node(&clock, 1);
+    while round(&mut n, &mut [Some(&mut r)], clock.now_nanos()).more {}
+    for id in 1..=10u64 {
+        n.limiter.account(&format!("d{id}"), 10 * id).unwrap();
+    }
+    round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+    let now = clock.now_nanos();
+    let before: Vec<f64> = (1..=10).map(|id| r.counter(id, now).unwrap().fill).collect();
+    assert_eq!(before[9], 100.0);
+    let mut fresh = root_with(&qs);
+    let restored = |fresh: &RootState| {
+        (1..=10).filter(|&id| fresh.counter(id, now).is_some_and(|c| c.fill > 0.0)).count()
+    };
+    // The first call meets a new instance; hints follow, four a call.
+    round(&mut n, &mut [Some(&mut fresh)], now);
+    let mut seen = vec![restored(&fresh)];
+    for _ in 0..4 {
+        round(&mut n, &mut [Some(&mut fresh)], now);
+        seen.push(restored(&fresh));
+    }
+    assert_eq!(seen, [0, 4, 8, 10, 10], "four more a call, then done");
+    let after: Vec<f64> = (1..=10).map(|id| fresh.counter(id, now).unwrap().fill).collect();
+    assert_eq!(after, before, "every count back, none doubled");
+}
