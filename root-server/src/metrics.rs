@@ -199,6 +199,11 @@ impl Metrics {
             s.stats.hints_capped,
         );
         counter(
+            "yarl_root_hints_late_total",
+            "Hints refused: sent more than the hint window after this root's first sync.",
+            s.stats.hints_late,
+        );
+        counter(
             "yarl_root_keys_created_total",
             "Keys (names under templates) this root started counting.",
             s.stats.keys_created,

@@ -30,7 +30,11 @@
 //!   honest traffic sees it up to one of their intervals later: a stopped client leaves a
 //!   quota where an honest burst to `high_burst` would, plus `claim_slack`.
 //! * **Hints** merge by max and are cut at the ceiling (a hint restores a restarted root;
-//!   it never needs to exceed what the counter can hold).
+//!   it never needs to exceed what the counter can hold), and a root takes them only in its
+//!   first [`RootConfig::hint_window_ns`](super::RootConfig::hint_window_ns) (two minutes
+//!   by default): the time a restarted or new root needs to hear from every limiter. Later
+//!   a hint can only repeat what the root already has, while a forged one would hold a
+//!   long window's counter (a day's quota) at its ceiling for a whole window.
 //! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
 //!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
 //!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
@@ -122,6 +126,15 @@ impl RootState {
 
     /// Applies `req`'s hints of this stripe's counters, unless they predate a reset.
     pub(super) fn apply_hints(&mut self, req: &SyncRequest, now: u64) {
+        if req.hints.is_empty() {
+            return;
+        }
+        let born = self.born.unwrap_or(now);
+        if now.saturating_sub(born) > self.config.hint_window_ns {
+            let here = req.hints.iter().filter(|h| self.stripe.contains(h.0)).count();
+            self.stats.hints_late += here as u64;
+            return;
+        }
         let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
         for &(id, fill) in &req.hints {
             if !self.stripe.contains(id) {

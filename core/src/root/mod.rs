@@ -94,6 +94,12 @@ pub struct RootConfig {
     pub seq_ahead_slack: u64,
     /// The shortest sync interval a limiter is assumed to use (ns); see `seq_ahead_slack`.
     pub seq_min_interval_ns: u64,
+    /// How long after its first sync this root takes hints (ns). Hints restore a root that
+    /// lost its counters (it restarted, or joins new), and limiters send them at their
+    /// first call to it, within their interval plus any backoff; after that a hint only
+    /// repeats what the root has, while a forged one could hold a long window's counter at
+    /// its ceiling for the whole window. See "What a sync may claim" in `root/claims.rs`.
+    pub hint_window_ns: u64,
     /// The shard of the counter space this root aggregates (`None`: every counter). Deltas
     /// and hints for counters of other shards are skipped (and counted); answers name the
     /// shard so a limiter configured otherwise notices. See [`crate::shard`].
@@ -133,6 +139,9 @@ impl Default for RootConfig {
             seq_ahead_slack: 64,
             // Half the shortest interval anyone runs (50 ms): twice the honest rate.
             seq_min_interval_ns: 25_000_000,
+            // Limiters back off up to 30 intervals from a root that is down, and come back
+            // within a few after it answers: two minutes covers a 1 s interval with room.
+            hint_window_ns: 120 * NANOS_PER_SEC,
             shard: None,
             interest_ttl_ns: 10 * NANOS_PER_SEC,
             // A limiter naming 25,000 counters a second; about 8 MiB.
@@ -177,6 +186,9 @@ pub struct RootStats {
     pub rejected_capped: u64,
     /// Hints cut at a counter's ceiling.
     pub hints_capped: u64,
+    /// Hints refused because they came later than [`RootConfig::hint_window_ns`] after
+    /// this root's first sync.
+    pub hints_late: u64,
     /// Sessions forgotten to make room (table or address budget full).
     pub limiters_evicted: u64,
     /// Sessions started: a limiter id this root did not know (a new limiter, or one it
@@ -269,6 +281,9 @@ pub struct RootState {
     keys: keys::Keys,
     /// The cluster's secret for key ids, handed to limiters in answers.
     key_secret: Option<(u64, u64)>,
+    /// The time of this root's first sync: hints count from it (see
+    /// [`RootConfig::hint_window_ns`]).
+    born: Option<u64>,
     stats: RootStats,
 }
 
@@ -302,6 +317,7 @@ impl RootState {
             free_sids: Vec::new(),
             keys: keys::Keys::default(),
             key_secret: None,
+            born: None,
             stats: RootStats::default(),
         }
     }
@@ -366,6 +382,7 @@ impl RootState {
         now: u64,
     ) -> Result<SyncAnswer, SyncError> {
         self.check_request(req)?;
+        self.born.get_or_insert(now);
         let (name, mut s) = self.admit_session(req, peer, now)?;
         self.feed_parked(&mut s, now);
         // Batches up to here were applied, and named, by an earlier sync.

@@ -65,6 +65,7 @@ impl RootStats {
         self.claims_dropped += o.claims_dropped;
         self.rejected_capped += o.rejected_capped;
         self.hints_capped += o.hints_capped;
+        self.hints_late += o.hints_late;
         self.resets += o.resets;
         self.dropped_before_reset += o.dropped_before_reset;
         self.keys_created += o.keys_created;

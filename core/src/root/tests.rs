@@ -1115,3 +1115,33 @@ fn keys_come_from_their_template_and_go_with_it() {
     assert_eq!(r.key_count(), 0);
     assert!(r.counter(key(1), 4 * S).is_none());
 }
+
+/// Issue 36, the hints row: with `high_burst` of a day, one forged hint kept a quota
+/// rejecting for a day. A root takes hints only in its first `hint_window_ns`: what a
+/// restarted or new root needs, no later.
+#[test]
+fn hints_restore_a_new_root_and_are_refused_after_its_window() {
+    let day = Limits::from_units_per(1_000.0, 86_400, 999.0, 1_000.0).unwrap();
+    let daily = |id: u64| QuotaUpdate { limits: day, ..quota_b(id, 1.0, 0.0, 0.0) };
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([daily(1), daily(2)], 0);
+    let t0 = 5 * S;
+    // A limiter meets the new root and tells it what it holds: taken.
+    let mut h = req("honest", vec![]);
+    h.hints = vec![(1, 600_000)];
+    r.sync(&h, t0).unwrap();
+    assert!((fill(&r, 1, t0) - 600.0).abs() < 1e-9);
+    // Another within the window (a limiter that was backing off): taken, by max.
+    let mut late_honest = req("slow", vec![]);
+    late_honest.hints = vec![(1, 700_000)];
+    r.sync(&late_honest, t0 + 100 * S).unwrap();
+    assert!(fill(&r, 1, t0 + 100 * S) > 699.0);
+    // Past the window a hint would only repeat what the root has, or forge: refused.
+    let mut forged = req("evil", vec![]);
+    forged.hints = vec![(2, u64::MAX)];
+    let at = t0 + 121 * S;
+    r.sync(&forged, at).unwrap();
+    assert_eq!(fill(&r, 2, at), 0.0, "client 2's day is untouched");
+    assert_eq!(r.stats().hints_late, 1);
+    assert_eq!(r.stats().hints_applied, 2);
+}
