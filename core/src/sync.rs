@@ -233,7 +233,7 @@ impl SyncEngine {
             })
             .collect();
         Ok(SyncEngine {
-            limiter_id: limiter.limiter_id(),
+            limiter_id: limiter.wire_id(),
             limiter,
             config,
             roots,

@@ -171,9 +171,22 @@ impl Limiter {
         self.hdr(hdr::FRESH).load(Relaxed) != 0
     }
 
-    /// The limiter's id on the wire.
+    /// The limiter's id as logs, `yarl_stats` and metrics print it: the public half of
+    /// its [wire id](Self::wire_id).
     pub fn limiter_id(&self) -> String {
         format!("{:016x}", self.hdr(hdr::LIMITER_ID).load(Relaxed))
+    }
+
+    /// The id its sync requests carry, which roots key its session by: the printed
+    /// [`limiter_id`](Self::limiter_id) and a secret half never printed, so nobody who
+    /// reads the printed one (a dashboard, a log line) can send batches as this limiter and
+    /// make its real ones look like duplicates.
+    pub fn wire_id(&self) -> String {
+        format!(
+            "{:016x}{:016x}",
+            self.hdr(hdr::LIMITER_ID).load(Relaxed),
+            self.hdr(hdr::LIMITER_KEY).load(Relaxed)
+        )
     }
 
     /// How many times the block was prepared; see [`ZoneStatus::generation`].

@@ -47,7 +47,7 @@ pub struct RootStatus {
 /// The limiter's state as a whole, for `yarl_stats` and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SyncStatus {
-    /// This limiter's id on the wire.
+    /// This limiter's printed id (the public half of its wire id).
     pub limiter_id: String,
     /// Per root.
     pub roots: Vec<RootStatus>,
@@ -70,7 +70,8 @@ impl SyncEngine {
     pub fn status(&self, now: u64) -> SyncStatus {
         let z = self.limiter.zone_status();
         SyncStatus {
-            limiter_id: self.limiter_id.clone(),
+            // The printed half: the wire id's secret half stays in the engine.
+            limiter_id: self.limiter.limiter_id(),
             roots: self
                 .roots
                 .iter()

@@ -397,7 +397,7 @@ fn a_new_engine_on_the_same_block_continues_every_session() {
     assert_eq!(req.root_instance, Some(r.instance()), "not a first contact");
     assert!(req.hints.is_empty());
     assert_eq!(req.epoch, 1, "quotas are not fetched again");
-    assert_eq!(req.limiter, first.limiter_id());
+    assert_eq!(req.limiter, first.wire_id(), "the same session");
     assert_eq!(req.batches.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![2]);
     let resp = r.sync(req, clock.now_nanos()).unwrap();
     n2.engine.on_response(0, Ok(resp), Duration::ZERO, clock.now_nanos());
@@ -823,4 +823,47 @@ fn many_hints_go_over_several_calls_and_restore_every_daily_count() {
     assert_eq!(seen, [0, 4, 8, 10, 10], "four more a call, then done");
     let after: Vec<f64> = (1..=10).map(|id| fresh.counter(id, now).unwrap().fill).collect();
     assert_eq!(after, before, "every count back, none doubled");
+}
+
+/// Issue 36, the impersonation row: roots key sessions by the id a request declares, and
+/// that id was printed (yarl_stats, yarl_metrics, a notice line). Batches sent ahead under
+/// it made the victim's real batches duplicates. The wire id now has a secret half that
+/// nothing prints: batches under the printed id are another session.
+#[test]
+fn the_printed_limiter_id_does_not_open_its_session() {
+    let clock = ManualClock::at(S);
+    let mut r = root_with(&[quota(1, "a", 1.0, 1e6, 1e6)]);
+    let mut victim = node(&clock, 1);
+    round(&mut victim, &mut [Some(&mut r)], clock.now_nanos());
+    let printed = victim.limiter.limiter_id();
+    let wire = victim.limiter.wire_id();
+    assert_eq!(wire.len(), 32);
+    assert!(wire.starts_with(&printed) && wire != printed);
+    assert_eq!(
+        victim.engine.status(clock.now_nanos()).limiter_id,
+        printed,
+        "stats print the public half"
+    );
+    // The attacker sends seq 1..=10 under the printed id, ahead of the victim's.
+    for seq in 1..=10 {
+        let forged = SyncRequest {
+            v: crate::proto::PROTOCOL_VERSION,
+            limiter: printed.clone(),
+            root_instance: None,
+            since: 0,
+            epoch: 0,
+            batches: vec![crate::proto::DeltaBatch { seq, deltas: vec![(1, 0, 0)], epoch: None }],
+            hints: Vec::new(),
+            seen_epoch: None,
+            interest: false,
+            watch: Vec::new(),
+            key_templates: Vec::new(),
+        };
+        r.sync(&forged, clock.now_nanos()).unwrap();
+    }
+    // The victim's own counts still arrive.
+    victim.limiter.account("a", 5).unwrap();
+    round(&mut victim, &mut [Some(&mut r)], clock.now_nanos());
+    assert_eq!(r.counter(1, clock.now_nanos()).unwrap().fill, 5.0);
+    assert_eq!(r.stats().duplicate_batches, 0);
 }

@@ -88,6 +88,9 @@ pub(crate) mod hdr {
         pub const SLOTS_AT = 7;
         pub const SEED = 8;
         pub const LIMITER_ID = 9;
+        /// The secret half of the limiter's wire id, never printed (see
+        /// `Limiter::wire_id`): the printed half alone does not make a session.
+        pub const LIMITER_KEY = 11;
         /// Bumped every time the block is prepared again (an nginx reload reusing the zone).
         pub const GENERATION = 10;
 
@@ -391,6 +394,7 @@ pub(super) fn format(w: &[AtomicU64], l: &Layout, zeroed: bool) {
     set(hdr::KEY_SECRET + 1, fastrand::u64(..));
     set(hdr::SEED, fastrand::u64(..));
     set(hdr::LIMITER_ID, fastrand::u64(1..));
+    set(hdr::LIMITER_KEY, secret_word());
     set(hdr::GENERATION, 1);
     set(hdr::NEXT_SEQ, 1);
     set(hdr::ARENA_BUMP, 1);
@@ -402,6 +406,16 @@ pub(super) fn format(w: &[AtomicU64], l: &Layout, zeroed: bool) {
         set(hdr::SPARES + 2 * k + 1, 0);
     }
     w[hdr::MAGIC].store(MAGIC, Release);
+}
+
+/// A word nobody outside this process can predict: the process's random hashing keys
+/// (from the operating system) mixed with the thread's generator. For the secret half of
+/// the limiter's wire id, which other hosts never see printed.
+fn secret_word() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(fastrand::u64(..));
+    h.finish() | 1
 }
 
 #[cfg(test)]
