@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 8;
+pub const LAYOUT_VERSION: u64 = 9;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
