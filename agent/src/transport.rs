@@ -345,6 +345,7 @@ mod tests {
             interest: false,
             watch: Vec::new(),
             key_templates: Vec::new(),
+            hinted_seq: None,
         }
     }
 

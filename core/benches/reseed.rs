@@ -67,6 +67,7 @@ fn main() {
             epoch: 1,
             batches: Vec::new(),
             key_templates: chunk.iter().map(|h| (h.0, 1)).collect(),
+            hinted_seq: None,
             hints: chunk.to_vec(),
             seen_epoch: Some(1),
             interest: false,

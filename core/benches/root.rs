@@ -83,6 +83,7 @@ impl Cluster {
             interest: self.interest,
             watch: vec![],
             key_templates: Vec::new(),
+            hinted_seq: None,
         }
     }
 

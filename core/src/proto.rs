@@ -73,6 +73,12 @@ pub struct SyncRequest {
     /// learns a key's limits and creates its counter.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_templates: Vec<(QuotaId, QuotaId)>,
+    /// With hints: the batches up to this `seq` are in them (another root took them, and
+    /// its fills are this limiter's view). A root that does not know this limiter's session
+    /// under its current instance (it restarted, or is new) takes the hints and skips those
+    /// batches, which every other limiter's hints carry too; counting both doubled them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hinted_seq: Option<u64>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -385,6 +385,20 @@ impl SyncEngine {
     ) -> Vec<RootCall> {
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
+        // Per root: the highest `seq` another root of its shard acknowledged. Those batches
+        // are in the fills that root answered, so in this limiter's view and its hints.
+        let acked_elsewhere: Vec<u64> = (0..self.roots.len())
+            .map(|i| {
+                let shard = self.roots[i].shard;
+                self.roots
+                    .iter()
+                    .enumerate()
+                    .filter(|&(k, l)| k != i && l.shard == shard)
+                    .map(|(_, l)| self.limiter.root_entry(l.entry).get(zroots::ACKED))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
         for (i, link) in self.roots.iter_mut().enumerate() {
             let e = self.limiter.root_entry(link.entry);
             let batch = batches[link.shard as usize].as_ref();
@@ -393,16 +407,28 @@ impl SyncEngine {
                 continue;
             }
             let hints = if link.wants_hints(e, &self.active) {
-                link.take_hints(session::collect_hints(
+                let mut hints = session::collect_hints(
                     &self.limiter,
                     &self.active,
                     now,
                     link.shard,
                     self.shards,
-                ))
+                );
+                // The batches sent beside the hints that no other root took: a root that
+                // restarted adds them to the hints, so the hints must not hold them. This
+                // limiter's view holds those of earlier rounds (folded in when no root
+                // answered them), not this round's, which is still in flight.
+                let this_round = batch.map(|b| b.seq);
+                let unheld = link
+                    .pending()
+                    .filter(|b| b.seq > acked_elsewhere[i] && Some(b.seq) != this_round);
+                session::without_batches(&mut hints, unheld);
+                link.take_hints(hints)
             } else {
                 Vec::new()
             };
+            let hinted_seq =
+                (!hints.is_empty() && acked_elsewhere[i] > 0).then_some(acked_elsewhere[i]);
             let batches: Vec<DeltaBatch> = link.pending().map(|b| (**b).clone()).collect();
             let watch = watch[link.shard as usize].clone();
             let key_templates = self.limiter.key_templates(
@@ -426,6 +452,9 @@ impl SyncEngine {
                     seen_epoch: Some(self.limiter.seen_epoch()),
                     interest: self.config.interest,
                     watch,
+                    // Said only beside hints: a root that restarted takes the hints and
+                    // skips these batches (see `SyncRequest::hinted_seq`).
+                    hinted_seq,
                     key_templates,
                 },
             });

@@ -63,6 +63,7 @@ fn request(limiter: &str, batches: Vec<DeltaBatch>, hints: Vec<(u64, u64)>) -> S
         interest: false,
         watch: Vec::new(),
         key_templates: Vec::new(),
+        hinted_seq: None,
     }
 }
 

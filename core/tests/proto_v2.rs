@@ -32,6 +32,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
         any::<bool>(),
         prop::collection::vec(num(), 0..20),
         prop::collection::vec((num(), num()), 0..20),
+        prop::option::of(num()),
     )
         .prop_map(
             |(
@@ -45,6 +46,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                 interest,
                 watch,
                 key_templates,
+                hinted_seq,
             )| {
                 SyncRequest {
                     v: PROTOCOL_VERSION,
@@ -58,6 +60,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                     interest,
                     watch,
                     key_templates,
+                    hinted_seq,
                 }
             },
         )
@@ -171,7 +174,9 @@ proptest! {
         let bytes = v2::encode_request(&r);
         let cut = cut.index(bytes.len());
         // What each earlier revision of the format would have carried of it.
-        let mut no_keys = r.clone();
+        let mut no_hint = r.clone();
+        no_hint.hinted_seq = None;
+        let mut no_keys = no_hint.clone();
         no_keys.key_templates.clear();
         let mut no_interest = no_keys.clone();
         no_interest.interest = false;
@@ -187,6 +192,8 @@ proptest! {
                 (cut == first_revision && got == plain)
                     || (cut > first_revision && got == no_interest)
                     || (cut == v2::encode_request(&no_keys).len() && got == no_keys)
+                    // Field 13 written makes field 12 written too, if empty.
+                    || (cut >= v2::encode_request(&no_hint).len() && got == no_hint)
             ),
         }
         let _ = v2::decode_request(&junk, 1_000);
@@ -210,6 +217,7 @@ fn sample_request() -> SyncRequest {
         interest: false,
         watch: Vec::new(),
         key_templates: Vec::new(),
+        hinted_seq: None,
     }
 }
 
@@ -274,10 +282,15 @@ fn hostile_bodies_name_what_is_wrong() {
     let bytes = v2::encode_request(&with_keys);
     assert_eq!(v2::decode_request(&bytes, 11).unwrap(), with_keys);
     assert_eq!(err(&bytes, 10), DecodeError::TooLarge(11, 10));
+    // Field 13: the batches the hints hold.
+    let mut with_hinted = with_keys.clone();
+    with_hinted.hinted_seq = Some(17);
+    let bytes = v2::encode_request(&with_hinted);
+    assert_eq!(v2::decode_request(&bytes, 11).unwrap(), with_hinted);
     // Trailing bytes after every known field are left for later revisions.
     let mut b = bytes.clone();
     b.extend([1, 2, 3]);
-    assert_eq!(v2::decode_request(&b, 11).unwrap(), with_keys);
+    assert_eq!(v2::decode_request(&b, 11).unwrap(), with_hinted);
     // An epoch list that does not match the batches is refused, by name.
     let mut b = good.clone();
     b.extend([1, 5, 3, 0, 0, 0]);

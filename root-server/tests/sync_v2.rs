@@ -48,6 +48,7 @@ fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
         interest: false,
         watch: Vec::new(),
         key_templates: Vec::new(),
+        hinted_seq: None,
     }
 }
 

@@ -162,6 +162,7 @@ async fn limiter(
                 interest: p.proto == Proto::V2Interest,
                 watch: vec![],
                 key_templates: Vec::new(),
+                hinted_seq: None,
             };
             let (client, url, shared) = (&client, &urls[k], &shared);
             async move {

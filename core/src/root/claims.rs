@@ -61,8 +61,16 @@ use crate::zone::keys::is_key_id;
 
 impl RootState {
     /// Applies the batches of `req` that were not applied before, in `seq` order, parking
-    /// with `s` what its counters have no room for; the highest `seq` applied.
-    pub(super) fn apply_batches(&mut self, req: &SyncRequest, s: &mut Session, now: u64) -> u64 {
+    /// with `s` what its counters have no room for; the highest `seq` applied. Batches up
+    /// to `covered` are taken as applied without their deltas: the hints applied before
+    /// them hold their counts.
+    pub(super) fn apply_batches(
+        &mut self,
+        req: &SyncRequest,
+        s: &mut Session,
+        covered: u64,
+        now: u64,
+    ) -> u64 {
         let mut acked = s.acked;
         let mut batches: Vec<_> = req.batches.iter().collect();
         batches.sort_by_key(|b| b.seq);
@@ -71,7 +79,9 @@ impl RootState {
                 self.stats.duplicate_batches += 1;
                 continue;
             }
-            self.apply_batch(b, s, now);
+            if b.seq > covered {
+                self.apply_batch(b, s, now);
+            }
             acked = b.seq;
         }
         acked

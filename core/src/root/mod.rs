@@ -388,8 +388,20 @@ impl RootState {
         // Batches up to here were applied, and named, by an earlier sync.
         let applied_before = s.acked;
         self.note_key_templates(req);
-        let acked = self.apply_batches(req, &mut s, now);
-        self.apply_hints(req, now);
+        // A limiter that knows this instance sends the batches this root has not taken, and
+        // hints only to catch up with batches it had to drop: sum, then max. One that does
+        // not (this root restarted, or is new to it) may send batches other roots took and
+        // other limiters' hints carry already: max first, then only the batches no hint
+        // holds (`hinted_seq`), so nothing counts twice and a hint swallows no batch.
+        let known = req.root_instance == Some(self.instance);
+        let acked = if known {
+            let acked = self.apply_batches(req, &mut s, 0, now);
+            self.apply_hints(req, now);
+            acked
+        } else {
+            self.apply_hints(req, now);
+            self.apply_batches(req, &mut s, req.hinted_seq.unwrap_or(0), now)
+        };
         let noted = self.update_interest(&mut s, req, applied_before, now);
         let answer = self.answer(req, &s, acked, noted, now);
         self.keep_session(name, s, acked, peer, now);

@@ -50,6 +50,7 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
         interest: false,
         watch: Vec::new(),
         key_templates: Vec::new(),
+        hinted_seq: None,
     }
 }
 
@@ -1088,6 +1089,7 @@ fn keys_come_from_their_template_and_go_with_it() {
     let key = |n: u64| 1 << 63 | n;
     let with_keys = |seq: u64, ids: &[u64], templates: Vec<(u64, u64)>| SyncRequest {
         key_templates: templates,
+        hinted_seq: None,
         ..req("l", vec![(seq, ids.iter().map(|&id| (id, 1_000)).collect())])
     };
     // A key without its template named, or naming a quota that is no template: nothing.

@@ -165,6 +165,29 @@ fn add_hints(e: zroots::Entry<'_>) {
     e.set(zroots::FLAGS, e.get(zroots::FLAGS) | zroots::FLAG_HINTS);
 }
 
+/// Takes what `batches` admitted out of `hints` (in id order; hints left at 0 go).
+pub(super) fn without_batches<'a>(
+    hints: &mut Vec<(QuotaId, u64)>,
+    batches: impl Iterator<Item = &'a Arc<DeltaBatch>>,
+) {
+    let mut sums: foldhash::HashMap<QuotaId, u64> = foldhash::HashMap::default();
+    for b in batches {
+        for d in &b.deltas {
+            let v = sums.entry(d.0).or_default();
+            *v = v.saturating_add(d.1);
+        }
+    }
+    if sums.is_empty() {
+        return;
+    }
+    for h in hints.iter_mut() {
+        if let Some(v) = sums.get(&h.0) {
+            h.1 = h.1.saturating_sub(*v);
+        }
+    }
+    hints.retain(|h| h.1 > 0);
+}
+
 /// The hints for the roots of `shard`: every active counter's synced fill, in id order.
 pub(super) fn collect_hints(
     limiter: &Limiter,

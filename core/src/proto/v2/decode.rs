@@ -289,6 +289,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncRequest> {
             // Fields 8 to 12, read by `decode_request` when present.
             seen_epoch: None,
             key_templates: Vec::new(),
+            hinted_seq: None,
             interest: false,
             watch: Vec::new(),
         })
@@ -412,7 +413,13 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
             }
             r.watch = watch;
             if !more.is_empty() {
-                r.key_templates = key_templates(&ctx, more)?;
+                let (keys, more) = key_templates(&ctx, more)?;
+                r.key_templates = keys;
+                if !more.is_empty() {
+                    let (hinted, _) =
+                        take::<Option<u64>>(more, "hinted_seq", "not an option of a varint")?;
+                    r.hinted_seq = hinted;
+                }
             }
         }
     }
@@ -420,7 +427,10 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
 }
 
 /// Field 12 of a request: (key id delta, template id) pairs, as bounded as the rest.
-fn key_templates(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<(u64, u64)>, DecodeError> {
+/// Key ids with their template ids, and the bytes after them.
+type KeysAndRest<'a> = (Vec<(u64, u64)>, &'a [u8]);
+
+fn key_templates<'a>(ctx: &Ctx, bytes: &'a [u8]) -> Result<KeysAndRest<'a>, DecodeError> {
     let (n, mut more) = take::<u64>(bytes, "key_templates", "not a list")?;
     // Each pair takes two bytes at least.
     let n = ctx.reserve_tail("key_templates", n, 2, more.len())?;
@@ -432,7 +442,7 @@ fn key_templates(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<(u64, u64)>, DecodeError
         out.push((id, t));
         more = after;
     }
-    Ok(out)
+    Ok((out, more))
 }
 
 fn malformed(field: &'static str, why: &'static str) -> DecodeError {

@@ -98,11 +98,14 @@ impl Serialize for RequestWire<'_> {
         // Fields 8 and 9 (resets) only when they say something, 10 and 11 (interest) only
         // when asked for: a request from a limiter that predates them stays byte for byte
         // what it was.
-        let keys = !r.key_templates.is_empty();
+        let hinted = r.hinted_seq.is_some();
+        let keys = hinted || !r.key_templates.is_empty();
         let interest = keys || r.interest || !r.watch.is_empty();
         let resets =
             interest || r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
-        let fields = if keys {
+        let fields = if hinted {
+            13
+        } else if keys {
             12
         } else if interest {
             11
@@ -130,6 +133,9 @@ impl Serialize for RequestWire<'_> {
         }
         if keys {
             t.serialize_element(&Delta(&r.key_templates, |p: &(u64, u64), k| (k, p.1)))?;
+        }
+        if hinted {
+            t.serialize_element(&r.hinted_seq)?;
         }
         t.end()
     }
