@@ -1,7 +1,7 @@
 //! The discrete-event simulation: real `Limiter`s, `SyncEngine`s and `RootState`s, one
 //! virtual clock, a network that delays, jitters and loses sync calls.
 
-use crate::load::{Arrivals, KeyArrival, KeyArrivals, KeySpace, Load, Weights};
+use crate::load::{Arrivals, KeyArrival, KeyArrivals, KeySpace, Load, Retry, Weights};
 use crate::reference::{FixedWindow, IdealBucket, SlidingWindow, TokenBucket};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -55,8 +55,15 @@ pub struct Scenario {
     pub hosts: usize,
     /// Root servers.
     pub roots: usize,
-    /// The quota's limit, units per second.
+    /// The quota's limit, units per second (with `quota`, its limit over its window).
     pub limit: f64,
+    /// A quota of its own numbers, typically a window's (`QuotaSpec` with `per`), instead
+    /// of `limit` per second with the strategy's bursts: YARL and the ideal bucket take it
+    /// whole, the fixed window counts its limit per window of its length. Loads stay
+    /// multiples of `limit`, which must be its rate per second.
+    pub quota: Option<Limits>,
+    /// What clients do with a refused request (only without `keys`).
+    pub retry: Retry,
     /// Sync interval.
     pub interval: Duration,
     /// Simulated seconds.
@@ -167,6 +174,8 @@ enum Event {
     AtRoot(usize),
     Answer(usize),
     Sweep,
+    /// A refused request sent again, to host `.0`, of weight `.1`.
+    Retry(usize, u64),
 }
 
 /// A sync call on its way.
@@ -177,6 +186,8 @@ struct Call {
     sent_at: u64,
     /// False when the answer will be lost or come after the timeout.
     answered: bool,
+    /// Its `AtRoot` event is still queued.
+    at_root_pending: bool,
     result: Option<Result<SyncResponse, String>>,
 }
 
@@ -192,7 +203,11 @@ struct Host {
 struct Yarl {
     hosts: Vec<Host>,
     roots: Vec<(RootState, i64)>,
+    /// Calls on their way, by id; an answered call's slot is reused (a day-long run makes
+    /// millions of calls).
     calls: Vec<Option<Call>>,
+    /// Ids free for the next calls.
+    free: Vec<usize>,
     early: bool,
     peers: bool,
 }
@@ -279,6 +294,10 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
     };
     let interval = ns(scenario.interval);
     let mut q = Queue { heap: BinaryHeap::new(), seq: 0 };
+    if let Some(l) = scenario.quota {
+        let per_s = l.limit_units() / l.window_secs() as f64;
+        assert!((per_s - scenario.limit).abs() <= 1e-9 * per_s, "limit is the quota's rate");
+    }
     let mut decider = match *strategy {
         Strategy::Yarl(cfg) => {
             Decider::Yarl(Box::new(build_yarl(scenario, &cfg, &clock, &mut rng, &mut q)))
@@ -289,16 +308,20 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
             let cap = (rate * burst_s).max(scenario.weights.mean());
             Decider::Buckets(vec![TokenBucket::new(rate, cap); scenario.hosts])
         }
-        Strategy::FixedWindow => Decider::Fixed(FixedWindow::new(scenario.limit, 1.0)),
+        Strategy::FixedWindow => Decider::Fixed(match scenario.quota {
+            Some(l) => FixedWindow::from_limits(&l),
+            None => FixedWindow::new(scenario.limit, 1.0),
+        }),
         Strategy::SlidingWindow => Decider::Sliding(SlidingWindow::new(scenario.limit, 1.0)),
         Strategy::IdealBucket { low_s, high_s } => {
-            let bucket = |k: usize| {
-                IdealBucket::new(
+            let bucket = |k: usize| match scenario.quota {
+                Some(l) => IdealBucket::from_limits(&l, scenario.seed ^ k as u64),
+                None => IdealBucket::new(
                     scenario.limit,
                     low_s * scenario.limit,
                     high_s * scenario.limit,
                     scenario.seed ^ k as u64,
-                )
+                ),
             };
             match scenario.keys {
                 None => Decider::Ideal(bucket(0)),
@@ -310,6 +333,13 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         scenario.keys.is_none() || matches!(decider, Decider::Yarl(_) | Decider::IdealKeys(_)),
         "key spaces are simulated for YARL and the ideal bucket only"
     );
+    assert!(
+        scenario.keys.is_none() || scenario.retry == Retry::Never,
+        "retries are simulated for the one quota only"
+    );
+    // Retries draw from their own generator, so every strategy sees the same fresh requests
+    // whatever it refuses.
+    let mut retry_rng = fastrand::Rng::with_seed(scenario.seed ^ 0x7e72_1e5a_9a1f);
     if matches!(decider, Decider::Yarl(_)) {
         q.push(EPOCH_NS + 5 * 1_000_000_000, Event::Sweep);
     }
@@ -346,39 +376,41 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         clock.set(at);
         let true_s = (at - EPOCH_NS) as f64 / NS;
         match ev {
-            Event::Arrival => {
-                let w = scenario.weights.sample(&mut traffic_rng);
+            Event::Arrival | Event::Retry(..) => {
+                let (host, key, burst, w) = match ev {
+                    Event::Retry(h, w) => (h, 0, 0, w),
+                    _ => {
+                        (next.host, next.key, next.burst, scenario.weights.sample(&mut traffic_rng))
+                    }
+                };
                 let sec = true_s as usize;
                 out.offered[sec] += w as f64;
-                let next_host = next.host;
                 let ok = match &mut decider {
-                    Decider::Yarl(y) => y.hosts[next_host]
-                        .limiter
-                        .account(&names[next.key], w)
-                        .expect("weight")
-                        .allowed(),
-                    Decider::Buckets(b) => b[next_host].take(true_s, w as f64),
+                    Decider::Yarl(y) => {
+                        y.hosts[host].limiter.account(&names[key], w).expect("weight").allowed()
+                    }
+                    Decider::Buckets(b) => b[host].take(true_s, w as f64),
                     Decider::Fixed(f) => f.take(true_s, w as f64),
                     Decider::Sliding(s) => s.take(true_s, w as f64),
                     Decider::Ideal(b) => b.take(true_s, w as f64),
-                    Decider::IdealKeys(b) => b[next.key].take(true_s, w as f64),
+                    Decider::IdealKeys(b) => b[key].take(true_s, w as f64),
                 };
                 if scenario.keys.is_some_and(|k| true_s >= k.from_s) {
-                    if out.bursts.len() <= next.burst {
-                        out.bursts.resize(next.burst + 1, (0.0, 0.0));
+                    if out.bursts.len() <= burst {
+                        out.bursts.resize(burst + 1, (0.0, 0.0));
                     }
-                    out.bursts[next.burst].1 += w as f64;
+                    out.bursts[burst].1 += w as f64;
                     if ok {
-                        out.bursts[next.burst].0 += w as f64;
+                        out.bursts[burst].0 += w as f64;
                     }
                 }
                 if let Decider::Yarl(y) = &mut decider {
-                    let host = &mut y.hosts[next_host];
-                    if y.early && !host.in_flight {
-                        let now = at.saturating_add_signed(host.offset);
-                        if host.engine.wants_early_round(now) {
+                    let h = &mut y.hosts[host];
+                    if y.early && !h.in_flight {
+                        let now = at.saturating_add_signed(h.offset);
+                        if h.engine.wants_early_round(now) {
                             // The agent notices at its next poll.
-                            q.push(at + POLL_NS - at % POLL_NS, Event::Early(next_host));
+                            q.push(at + POLL_NS - at % POLL_NS, Event::Early(host));
                         }
                     }
                 }
@@ -387,10 +419,17 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 } else {
                     out.rejected[sec] += w as f64;
                     out.rejection_times.push(true_s);
+                    if let Some(again) = scenario.retry.after(true_s, &mut retry_rng) {
+                        // The balancer sends it to any host.
+                        let to = retry_rng.usize(..scenario.hosts);
+                        q.push(EPOCH_NS + (again * NS) as u64, Event::Retry(to, w));
+                    }
                 }
-                next = arrivals.next(&mut traffic_rng);
-                if next.t.is_finite() {
-                    q.push(EPOCH_NS + (next.t * NS) as u64, Event::Arrival);
+                if ev == Event::Arrival {
+                    next = arrivals.next(&mut traffic_rng);
+                    if next.t.is_finite() {
+                        q.push(EPOCH_NS + (next.t * NS) as u64, Event::Arrival);
+                    }
                 }
             }
             Event::Round(h) => {
@@ -441,8 +480,10 @@ fn build_yarl(
     rng: &mut fastrand::Rng,
     q: &mut Queue,
 ) -> Yarl {
-    let limits = Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
-        .expect("valid limits");
+    let limits = s.quota.unwrap_or_else(|| {
+        Limits::from_units(s.limit, cfg.low_s * s.limit, cfg.high_s * s.limit)
+            .expect("valid limits")
+    });
     let quota = |id: u64, name: String| QuotaUpdate {
         id,
         name,
@@ -500,7 +541,7 @@ fn build_yarl(
     for h in 0..s.hosts {
         q.push(EPOCH_NS + rng.u64(0..ns(s.interval).max(1)), Event::Round(h));
     }
-    Yarl { hosts, roots, calls: Vec::new(), early: cfg.early, peers: cfg.peers }
+    Yarl { hosts, roots, calls: Vec::new(), free: Vec::new(), early: cfg.early, peers: cfg.peers }
 }
 
 impl Yarl {
@@ -516,7 +557,10 @@ impl Yarl {
         host.outstanding = calls.len();
         let timeout = ns(net.timeout);
         for call in calls {
-            let id = self.calls.len();
+            let id = self.free.pop().unwrap_or_else(|| {
+                self.calls.push(None);
+                self.calls.len() - 1
+            });
             let rtt = ns(net.delay) + rng.u64(0..=ns(net.jitter));
             let lost = rng.f64() < net.loss;
             let request_lost = lost && rng.bool();
@@ -525,19 +569,21 @@ impl Yarl {
                 q.push(at + rtt / 2, Event::AtRoot(id));
             }
             q.push(at + if answered { rtt } else { timeout }, Event::Answer(id));
-            self.calls.push(Some(Call {
+            self.calls[id] = Some(Call {
                 host: h,
                 root: call.root,
                 request: call.request,
                 sent_at: at,
                 answered,
+                at_root_pending: !request_lost,
                 result: None,
-            }));
+            });
         }
     }
 
     fn at_root(&mut self, c: usize, at: u64) {
         let Some(call) = self.calls[c].as_mut() else { return };
+        call.at_root_pending = false;
         let (root, off) = &mut self.roots[call.root];
         let mut r =
             root.sync(&call.request, at.saturating_add_signed(*off)).map_err(|e| e.to_string());
@@ -553,6 +599,11 @@ impl Yarl {
 
     fn answer(&mut self, c: usize, at: u64, net: &Network, rng: &mut fastrand::Rng, q: &mut Queue) {
         let Some(call) = self.calls[c].take() else { return };
+        // A call whose request is still on its way to the root (never with a timeout above
+        // the round trip) keeps its slot, so that event finds nothing in it.
+        if !call.at_root_pending {
+            self.free.push(c);
+        }
         let host = &mut self.hosts[call.host];
         let now = at.saturating_add_signed(host.offset);
         let result = match call.result {

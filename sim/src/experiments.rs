@@ -1,9 +1,9 @@
 //! The scenarios and strategies of the accuracy report, and the table row of one strategy.
 
 use crate::cluster::{run, Network, RunResult, Scenario, Strategy, YarlConfig};
-use crate::load::{KeyHosts, KeyPattern, KeySpace, Load, Spread, Weights};
+use crate::load::{KeyHosts, KeyPattern, KeySpace, Load, Phase, Retry, Spread, Weights};
 use std::time::Duration;
-use yarl_core::Estimator;
+use yarl_core::{Estimator, Limits, QuotaSpec};
 
 /// The report's fixed seed.
 pub const SEED: u64 = 20_240_917;
@@ -48,6 +48,8 @@ pub fn base(load: Load, seconds: u64) -> Scenario {
         interval: Duration::from_secs(1),
         seconds,
         load,
+        quota: None,
+        retry: Retry::Never,
         keys: None,
         weights: Weights::One,
         net: Network::default(),
@@ -269,6 +271,142 @@ pub fn strategies() -> Vec<(String, Strategy)> {
             Strategy::IdealBucket { low_s: d.low_s, high_s: d.high_s },
         ),
     ]
+}
+
+/// A day, seconds.
+pub const DAY_S: u64 = 86_400;
+/// Days the daily-quota scenario runs, from 00:00 of the first.
+pub const DAILY_DAYS: u64 = 2;
+/// The daily quota's limit, requests per day.
+pub const DAILY_LIMIT: f64 = 1000.0;
+/// The quiet clients' trickle, as a multiple of the daily rate (spread evenly over the day).
+pub const DAILY_TRICKLE: f64 = 0.2;
+/// Requests of the burst that starts at [`DAILY_BURST_AT_S`] each day.
+pub const DAILY_BURST: f64 = 3000.0;
+/// When the burst starts each day, seconds after midnight (09:00).
+pub const DAILY_BURST_AT_S: f64 = 9.0 * 3600.0;
+/// How long the burst lasts, s.
+pub const DAILY_BURST_LEN_S: f64 = 600.0;
+/// A refused client of a leaky bucket (or a fixed window, in its control row) comes back
+/// this long after each refusal.
+pub const DAILY_RETRY_S: f64 = 3600.0;
+/// A refused client of a fixed window comes back when the window resets at midnight,
+/// within this many seconds of it.
+pub const MIDNIGHT_SPREAD_S: f64 = 60.0;
+
+/// The daily quota: [`DAILY_LIMIT`] per day, bursts left to `QuotaSpec`'s defaults for a
+/// window (`high_burst` = limit, `low_burst` = limit - 1).
+pub fn daily_limits() -> Limits {
+    QuotaSpec {
+        limit: DAILY_LIMIT,
+        per: Some("1d".into()),
+        low_burst: None,
+        high_burst: None,
+        parent: None,
+        dry_run: false,
+    }
+    .validate("daily")
+    .expect("a valid quota")
+}
+
+/// The daily quota over 50 hosts, 2 roots, 1 s sync for [`DAILY_DAYS`] days from 00:00:
+/// a trickle of [`DAILY_TRICKLE`] × the daily rate all day (Poisson, any host), and
+/// [`DAILY_BURST`] more requests in the [`DAILY_BURST_LEN_S`] from 09:00 each day; refused
+/// requests come back as `retry` says.
+pub fn daily(retry: Retry) -> Scenario {
+    let limits = daily_limits();
+    let per_s = limits.limit_units() / limits.window_secs() as f64;
+    // Loads are multiples of the limit per second: the burst is 432 of them.
+    let burst = DAILY_BURST / DAILY_BURST_LEN_S / per_s;
+    let phase = |from_s: f64, rate: f64| Phase { from_s, rate, spread: Spread::Uniform };
+    let mut phases = vec![phase(0.0, DAILY_TRICKLE)];
+    for d in 0..DAILY_DAYS {
+        let at = (d * DAY_S) as f64 + DAILY_BURST_AT_S;
+        phases.push(phase(at, DAILY_TRICKLE + burst));
+        phases.push(phase(at + DAILY_BURST_LEN_S, DAILY_TRICKLE));
+    }
+    let mut s = base(Load { phases }, DAILY_DAYS * DAY_S);
+    s.limit = per_s;
+    s.quota = Some(limits);
+    s.retry = retry;
+    s
+}
+
+/// The daily scenario's strategies, each with how its refused clients come back: YARL and
+/// the exact central leaky bucket of the same limits (clients retry an hour after each
+/// refusal), the fixed window per calendar day (clients retry when it resets at midnight,
+/// and, as a control, an hour after each refusal).
+pub fn daily_cases() -> Vec<(String, Strategy, Retry)> {
+    let d = chosen_default();
+    let hourly = Retry::After { after_s: DAILY_RETRY_S };
+    let midnight = Retry::AtWindowEnd { window_s: DAY_S as f64, spread_s: MIDNIGHT_SPREAD_S };
+    vec![
+        ("**YARL, default strategy; retry hourly**".into(), Strategy::Yarl(d), hourly),
+        (
+            "ref: ideal leaky bucket, same limits, central; retry hourly".into(),
+            // The scenario's quota gives the bursts.
+            Strategy::IdealBucket { low_s: d.low_s, high_s: d.high_s },
+            hourly,
+        ),
+        (
+            "ref: fixed window per calendar day, central; retry at midnight".into(),
+            Strategy::FixedWindow,
+            midnight,
+        ),
+        (
+            "ref: fixed window per calendar day, central; retry hourly".into(),
+            Strategy::FixedWindow,
+            hourly,
+        ),
+    ]
+}
+
+/// One strategy's figures in the daily scenario, in requests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DailyRow {
+    /// Admitted in each calendar day.
+    pub per_day: Vec<f64>,
+    /// The most admitted in any minute, any hour and any 24 hours of the run (sliding, to
+    /// the second).
+    pub max_minute: f64,
+    pub max_hour: f64,
+    pub max_day: f64,
+    /// The most admitted in any minute and any hour of the last day, once the first
+    /// burst has spent the quota.
+    pub last_max_minute: f64,
+    pub last_max_hour: f64,
+    /// Admitted in the minute after the first midnight (00:00 to 00:01 of day 2).
+    pub midnight_minute: f64,
+    /// Admitted from 09:00 to 10:00, each day.
+    pub burst_hour: Vec<f64>,
+    /// Requests sent in all, retries included, and refused in all (a request refused
+    /// three times counts three times in both).
+    pub offered: f64,
+    pub refused: f64,
+}
+
+/// Runs the daily scenario with `strategy`, refused clients coming back as `retry` says.
+pub fn evaluate_daily(strategy: &Strategy, retry: Retry) -> (DailyRow, RunResult) {
+    let r = run(&daily(retry), strategy);
+    let (day, days) = (DAY_S as usize, DAILY_DAYS as usize);
+    let all = 0..days * day;
+    let last = (days - 1) * day..days * day;
+    let nine = DAILY_BURST_AT_S as usize;
+    let row = DailyRow {
+        per_day: (0..days).map(|d| r.admitted_in(d * day..(d + 1) * day)).collect(),
+        max_minute: r.max_admitted_in_any(60, all.clone()),
+        max_hour: r.max_admitted_in_any(3600, all.clone()),
+        max_day: r.max_admitted_in_any(day, all),
+        last_max_minute: r.max_admitted_in_any(60, last.clone()),
+        last_max_hour: r.max_admitted_in_any(3600, last),
+        midnight_minute: r.admitted_in(day..day + 60),
+        burst_hour: (0..days)
+            .map(|d| r.admitted_in(d * day + nine..d * day + nine + 3600))
+            .collect(),
+        offered: r.offered.iter().sum(),
+        refused: r.rejected.iter().sum(),
+    };
+    (row, r)
 }
 
 /// One strategy's results in every scenario of the table.

@@ -17,4 +17,4 @@ mod metrics;
 pub mod reference;
 
 pub use cluster::{run, Network, RunResult, Scenario, Strategy, YarlConfig};
-pub use load::{KeyHosts, KeyPattern, KeySpace, Load, Phase, Spread, Weights};
+pub use load::{KeyHosts, KeyPattern, KeySpace, Load, Phase, Retry, Spread, Weights};

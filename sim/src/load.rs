@@ -64,6 +64,41 @@ impl Weights {
     }
 }
 
+/// What a client whose request was refused does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Retry {
+    /// Gives up: the offered traffic is the same whatever is refused.
+    Never,
+    /// Sends the request again `after_s` seconds after each refusal, until it passes.
+    After {
+        /// Seconds from a refusal to the retry.
+        after_s: f64,
+    },
+    /// Sends it again when the calendar window of `window_s` seconds that refused it ends
+    /// (windows counted from 0: a fixed window's reset, which its `X-RateLimit-Reset` header
+    /// announces), at a uniform moment within `spread_s` after that boundary, and again at
+    /// each later boundary until it passes.
+    AtWindowEnd {
+        /// The window, seconds.
+        window_s: f64,
+        /// The retries of one boundary spread uniformly over this many seconds after it.
+        spread_s: f64,
+    },
+}
+
+impl Retry {
+    /// When a request refused at `t` (seconds) comes back, if it does.
+    pub fn after(&self, t: f64, rng: &mut fastrand::Rng) -> Option<f64> {
+        match *self {
+            Retry::Never => None,
+            Retry::After { after_s } => Some(t + after_s),
+            Retry::AtWindowEnd { window_s, spread_s } => {
+                Some(((t / window_s).floor() + 1.0) * window_s + rng.f64() * spread_s)
+            }
+        }
+    }
+}
+
 /// A whole load pattern: phases in time order, the first starting at 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Load {
@@ -425,6 +460,21 @@ mod tests {
         assert!(per_burst.values().all(|b| b.2 - b.1 < 4.0), "bursts end");
         let bursts_per_key = per_burst.len() as f64 / 20.0;
         assert!((9.0..16.0).contains(&bursts_per_key), "{bursts_per_key} bursts per key in 600 s");
+    }
+
+    #[test]
+    fn retries_come_back_after_their_delay_or_at_the_next_window_end() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        assert_eq!(Retry::Never.after(5.0, &mut rng), None);
+        assert_eq!(Retry::After { after_s: 3600.0 }.after(5.0, &mut rng), Some(3605.0));
+        let midnight = Retry::AtWindowEnd { window_s: 86_400.0, spread_s: 60.0 };
+        for t in [0.0, 9.0 * 3600.0, 86_399.9] {
+            let r = midnight.after(t, &mut rng).expect("retries");
+            assert!((86_400.0..86_460.0).contains(&r), "{t} -> {r}");
+        }
+        // Refused again just after midnight: back the next midnight, not at once.
+        let r = midnight.after(86_400.5, &mut rng).expect("retries");
+        assert!((172_800.0..172_860.0).contains(&r), "{r}");
     }
 
     #[test]

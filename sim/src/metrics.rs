@@ -48,9 +48,44 @@ impl RunResult {
         self.rejection_times.last().map_or(0.0, |&t| (t - stop_s).max(0.0))
     }
 
+    /// Admitted weight over `secs`.
+    pub fn admitted_in(&self, secs: Range<usize>) -> f64 {
+        self.window(secs).iter().sum()
+    }
+
+    /// The most weight admitted in any `len` consecutive whole seconds within `secs` (all
+    /// of `secs` when it is shorter).
+    pub fn max_admitted_in_any(&self, len: usize, secs: Range<usize>) -> f64 {
+        let a = self.window(secs);
+        let len = len.clamp(1, a.len().max(1));
+        // Whole requests: the running sum stays exact.
+        let mut sum: f64 = a.iter().take(len).sum();
+        let mut best = sum;
+        for i in len..a.len() {
+            sum += a[i] - a[i - len];
+            best = best.max(sum);
+        }
+        best
+    }
+
     /// Rejected weight over `secs`.
     pub fn rejected_in(&self, secs: Range<usize>) -> f64 {
         let end = secs.end.min(self.rejected.len());
         self.rejected[secs.start.min(end)..end].iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_in_any_window_slides_by_the_second_within_the_range() {
+        let r = RunResult { admitted: vec![5.0, 0.0, 3.0, 4.0, 0.0, 9.0], ..Default::default() };
+        assert_eq!(r.max_admitted_in_any(2, 0..6), 9.0);
+        assert_eq!(r.max_admitted_in_any(3, 0..6), 13.0);
+        assert_eq!(r.max_admitted_in_any(2, 0..5), 7.0);
+        assert_eq!(r.max_admitted_in_any(10, 1..4), 7.0);
+        assert_eq!(r.admitted_in(2..4), 7.0);
     }
 }

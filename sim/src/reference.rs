@@ -1,6 +1,8 @@
 //! Reference algorithms the report compares yarl-core with. They are not the product: they
 //! exist to put its numbers next to what the usual alternatives give on the same traffic.
 
+use yarl_core::Limits;
+
 /// A token bucket refilled at `rate` per second up to `cap` (nginx `limit_req` with `burst`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenBucket {
@@ -42,6 +44,18 @@ impl FixedWindow {
     /// `limit` per second, windows of `window` seconds.
     pub fn new(limit: f64, window: f64) -> Self {
         FixedWindow { budget: limit * window, window, index: -1, count: 0.0 }
+    }
+
+    /// `limits`' limit per window of its length, windows counted from `t = 0` (the
+    /// bursts mean nothing to it). With `t = 0` at midnight and a window of a day, the
+    /// classic "N per calendar day, reset at midnight".
+    pub fn from_limits(limits: &Limits) -> Self {
+        FixedWindow {
+            budget: limits.limit_units(),
+            window: limits.window_secs() as f64,
+            index: -1,
+            count: 0.0,
+        }
     }
 
     /// Admits `w` at `t` if the current window has room.
@@ -115,6 +129,47 @@ mod tests {
         assert!(f.take(1.0, 1.0));
     }
 
+    /// The daily quota of the report: 1000 per day, with the windowed defaults.
+    fn per_day() -> Limits {
+        yarl_core::QuotaSpec {
+            limit: 1000.0,
+            per: Some("1d".into()),
+            low_burst: None,
+            high_burst: None,
+            parent: None,
+            dry_run: false,
+        }
+        .validate("daily")
+        .expect("valid spec")
+    }
+
+    #[test]
+    fn daily_fixed_window_resets_at_midnight_and_not_before() {
+        let mut f = FixedWindow::from_limits(&per_day());
+        // 1000 at 09:00, and nothing more until the end of the day.
+        assert_eq!((0..1500).filter(|_| f.take(9.0 * 3600.0, 1.0)).count(), 1000);
+        assert!(!f.take(86_399.999, 1.0));
+        // 00:00 of day 2: a fresh 1000, and again nothing more that day.
+        assert_eq!((0..1500).filter(|_| f.take(86_400.0, 1.0)).count(), 1000);
+        assert!(!f.take(2.0 * 86_400.0 - 0.001, 1.0));
+        assert!(f.take(2.0 * 86_400.0, 1.0));
+    }
+
+    #[test]
+    fn daily_ideal_bucket_admits_the_limit_at_once_then_one_per_window_over_limit() {
+        let mut b = IdealBucket::from_limits(&per_day(), 1);
+        // Idle: exactly `limit` at once (low_burst = 999 lets the 1000th in, high = 1000
+        // stops the 1001st).
+        assert_eq!((0..1500).filter(|_| b.take(0.0, 1.0)).count(), 1000);
+        // Full; 86.4 s later it has drained one request's worth below `low_burst`.
+        assert!(!b.take(0.0, 1.0));
+        assert!(b.take(86.5, 1.0));
+        // Asked every second, it passes one each 86.4 s on average (41.7 an hour: the fill
+        // stays within a request of `low_burst`, in the drop zone).
+        let hour = (0..3600).filter(|&s| b.take(100.0 + s as f64, 1.0)).count();
+        assert!((40..=43).contains(&hour), "{hour} in an hour");
+    }
+
     #[test]
     fn sliding_window_weighs_the_previous_window() {
         let mut s = SlidingWindow::new(10.0, 1.0);
@@ -142,6 +197,17 @@ impl IdealBucket {
     /// An empty bucket draining `limit` per second.
     pub fn new(limit: f64, low: f64, high: f64, seed: u64) -> Self {
         IdealBucket { limit, low, high, fill: 0.0, at: 0.0, rng: fastrand::Rng::with_seed(seed) }
+    }
+
+    /// An empty bucket with `limits`' numbers: the same drain (units per second, a window's
+    /// limit spread over it) and bursts as yarl's.
+    pub fn from_limits(limits: &Limits, seed: u64) -> Self {
+        IdealBucket::new(
+            limits.limit_units() / limits.window_secs() as f64,
+            limits.low_burst_units(),
+            limits.high_burst_units(),
+            seed,
+        )
     }
 
     /// Decides `w` at `t`, adding it when it passes.
