@@ -15,7 +15,7 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 # vendored nginx compiles against; PostgreSQL for the database tests; curl for `make run`;
 # python3-venv for schemathesis's virtualenv.
 APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev zlib1g-dev \
-	postgresql curl perl openssl python3-prometheus-client python3-venv
+	postgresql curl perl openssl python3-prometheus-client python3-venv iproute2 nftables
 # Prometheus and promtool for the alert-rule tests and t/yarl_prometheus.t, without the
 # node exporter it recommends (a daemon the tests do not need).
 APT_PACKAGES_NO_RECOMMENDS := prometheus
@@ -27,7 +27,7 @@ S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test schemathesis-deps schemathesis-test prove alert-rules-test test run bench bench-nginx bench-root \
+.PHONY: all deps build lint unit-test hostile-test schemathesis-deps schemathesis-test prove alert-rules-test chaos chaos-short test run bench bench-nginx bench-root \
 	bench-tower clean distro-deps distro-module distro-test packaging-test install \
 	docker-deps docker-image docker-test docker-cluster docker-cluster-down sim
 
@@ -144,7 +144,19 @@ schemathesis-test: schemathesis-deps
 	ROOT_BIN=$(ROOT_BIN) SCHEMATHESIS=$(SCHEMATHESIS) scripts/schemathesis-test.sh
 
 
-test: lint unit-test alert-rules-test schemathesis-test prove distro-test packaging-test
+# Faults on real processes in network namespaces (needs root): 2 roots on PostgreSQL, 3
+# nginx, cuts, loss, kills and restarts; prints per fault what was admitted, false
+# rejections, convergence and the balance. See scripts/chaos.py and docs/operations.md.
+CHAOS = scripts/with-postgres.sh python3 scripts/chaos.py --nginx $(NGINX_BIN) \
+	--module $(MODULE_SO) --root $(ROOT_BIN)
+
+chaos: build
+	$(CHAOS) --strict
+
+chaos-short: build
+	$(CHAOS) --short
+
+test: lint unit-test alert-rules-test schemathesis-test prove chaos-short distro-test packaging-test
 
 run: build
 	NGINX_BIN=$(NGINX_BIN) MODULE_SO=$(MODULE_SO) ROOT_BIN=$(ROOT_BIN) S3_APP_BIN=$(S3_APP_BIN) \
