@@ -138,7 +138,7 @@ async fn an_old_postgres_database_is_adopted() {
         .unwrap();
     assert_eq!(
         rows,
-        vec![(1, true), (2, true), (3, true), (4, true)],
+        vec![(1, true), (2, true), (3, true), (4, true), (5, true)],
         "version 1 adopted, the later ones applied"
     );
 }
