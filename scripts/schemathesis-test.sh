@@ -54,17 +54,30 @@ status=0
 # schemathesis.toml: the few settings the document cannot carry; schemathesis_hooks.py:
 # names with %XX escapes sent as the server reads them. --generation-database none: no
 # example database either.
-# shellcheck disable=SC2086 # ST_ARGS is split on purpose
-PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hooks \
-    PYTHONDONTWRITEBYTECODE=1 \
-"$SCHEMATHESIS" --config-file "$here/schemathesis.toml" run "$url/v1/openapi.json" \
-    --header "Authorization: Bearer $admin_token" \
-    --checks all \
-    --phases examples,coverage,fuzzing,stateful \
-    --max-examples "$ST_MAX_EXAMPLES" \
-    --generation-database none \
-    --workers 2 \
-    "${seed[@]}" ${ST_ARGS:-} || status=$?
+run_schemathesis() {
+    # shellcheck disable=SC2086 # ST_ARGS is split on purpose
+    PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hooks \
+        PYTHONDONTWRITEBYTECODE=1 \
+    "$SCHEMATHESIS" --config-file "$here/schemathesis.toml" run "$url/v1/openapi.json" \
+        --header "Authorization: Bearer $admin_token" \
+        --checks all \
+        --phases examples,coverage,fuzzing,stateful \
+        --max-examples "$ST_MAX_EXAMPLES" \
+        --generation-database none \
+        --workers 2 \
+        "${seed[@]}" ${ST_ARGS:-} 2>&1 | tee "$dir/schemathesis.out"
+    return "${PIPESTATUS[0]}"
+}
+run_schemathesis || status=$?
+# Hypothesis 6 sometimes fails inside its own optimiser ("Runtime Error", an IndexError in
+# optimiser.py, while every case passed): a fault of the tool, not of the API. Run once
+# more then; a failure of a check is never retried.
+if [ "$status" -ne 0 ] && grep -q "Runtime Error" "$dir/schemathesis.out" \
+    && ! grep -q "^Failures:" "$dir/schemathesis.out" && kill -0 "$root_pid" 2>/dev/null; then
+    echo "schemathesis-test: schemathesis failed inside itself, every check passing; once more" >&2
+    status=0
+    run_schemathesis || status=$?
+fi
 
 if ! kill -0 "$root_pid" 2>/dev/null; then
     echo "schemathesis-test: yarl-root died during the run:" >&2

@@ -63,7 +63,7 @@ like($q->{error} // '', qr/per must be a whole number and a unit/, 'naming per')
 ($st, $q) = $t->admin('PUT', '/v1/quotas/bad', { limit => 20, per => '31d' });
 is($st, 422, 'longer than 30 days: 422');
 ($st, $q) = $t->admin('PUT', '/v1/quotas/bad', { limit => 20 });
-is($st, 400, 'no window and no bursts: 400, as before windows');
+is($st, 422, 'no window and no bursts: 422');
 like($q->{error} // '', qr/low_burst/, 'naming low_burst');
 
 for my $n (@nginx) {

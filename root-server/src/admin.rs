@@ -375,12 +375,6 @@ pub(crate) async fn put(
                 return Err(invalid(None, format!("body names {n:?} but the path names {name:?}")));
             }
         }
-        // 400, as before windows, for bursts left out of a per-second quota.
-        for (v, field) in [(b.low_burst, "low_burst"), (b.high_burst, "high_burst")] {
-            if v.is_none() && b.per.is_none() {
-                return Err(ApiError::BadJson(format!("missing field `{field}`")));
-            }
-        }
         let spec = QuotaSpec {
             limit: b.limit,
             per: b.per,
@@ -708,15 +702,11 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
         let need = |v: Option<f64>, field: &str| {
             v.ok_or_else(|| ApiError::BadJson(format!("item {i}: missing field `{field}`")))
         };
-        // Bursts are optional only beside a window.
-        let burst = |v: Option<f64>, field: &str| match it.per {
-            Some(_) => Ok(v),
-            None => need(v, field).map(Some),
-        };
+        // Bursts left out without a window: a 422 from `validate`, naming the field.
         let spec = QuotaSpec {
             limit: need(it.limit, "limit")?,
-            low_burst: burst(it.low_burst, "low_burst")?,
-            high_burst: burst(it.high_burst, "high_burst")?,
+            low_burst: it.low_burst,
+            high_burst: it.high_burst,
             per: it.per,
             parent: it.parent,
             dry_run: it.dry_run,

@@ -99,8 +99,8 @@ async fn quota_errors_name_the_problem() {
         (
             "/v1/quotas/x",
             r#"{"limit":1,"low_burst":1}"#.into(),
-            StatusCode::BAD_REQUEST,
-            "missing field `high_burst`",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "high_burst is required unless the quota has a window (per)",
         ),
         (
             "/v1/quotas/x",
@@ -285,8 +285,8 @@ async fn batch_is_all_or_nothing() {
         ),
         (
             json!([item("a", None), {"name": "b", "limit": 1}]),
-            StatusCode::BAD_REQUEST,
-            "missing field `low_burst`",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "item 1: quota \"b\": low_burst is required unless the quota has a window",
         ),
         (json!({"name": "a"}), StatusCode::BAD_REQUEST, "bad JSON"),
     ];
