@@ -259,12 +259,15 @@ pub struct LeakyBucket {
 }
 
 impl LeakyBucket {
-    /// Drains the bucket up to `now`. Time that goes backwards is ignored (the fill is kept).
-    pub fn advance(&mut self, now: u64, rate: Rate) {
+    /// Drains the bucket up to `now`; returns the drain that found it empty (milli-units,
+    /// saturating): what it could have taken meanwhile without rising. Time that goes
+    /// backwards is ignored (the fill is kept, 0 is returned).
+    pub fn advance(&mut self, now: u64, rate: Rate) -> u64 {
         if now <= self.at {
-            return;
+            return 0;
         }
         let (whole, rem) = drained(rate, now - self.at, self.carry);
+        let wasted = whole.saturating_sub(self.fill);
         if whole >= self.fill {
             // An empty bucket wastes the rest of the drain: that is the leaky bucket's floor.
             self.fill = 0;
@@ -274,6 +277,7 @@ impl LeakyBucket {
             self.carry = rem;
         }
         self.at = now;
+        wasted
     }
 
     /// The fill at `now` without changing the bucket.
@@ -307,6 +311,17 @@ mod tests {
         b.advance(3 * NANOS_PER_SEC, Rate::per_second(4_000));
         assert_eq!(b.fill, 0);
         assert_eq!(b.carry, 0);
+    }
+
+    #[test]
+    fn advance_returns_the_drain_that_found_the_bucket_empty() {
+        let rate = Rate::per_second(4_000);
+        let mut b = LeakyBucket { fill: 10_000, at: 0, carry: 0 };
+        assert_eq!(b.advance(2 * NANOS_PER_SEC, rate), 0);
+        // 2,000 left, 8,000 drained over the next 2 s: 6,000 of it at zero.
+        assert_eq!(b.advance(4 * NANOS_PER_SEC, rate), 6_000);
+        assert_eq!(b.advance(5 * NANOS_PER_SEC, rate), 4_000);
+        assert_eq!(b.advance(NANOS_PER_SEC, rate), 0);
     }
 
     #[test]

@@ -88,6 +88,12 @@ struct Args {
     /// same value, and limiters list the roots per shard. Quotas are served whole.
     #[arg(long, env = "YARL_SHARD")]
     shard: Option<yarl_core::Shard>,
+    /// How long after its first sync this root takes limiters' hints (their view of the
+    /// counters, which restores a restarted or new root); later hints are refused, since a
+    /// forged one could hold a long window's counter at its ceiling. Raise it if limiters
+    /// back off longer than this from a root that was down.
+    #[arg(long, env = "YARL_HINT_WINDOW", default_value = "2m", value_parser = parse_interval)]
+    hint_window: Duration,
     /// Without a command, `yarl-root` is the server.
     #[command(subcommand)]
     command: Option<Command>,
@@ -296,7 +302,11 @@ async fn main() -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(Arc::new(TlsFiles::load(cert, key)?)),
         _ => None,
     };
-    let root = yarl_core::RootConfig { shard: args.shard, ..yarl_core::RootConfig::default() };
+    let root = yarl_core::RootConfig {
+        shard: args.shard,
+        hint_window_ns: u64::try_from(args.hint_window.as_nanos()).unwrap_or(u64::MAX),
+        ..yarl_core::RootConfig::default()
+    };
     let stripes = args.stripes.unwrap_or_else(yarl_root::default_stripes);
     let settings = Settings {
         root,

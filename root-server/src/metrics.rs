@@ -204,6 +204,16 @@ impl Metrics {
             s.stats.hints_late,
         );
         counter(
+            "yarl_root_late_credited_total",
+            "Units of late batches (counted while a limiter could not reach this root) credited with drain their counter spent at zero meanwhile.",
+            s.stats.late_credited / 1000,
+        );
+        counter(
+            "yarl_root_late_dropped_total",
+            "Units of late batches dropped at their counter's ceiling instead of parked.",
+            s.stats.late_dropped / 1000,
+        );
+        counter(
             "yarl_root_keys_created_total",
             "Keys (names under templates) this root started counting.",
             s.stats.keys_created,

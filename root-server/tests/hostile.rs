@@ -598,3 +598,133 @@ async fn hostile_inputs_against_a_real_root() {
     assert!(peak_kib < RSS_BOUND_KIB, "peak RSS {peak_kib} KiB");
     assert!(status.success(), "exit status {status}: {}", root.log());
 }
+
+/// The triggers of the second review, against a real root (run with `--nocapture` for the
+/// figures): a v1 `watch` list past the entry cap, batches sent ahead under a victim's
+/// printed limiter id, a forged hint after the root's hint window, and a limiter's late
+/// batches after a cut (neither paid back nor lost where the counter never empties).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_review_triggers_against_a_real_root() {
+    let tokens = tempfile::tempdir().unwrap();
+    let admin_file = write_token(tokens.path(), "admin", ADMIN);
+    let sync_file = write_token(tokens.path(), "sync", SYNC);
+    let root = Root::start(&[
+        "--admin-token-file",
+        admin_file.to_str().unwrap(),
+        "--sync-token-file",
+        sync_file.to_str().unwrap(),
+        "--poll-interval",
+        "100ms",
+        "--hint-window",
+        "1s",
+    ]);
+    let ctx = Ctx {
+        client: Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+        base: root.url(),
+        tally: Arc::default(),
+    };
+    let sync = |body: Value| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.send(Method::POST, "/v1/sync", Some(SYNC), body.to_string().into_bytes()).await
+        }
+    };
+    let fill = |name: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let (s, v) = ctx.admin(Method::GET, &format!("/v1/quotas/{name}"), Value::Null).await;
+            assert_eq!(s, 200, "{v}");
+            v["counter"]["fill"].as_f64().unwrap_or(0.0)
+        }
+    };
+    let mut ids = HashMap::new();
+    for (name, body) in [
+        ("ledger", json!({"limit": 0.001, "low_burst": 1e9, "high_burst": 1e9})),
+        ("daily", json!({"limit": 1000, "per": "1d"})),
+        ("victim", quota_body(100.0, None)),
+        ("cool", quota_body(100.0, Some("ledger"))),
+    ] {
+        let (s, v) = ctx.admin(Method::PUT, &format!("/v1/quotas/{name}"), body).await;
+        assert_eq!(s, 200, "{name}: {v}");
+        ids.insert(name, v["id"].as_u64().unwrap());
+    }
+    // The limiters' first contact: quotas are read by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A v1 watch list of 3 M ids (12 MB) counts against the entry cap: refused unparsed.
+    let mut big = String::from(r#"{"v":1,"limiter":"watcher","watch":["#);
+    big.push_str(&"1,".repeat(3_000_000));
+    big.push_str("1]}");
+    let t0 = Instant::now();
+    let (s, v) = ctx.send(Method::POST, "/v1/sync", Some(SYNC), big.into_bytes()).await;
+    assert_eq!(s, 413, "{v}");
+    println!("watch list of 3,000,001 ids: {s} in {:?}", t0.elapsed());
+
+    // Impersonation: the wire id is the printed 16 hex digits and a secret 16. Ten batches
+    // sent ahead under the printed id open a session of their own, so the victim's batch
+    // 1 still counts.
+    let printed = "0123456789abcdef";
+    let wire = format!("{printed}fedcba9876543210");
+    let victim = ids["victim"];
+    for seq in 1..=10 {
+        let (s, v) = sync(json!({"v": 1, "limiter": printed, "batches": [{"seq": seq, "deltas": [[victim, 0, 0]]}]})).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = sync(
+        json!({"v": 1, "limiter": wire, "batches": [{"seq": 1, "deltas": [[victim, 5000, 0]]}]}),
+    )
+    .await;
+    assert_eq!((s, v["acked_seq"].as_u64()), (200, Some(1)), "{v}");
+    let f = fill("victim").await;
+    assert!((4.0..=5.0).contains(&f), "the victim's 5 units: fill {f}");
+
+    // A forged hint after the hint window (1 s here) is refused: the daily counter (1,000
+    // a day, high_burst 1,000) stays where it was, not at its ceiling for a day.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (s, v) =
+        sync(json!({"v": 1, "limiter": "forger", "hints": [[ids["daily"], u64::MAX]]})).await;
+    assert_eq!(s, 200, "{v}");
+    let f = fill("daily").await;
+    assert_eq!(f, 0.0, "a forged late hint lifted the daily counter to {f}");
+
+    // A limiter cut from this root for 10 s comes back with its batches: the late ones are
+    // credited with the drain `cool` spent at zero meanwhile (its nine late batches of 30
+    // units found 100/s drained for 3.5 s: no refusal after the heal for counts that would
+    // have drained), while `ledger`, which never empties, takes every unit.
+    let (cool, ledger) = (ids["cool"], ids["ledger"]);
+    let (s, _) = sync(json!({"v": 1, "limiter": wire, "batches": [{"seq": 2, "deltas": [[cool, 30000, 0], [ledger, 30000, 0]]}]})).await;
+    assert_eq!(s, 200);
+    let ledger_before = fill("ledger").await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let batches: Vec<Value> = (3..=12)
+        .map(|seq| json!({"seq": seq, "deltas": [[cool, 30000, 0], [ledger, 30000, 0]]}))
+        .collect();
+    let (s, v) = sync(json!({"v": 1, "limiter": wire, "batches": batches})).await;
+    assert_eq!((s, v["acked_seq"].as_u64()), (200, Some(12)), "{v}");
+    let (cool_fill, ledger_fill) = (fill("cool").await, fill("ledger").await);
+    println!(
+        "late batches: cool at {cool_fill} (low_burst 150), ledger +{}",
+        ledger_fill - ledger_before
+    );
+    assert!(cool_fill <= 30.0, "cool at {cool_fill}: late counts came in whole");
+    assert!(
+        (ledger_fill - ledger_before - 300.0).abs() < 0.01,
+        "ledger {ledger_before} -> {ledger_fill}"
+    );
+
+    let metrics = ctx
+        .client
+        .get(format!("{}/metrics", root.url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in ["yarl_root_hints_late_total 1", "yarl_root_late_credited_total 270"] {
+        assert!(metrics.contains(needle), "no {needle} in /metrics");
+    }
+    let t = ctx.tally.lock().await;
+    assert!(t.problems.is_empty(), "{:#?}", t.problems);
+}

@@ -135,13 +135,19 @@ pub(super) struct RootCounter {
     pub(super) rate: f64,
     pub(super) rate_at: u64,
     pub(super) demand: DemandWindow,
+    /// Drain that found the bucket empty lately (milli-units, at most
+    /// [`RootConfig::late_credit_ns`](super::RootConfig::late_credit_ns) of the limit): what
+    /// counts that arrive late would have used had they come on time. See "Late batches" in
+    /// `root/claims.rs`.
+    pub(super) spare: u64,
 }
 
 impl RootCounter {
     /// Every word of it, folded: see [`Counters::touch`].
     pub(super) fn touch(&self) -> u64 {
         let b = &self.bucket;
-        let words = [b.fill, b.at, b.carry, self.limit.word(), self.version, self.rate_at];
+        let words =
+            [b.fill, b.at, b.carry, self.limit.word(), self.version, self.rate_at, self.spare];
         let d = &self.demand;
         d.buckets.iter().chain(&words).fold(d.head ^ self.log_at as u64, |t, &w| t ^ w)
             ^ self.rate.to_bits()
@@ -183,12 +189,20 @@ impl RootState {
         now: u64,
     ) -> Option<&mut RootCounter> {
         let q = self.quotas.get_mut(&id)?;
-        if q.counter == NO_COUNTER {
+        let new = q.counter == NO_COUNTER;
+        if new {
             q.counter = self.counters.insert(id);
         }
         let c = self.counters.get_mut(q.counter)?;
+        if new {
+            // Nothing was counted before it: no spare drain either.
+            c.bucket.at = now;
+        }
         c.limit = limit;
-        c.bucket.advance(now, limit);
+        let wasted = c.bucket.advance(now, limit);
+        if wasted > 0 {
+            c.spare = c.spare.saturating_add(wasted).min(limit.over(self.config.late_credit_ns));
+        }
         Some(c)
     }
 

@@ -100,6 +100,9 @@ pub struct RootConfig {
     /// repeats what the root has, while a forged one could hold a long window's counter at
     /// its ceiling for the whole window. See "What a sync may claim" in `root/claims.rs`.
     pub hint_window_ns: u64,
+    /// How much drain at zero a counter keeps to credit late batches with (ns of its
+    /// limit): see "Late batches" in `root/claims.rs`.
+    pub late_credit_ns: u64,
     /// The shard of the counter space this root aggregates (`None`: every counter). Deltas
     /// and hints for counters of other shards are skipped (and counted); answers name the
     /// shard so a limiter configured otherwise notices. See [`crate::shard`].
@@ -142,6 +145,8 @@ impl Default for RootConfig {
             // Limiters back off up to 30 intervals from a root that is down, and come back
             // within a few after it answers: two minutes covers a 1 s interval with room.
             hint_window_ns: 120 * NANOS_PER_SEC,
+            // A limiter keeps up to 30 intervals of batches for a root it cannot reach.
+            late_credit_ns: 30 * NANOS_PER_SEC,
             shard: None,
             interest_ttl_ns: 10 * NANOS_PER_SEC,
             // A limiter naming 25,000 counters a second; about 8 MiB.
@@ -189,6 +194,11 @@ pub struct RootStats {
     /// Hints refused because they came later than [`RootConfig::hint_window_ns`] after
     /// this root's first sync.
     pub hints_late: u64,
+    /// Late batches' admitted milli-units credited with drain their counter spent at zero
+    /// meanwhile (see "Late batches" in `root/claims.rs`).
+    pub late_credited: u64,
+    /// Late batches' admitted milli-units dropped at a counter's ceiling instead of parked.
+    pub late_dropped: u64,
     /// Sessions forgotten to make room (table or address budget full).
     pub limiters_evicted: u64,
     /// Sessions started: a limiter id this root did not know (a new limiter, or one it

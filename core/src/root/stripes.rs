@@ -66,6 +66,8 @@ impl RootStats {
         self.rejected_capped += o.rejected_capped;
         self.hints_capped += o.hints_capped;
         self.hints_late += o.hints_late;
+        self.late_credited += o.late_credited;
+        self.late_dropped += o.late_dropped;
         self.resets += o.resets;
         self.dropped_before_reset += o.dropped_before_reset;
         self.keys_created += o.keys_created;

@@ -420,24 +420,92 @@ fn a_heavy_single_request_is_not_cut_while_its_limiter_syncs() {
     assert!(fill(&r, 1, 104 * S) < 325.0);
 }
 
-/// After a root outage a limiter resends up to 30 batches at once; a first contact after a
-/// root restart may carry them too. Everything counts, in time.
+/// A limiter cut from this root for 10 s while another kept the counter at its ceiling
+/// resends its batches: all but the newest are late, counted then, and meet the counter
+/// now. What they bring past the ceiling is dropped rather than parked, so the overshoot
+/// of the cut is not paid back after the heal (before, the quota stayed shut for the 10 s
+/// its parked claims took to drain).
 #[test]
-fn resends_after_an_outage_all_count() {
+fn resends_after_an_outage_are_not_paid_back() {
     let mut r = RootState::new(RootConfig::default());
     r.apply_quotas([recommended(1, 100.0)], 0);
-    // 30 intervals of 120 units each from one limiter (it overshot high_burst in total).
-    let resend: Vec<_> = (1..=30).map(|s| (s, vec![(1, 120_000)])).collect();
-    assert_eq!(r.sync(&req("a", resend), 30 * S).unwrap().acked_seq, 30);
-    assert_eq!(fill(&r, 1, 30 * S), 325.0);
-    assert_eq!(r.parked_count(), 1);
-    // 3,600 units claimed, 325 fit: the rest (3,275) keeps feeding for 32.75 s.
-    let mut at = 30 * S;
-    while r.parked_count() > 0 {
-        at += S;
+    r.sync(&req("a", vec![(1, vec![(1, 100_000)])]), S).unwrap();
+    r.sync(&req("c", vec![(1, vec![(1, 300_000)])]), S).unwrap();
+    for k in 2..=11 {
+        r.sync(&req("c", vec![(k, vec![(1, 100_000)])]), k * S).unwrap();
+    }
+    let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 100_000)])).collect();
+    assert_eq!(r.sync(&req("a", resend), 11 * S).unwrap().acked_seq, 11);
+    assert_eq!(fill(&r, 1, 11 * S), 325.0);
+    assert_eq!(r.stats().late_dropped, 900_000);
+    assert_eq!(r.stats().late_credited, 0);
+    // c stops; a syncs on. The newest batch is not late: what of it did not fit is parked
+    // as ever and fed in (1 s), then the counter drains to low_burst (1.75 s).
+    let mut at = 11 * S;
+    while fill(&r, 1, at) > 150.0 {
+        at += S / 4;
         r.sync(&req("a", vec![]), at).unwrap();
     }
-    assert_eq!(at, 63 * S);
+    assert_eq!(at - 11 * S, 11 * S / 4);
+}
+
+/// 0.9 times the limit over two limiters, one of them cut from this root for 10 s: the
+/// counter sat at zero meanwhile, and the cut one's late batches are credited with that
+/// drain. Before, they came in whole, the counter jumped above low_burst and honest
+/// traffic was refused for seconds after the heal.
+#[test]
+fn late_batches_are_credited_with_drain_the_counter_spent_at_zero() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    r.sync(&req("b", vec![(1, vec![(1, 30_000)])]), 0).unwrap();
+    for k in 1..=10 {
+        r.sync(&req("a", vec![(k, vec![(1, 60_000)])]), k * S).unwrap();
+    }
+    let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 30_000)])).collect();
+    r.sync(&req("b", resend), 10 * S).unwrap();
+    // a's last 60 and b's newest 30: b's nine late batches found room in the drain.
+    assert_eq!(fill(&r, 1, 10 * S), 90.0);
+    assert_eq!(r.stats().late_credited, 270_000);
+    assert_eq!(r.stats().late_dropped, 0);
+    assert_eq!(r.parked_count(), 0);
+}
+
+/// A counter swept away (empty and idle) was at zero since: a late batch for it is credited
+/// with the limit over the time since its limiter last synced. A first contact (a root that
+/// restarted, a new limiter) knows nothing of then and gets no credit.
+#[test]
+fn late_batches_of_a_swept_counter_are_credited_and_first_contacts_are_not() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    r.sync(&req("b", vec![(1, vec![(1, 30_000)])]), S).unwrap();
+    r.sweep(5 * S);
+    assert_eq!(r.counter_count(), 0);
+    let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 30_000)])).collect();
+    r.sync(&req("b", resend.clone()), 6 * S).unwrap();
+    assert_eq!(fill(&r, 1, 6 * S), 30.0);
+    assert_eq!(r.stats().late_credited, 270_000);
+    r.sync(&req("c", resend), 6 * S).unwrap();
+    assert_eq!(fill(&r, 1, 6 * S), 325.0);
+    assert_eq!(r.stats().late_credited, 270_000);
+}
+
+/// The credit is what the counter spent at zero, at most the limit over the time since the
+/// late limiter last synced: a counter idle for a minute does not swallow a burst that a
+/// limiter one interval behind sends in two batches.
+#[test]
+fn late_credit_is_bounded_by_the_gap_and_by_the_spare_drain() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0), quota(2, 2, 0.001, false)], 0);
+    r.sync(&req("a", vec![(1, vec![(1, 1_000), (2, 1_000)])]), S).unwrap();
+    // 60 s idle: 30 s of the limit kept as spare.
+    r.sync(&req("a", vec![]), 61 * S).unwrap();
+    r.sync(&req("a", vec![(2, vec![(1, 200_000), (2, 200_000)]), (3, vec![(1, 1_000)])]), 62 * S)
+        .unwrap();
+    // One second since a's last sync: 100 units of credit, not 200 (nor 3,000).
+    assert_eq!(fill(&r, 1, 62 * S), 101.0);
+    assert_eq!(r.stats().late_credited, 100_000);
+    // A counter that never reached zero (a ledger) has no spare: every unit counts.
+    assert_eq!(fill(&r, 2, 62 * S), 200.939);
 }
 
 /// A request by interest from `limiter`, continuing from `prev`'s answer.
