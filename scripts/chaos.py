@@ -312,7 +312,7 @@ class Load:
 # Faults ------------------------------------------------------------------------------
 # Each: (name, target nginx or None, cuts an nginx off (its cool may be refused), apply, heal)
 
-def faults(c, short):
+def faults(c, short, only=None):
     def agent_pid(i):
         s = c.stats(i) or {}
         return (s.get("agent") or {}).get("pid")
@@ -363,6 +363,8 @@ def faults(c, short):
         ("the sync agent's worker killed with -9", 2, False, kill_agent_worker, lambda: None, 1),
         ("the sync agent's worker stopped past its lease (4 s)", 2, False, stop_agent, cont_agent, 4),
     ]
+    if only:
+        return [all_faults[i - 1] for i in only]
     if short:
         return [all_faults[0], all_faults[2], all_faults[3]]
     return all_faults
@@ -377,6 +379,8 @@ def main():
     p.add_argument("--strict", action="store_true", help="fail on any missed target")
     p.add_argument("--recovery", type=float, default=8.0)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--only", type=lambda v: [int(x) for x in v.split(",")],
+                   help="run only these faults, by number in the full list (e.g. 4,5)")
     a = p.parse_args()
     for k in ("YARL_TEST_PG_URL", "YARL_TEST_PG_CTL"):
         if k not in os.environ:
@@ -408,7 +412,7 @@ def main():
         load.start()
         time.sleep(5)
         marks = []
-        for name, target, cuts, apply, undo, hold in faults(c, a.short):
+        for name, target, cuts, apply, undo, hold in faults(c, a.short, a.only):
             t0 = time.time()
             apply()
             time.sleep(hold)

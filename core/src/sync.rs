@@ -55,7 +55,11 @@ pub struct SyncConfig {
     pub timeout: Duration,
     /// Unacknowledged batches kept per failing root before falling back to hints (default 30).
     pub max_pending_batches: usize,
-    /// Longest backoff for a failing root, in intervals (default 8).
+    /// Longest backoff for a failing root, in intervals (default 2). Kept short: while a
+    /// limiter backs off from every root it decides on its own count, so a healed cut is
+    /// only over once it calls again (8 let a cut-off nginx admit alone for up to 4 s
+    /// after the heal in `make chaos`). A call to a root that is down costs little: it is
+    /// refused at once, or times out beside the calls to the other roots.
     pub max_backoff_intervals: u32,
     /// Start a round early when a quota's traffic surges on this host
     /// ([`SyncEngine::wants_early_round`]; default on).
@@ -77,7 +81,7 @@ impl Default for SyncConfig {
             interval: Duration::from_secs(1),
             timeout: Duration::from_millis(500),
             max_pending_batches: 30,
-            max_backoff_intervals: 8,
+            max_backoff_intervals: 2,
             early: true,
             interest: false,
         }

@@ -437,16 +437,17 @@ fn resends_after_an_outage_are_not_paid_back() {
     let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 100_000)])).collect();
     assert_eq!(r.sync(&req("a", resend), 11 * S).unwrap().acked_seq, 11);
     assert_eq!(fill(&r, 1, 11 * S), 325.0);
-    assert_eq!(r.stats().late_dropped, 900_000);
+    // Ten batches at once, all late: none found room (the counter was above low_burst).
+    assert_eq!(r.stats().late_dropped, 1_000_000);
     assert_eq!(r.stats().late_credited, 0);
-    // c stops; a syncs on. The newest batch is not late: what of it did not fit is parked
-    // as ever and fed in (1 s), then the counter drains to low_burst (1.75 s).
+    assert_eq!(r.parked_count(), 1, "c's own overshoot, parked as ever");
+    // c stops; a syncs on. The counter drains from its ceiling to low_burst in 1.75 s.
     let mut at = 11 * S;
     while fill(&r, 1, at) > 150.0 {
         at += S / 4;
         r.sync(&req("a", vec![]), at).unwrap();
     }
-    assert_eq!(at - 11 * S, 11 * S / 4);
+    assert_eq!(at - 11 * S, 7 * S / 4);
 }
 
 /// 0.9 times the limit over two limiters, one of them cut from this root for 10 s: the
@@ -463,11 +464,34 @@ fn late_batches_are_credited_with_drain_the_counter_spent_at_zero() {
     }
     let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 30_000)])).collect();
     r.sync(&req("b", resend), 10 * S).unwrap();
-    // a's last 60 and b's newest 30: b's nine late batches found room in the drain.
-    assert_eq!(fill(&r, 1, 10 * S), 90.0);
-    assert_eq!(r.stats().late_credited, 270_000);
+    // a's last 60: b's ten late batches found room in the drain.
+    assert_eq!(fill(&r, 1, 10 * S), 60.0);
+    assert_eq!(r.stats().late_credited, 300_000);
     assert_eq!(r.stats().late_dropped, 0);
     assert_eq!(r.parked_count(), 0);
+}
+
+/// A limiter hints a root it knows after a failed call, in case the root lost its
+/// counters. If the root did not (same instance) and no batch of the limiter is missing,
+/// the hints are not applied: they could only carry other limiters' counts seen at another
+/// root, which those limiters' own batches bring here too (+2 units counted twice under
+/// 20 % loss in `make chaos`).
+#[test]
+fn hints_to_a_root_that_has_every_batch_are_not_applied() {
+    let mut r = root();
+    let first = r.sync(&req("a", vec![(1, vec![(1, 1_000)])]), S).unwrap();
+    let known = |batches, hints| SyncRequest {
+        root_instance: Some(first.root_instance),
+        hints,
+        ..req("a", batches)
+    };
+    r.sync(&known(vec![(2, vec![(1, 1_000)])], vec![(1, 50_000)]), S).unwrap();
+    assert_eq!(fill(&r, 1, S), 2.0);
+    assert_eq!(r.stats().hints_redundant, 1);
+    // Batches 3 and 4 dropped by the limiter: the hints stand in for them.
+    r.sync(&known(vec![(5, vec![(1, 1_000)])], vec![(1, 50_000)]), S).unwrap();
+    assert_eq!(fill(&r, 1, S), 50.0);
+    assert_eq!(r.stats().hints_redundant, 1);
 }
 
 /// A counter swept away (empty and idle) was at zero since: a late batch for it is credited
@@ -482,11 +506,13 @@ fn late_batches_of_a_swept_counter_are_credited_and_first_contacts_are_not() {
     assert_eq!(r.counter_count(), 0);
     let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 30_000)])).collect();
     r.sync(&req("b", resend.clone()), 6 * S).unwrap();
-    assert_eq!(fill(&r, 1, 6 * S), 30.0);
-    assert_eq!(r.stats().late_credited, 270_000);
+    assert_eq!(fill(&r, 1, 6 * S), 0.0);
+    assert_eq!(r.stats().late_credited, 300_000);
+    // No credit for c; its late counts fill up to low_burst, the rest is dropped.
     r.sync(&req("c", resend), 6 * S).unwrap();
-    assert_eq!(fill(&r, 1, 6 * S), 325.0);
-    assert_eq!(r.stats().late_credited, 270_000);
+    assert_eq!(fill(&r, 1, 6 * S), 150.0);
+    assert_eq!(r.stats().late_credited, 300_000);
+    assert_eq!(r.stats().late_dropped, 150_000);
 }
 
 /// The credit is what the counter spent at zero, at most the limit over the time since the
@@ -501,9 +527,10 @@ fn late_credit_is_bounded_by_the_gap_and_by_the_spare_drain() {
     r.sync(&req("a", vec![]), 61 * S).unwrap();
     r.sync(&req("a", vec![(2, vec![(1, 200_000), (2, 200_000)]), (3, vec![(1, 1_000)])]), 62 * S)
         .unwrap();
-    // One second since a's last sync: 100 units of credit, not 200 (nor 3,000).
-    assert_eq!(fill(&r, 1, 62 * S), 101.0);
-    assert_eq!(r.stats().late_credited, 100_000);
+    // One second since a's last sync: at most 100 units of credit per entry, not 200 (nor
+    // 3,000): batch 2 leaves 100, batch 3's one unit is credited.
+    assert_eq!(fill(&r, 1, 62 * S), 100.0);
+    assert_eq!(r.stats().late_credited, 101_000);
     // A counter that never reached zero (a ledger) has no spare: every unit counts.
     assert_eq!(fill(&r, 2, 62 * S), 200.939);
 }
@@ -890,11 +917,13 @@ fn striped_matches_single(seed: u64, count: u32) {
         for (l, name) in names.iter().enumerate() {
             let deltas: Vec<(u64, u64)> =
                 (0..rng.usize(0..12)).map(|_| (rng.u64(1..=62), rng.u64(1..4_000))).collect();
-            seq[l] += 1;
-            pending[l].push((seq[l], deltas));
-            let interest = l % 2 == 0;
             let hints =
                 if round % 7 == 3 { vec![(rng.u64(1..=62), rng.u64(0..40_000))] } else { vec![] };
+            // With hints, now and then a batch the limiter dropped unsent: the hints stand in
+            // for it (to a root that has every batch, hints are not applied).
+            seq[l] += if !hints.is_empty() && l % 3 == 0 { 2 } else { 1 };
+            pending[l].push((seq[l], deltas));
+            let interest = l % 2 == 0;
             let watch = if interest && round % 5 == 0 { vec![rng.u64(1..=62)] } else { vec![] };
             let mk = |prev: Option<&SyncResponse>| {
                 let mut r = req(name, pending[l].clone());
@@ -950,7 +979,7 @@ fn striped_matches_single(seed: u64, count: u32) {
         stats.add_stripe(&s.stats());
     }
     assert_eq!(single.stats(), stats);
-    assert!(stats.claims_parked > 0 && stats.resets == 1 && stats.hints_applied > 0);
+    assert!(stats.claims_parked > 0 && stats.resets == 1 && stats.hints_applied > 0, "{stats:?}");
     assert_eq!(single.quota_count(), stripes[0].quota_count());
     assert_eq!(single.limiter_count(), stripes[0].limiter_count());
     let held: usize = stripes.iter().map(RootState::counter_count).sum();

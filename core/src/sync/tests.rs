@@ -78,6 +78,27 @@ fn quotas_and_counters_flow_between_limiters() {
     assert!(a.engine.status(0).cluster_fresh);
 }
 
+/// A root that failed for a long time is called again within two intervals of coming
+/// back: until then a limiter cut from every root decides on its own count.
+#[test]
+fn a_healed_root_is_called_again_within_two_intervals() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 10.0, 15.0, 30.0)];
+    let mut r0 = root_with(&qs);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut r0)], clock.now_nanos());
+    for _ in 0..20 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [None], clock.now_nanos());
+    }
+    let before = r0.stats().syncs;
+    for _ in 0..2 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [Some(&mut r0)], clock.now_nanos());
+    }
+    assert_eq!(r0.stats().syncs, before + 1);
+}
+
 #[test]
 fn failed_root_gets_pending_batches_exactly_once() {
     let clock = ManualClock::at(S);
@@ -132,11 +153,11 @@ fn failing_root_is_backed_off() {
         }
         n.engine.end_round(clock.now_nanos());
     }
-    // Calls in rounds 1, 2, 4, 8 and 16: the gap doubles up to 8 intervals.
-    assert_eq!(calls_to_dead, 5);
+    // Calls in rounds 1, 2, 4, 6, … 20: the gap doubles up to 2 intervals.
+    assert_eq!(calls_to_dead, 11);
     let st = n.engine.status(0);
     assert_eq!(st.roots[1].last_error.as_deref(), Some("timed out"));
-    assert_eq!(st.roots[1].consecutive_failures, 5);
+    assert_eq!(st.roots[1].consecutive_failures, 11);
 }
 
 #[test]
