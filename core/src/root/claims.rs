@@ -36,25 +36,26 @@
 //!   a hint can only repeat what the root already has, while a forged one would hold a
 //!   long window's counter (a day's quota) at its ceiling for a whole window.
 //! * **Late batches**: a limiter that could not reach this root keeps its batches and sends
-//!   them together once it can (up to 30). When a request brings more than one new batch,
-//!   all of them are *late*: counted while this root did not hear from the limiter,
-//!   possibly while it decided on its own count (cut off from every root), and met by the
-//!   counter only now. Two rules keep such counts from being paid twice, once in the
-//!   overshoot of the cut and again as a quota shut after the heal. A late amount is first
-//!   **credited** with the counter's *spare* drain (the drain that found it empty, kept up
-//!   to [`RootConfig::late_credit_ns`](super::RootConfig::late_credit_ns) of the limit,
-//!   30 s; each amount at most the limit over the time since the limiter last synced,
-//!   nothing at a first contact; a counter swept away since was empty, all its drain
-//!   spare): what the amount would have used had it come on time. The rest fills the
-//!   counter up to `low_burst` only, and what does not fit is **dropped**, not parked
+//!   them together once it can (up to 30). When a request brings three new batches or
+//!   more (the limiter missed at least two rounds with this root; two at once happen with
+//!   a slow answer or an early round), all of them are *late*: counted while this root did
+//!   not hear from the limiter, possibly while it decided on its own count (cut off from
+//!   every root), and met by the counter only now. Two rules keep such counts from being
+//!   paid twice, once in the overshoot of the cut and again as a quota shut after the
+//!   heal. A late amount is first **credited** with the counter's *spare* drain (the drain
+//!   that found it empty, kept up to
+//!   [`RootConfig::late_credit_ns`](super::RootConfig::late_credit_ns) of the limit, 30 s;
+//!   each amount at most the limit over the time since the limiter last synced, nothing at
+//!   a first contact): what the amount would have used had it come on time. The rest fills
+//!   the counter up to `low_burst` only, and what does not fit is **dropped**, not parked
 //!   (`yarl_root_late_credited_total`, `yarl_root_late_dropped_total`): below `low_burst`
 //!   nothing is refused, while counts of then added above it would shut the quota now for
 //!   traffic of now. Late amounts feed neither the inflow nor the demand meter. A counter
 //!   that never reaches `low_burst` (a parent summing everything, with bursts above any
 //!   total) has no spare and takes every late unit, so sums stay exact. Dropping only
 //!   lowers counts, which whoever holds the sync token could do anyway by not sending
-//!   them; the price is paid by honest limiters behind lossy links, whose late counts
-//!   above `low_burst` go uncounted (`make chaos`, 20 % loss: 1.01–1.05 × the limit).
+//!   them; the price is paid by honest limiters that miss rounds (a cut, a lossy link, a
+//!   root stalled for two intervals): their late counts above `low_burst` go uncounted.
 //! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
 //!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
 //!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
@@ -71,13 +72,16 @@
 //!   contact. One address cannot hold more than `max_limiters_per_addr` sessions, so it
 //!   cannot push the others out.
 
-use super::counters::{NO_COUNTER, WARM_RUN};
+use super::counters::WARM_RUN;
 use super::demand::{meter, DEMAND_CAP_FACTOR};
 use super::sessions::Session;
 use super::RootState;
 use crate::proto::{DeltaBatch, SyncRequest};
 use crate::quota::{Epoch, Limits, QuotaId};
 use crate::zone::keys::is_key_id;
+
+/// New batches in one request from which they are late: see "Late batches".
+pub(super) const LATE_BATCHES: usize = 3;
 
 impl RootState {
     /// Applies the batches of `req` that were not applied before, in `seq` order, parking
@@ -94,13 +98,14 @@ impl RootState {
         let mut acked = s.acked;
         let mut batches: Vec<_> = req.batches.iter().collect();
         batches.sort_by_key(|b| b.seq);
-        // Several new batches at once: the limiter is catching up, and all of them were
-        // counted while this root did not hear from it (the newest too: it decided alone
-        // until this call went through), over at most the time since it last did (a first
-        // contact: nothing known, no credit).
+        // LATE_BATCHES new batches or more at once: the limiter missed rounds with this
+        // root and is catching up, and all of them were counted while this root did not
+        // hear from it (the newest too: it decided alone until this call went through),
+        // over at most the time since it last did (a first contact: nothing known, no
+        // credit). Two at once is a slow answer or an early round, not a cut.
         let fresh = batches.iter().filter(|b| b.seq > acked && b.seq > covered).count();
         let gap = if s.acked == 0 { 0 } else { now.saturating_sub(s.last_seen) };
-        let late = (fresh > 1).then_some(gap);
+        let late = (fresh >= LATE_BATCHES).then_some(gap);
         for b in batches {
             if b.seq <= acked {
                 self.stats.duplicate_batches += 1;
@@ -283,19 +288,10 @@ impl RootState {
         now: u64,
     ) -> u64 {
         let Some(l) = self.delta_limits(id, limits) else { return 0 };
-        // A counter a sweep dropped was empty and idle: its drain was all spare since.
-        let swept = self
-            .quotas
-            .get(&id)
-            .is_some_and(|q| q.counter == NO_COUNTER)
-            .then(|| l.limit().over(gap.min(self.config.late_credit_ns)));
         let Some(c) = self.counter_now(id, l.limit(), now) else {
             self.stats.deltas_unknown += 1;
             return 0;
         };
-        if let Some(spare) = swept {
-            c.spare = spare;
-        }
         let credit = amount.min(c.spare).min(l.limit().over(gap));
         c.spare -= credit;
         let rest = amount - credit;
