@@ -204,11 +204,6 @@ impl Metrics {
             s.stats.hints_late,
         );
         counter(
-            "yarl_root_hints_redundant_total",
-            "Syncs whose hints were not applied: the limiter's session is known and none of its batches is missing.",
-            s.stats.hints_redundant,
-        );
-        counter(
             "yarl_root_late_credited_total",
             "Units of late batches (counted while a limiter could not reach this root) credited with drain their counter spent at zero meanwhile.",
             s.stats.late_credited / 1000,

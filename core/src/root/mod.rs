@@ -194,9 +194,6 @@ pub struct RootStats {
     /// Hints refused because they came later than [`RootConfig::hint_window_ns`] after
     /// this root's first sync.
     pub hints_late: u64,
-    /// Syncs whose hints were not needed and not applied: the root knows the limiter's
-    /// session under its current instance and no batch of it is missing.
-    pub hints_redundant: u64,
     /// Late batches' admitted milli-units credited with drain their counter spent at zero
     /// meanwhile (see "Late batches" in `root/claims.rs`).
     pub late_credited: u64,
@@ -409,17 +406,7 @@ impl RootState {
         let known = req.root_instance == Some(self.instance);
         let acked = if known {
             let acked = self.apply_batches(req, &mut s, 0, now);
-            // A limiter hints a root it knows after any failed call, in case the root came
-            // back empty; this one did not. Its batches then follow on from what was applied
-            // (none were dropped) and hints can add nothing of its own, only other
-            // limiters' counts seen at another root, which their own batches bring here
-            // too: merged, they would count twice.
-            let first_new = req.batches.iter().map(|b| b.seq).filter(|&q| q > applied_before).min();
-            if applied_before == 0 || first_new.is_some_and(|q| q > applied_before + 1) {
-                self.apply_hints(req, now);
-            } else if !req.hints.is_empty() {
-                self.stats.hints_redundant += 1;
-            }
+            self.apply_hints(req, now);
             acked
         } else {
             self.apply_hints(req, now);

@@ -471,29 +471,6 @@ fn late_batches_are_credited_with_drain_the_counter_spent_at_zero() {
     assert_eq!(r.parked_count(), 0);
 }
 
-/// A limiter hints a root it knows after a failed call, in case the root lost its
-/// counters. If the root did not (same instance) and no batch of the limiter is missing,
-/// the hints are not applied: they could only carry other limiters' counts seen at another
-/// root, which those limiters' own batches bring here too (+2 units counted twice under
-/// 20 % loss in `make chaos`).
-#[test]
-fn hints_to_a_root_that_has_every_batch_are_not_applied() {
-    let mut r = root();
-    let first = r.sync(&req("a", vec![(1, vec![(1, 1_000)])]), S).unwrap();
-    let known = |batches, hints| SyncRequest {
-        root_instance: Some(first.root_instance),
-        hints,
-        ..req("a", batches)
-    };
-    r.sync(&known(vec![(2, vec![(1, 1_000)])], vec![(1, 50_000)]), S).unwrap();
-    assert_eq!(fill(&r, 1, S), 2.0);
-    assert_eq!(r.stats().hints_redundant, 1);
-    // Batches 3 and 4 dropped by the limiter: the hints stand in for them.
-    r.sync(&known(vec![(5, vec![(1, 1_000)])], vec![(1, 50_000)]), S).unwrap();
-    assert_eq!(fill(&r, 1, S), 50.0);
-    assert_eq!(r.stats().hints_redundant, 1);
-}
-
 /// Late counts of a counter with no spare (swept away, or new) fill it up to low_burst and
 /// no further; a first contact (a root that restarted, a new limiter) gets no credit; two
 /// batches at once (a slow answer) are not late and count whole.
