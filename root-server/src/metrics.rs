@@ -210,7 +210,7 @@ impl Metrics {
         );
         counter(
             "yarl_root_late_dropped_total",
-            "Units of late batches dropped at their counter's ceiling instead of parked.",
+            "Units of late batches dropped above their counter's low_burst instead of parked.",
             s.stats.late_dropped / 1000,
         );
         counter(

@@ -276,8 +276,8 @@ impl RootState {
     }
 
     /// Applies the admitted `amount` of a late batch's delta entry (see "Late batches"):
-    /// credited with the counter's spare drain, at most `gap` ns of its limit, and cut at
-    /// its ceiling. Nothing is parked and the meters are left alone: the counts are of
+    /// credited with the counter's spare drain, at most `gap` ns of its limit, and the rest
+    /// added up to `low_burst`. Nothing is parked and the meters are left alone: the counts are of
     /// then, not of now. Returns 0 (for the caller, like [`Self::add_delta`]).
     fn add_late(
         &mut self,

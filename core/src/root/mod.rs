@@ -197,7 +197,8 @@ pub struct RootStats {
     /// Late batches' admitted milli-units credited with drain their counter spent at zero
     /// meanwhile (see "Late batches" in `root/claims.rs`).
     pub late_credited: u64,
-    /// Late batches' admitted milli-units dropped at a counter's ceiling instead of parked.
+    /// Late batches' admitted milli-units dropped above a counter's `low_burst` instead of
+    /// parked.
     pub late_dropped: u64,
     /// Sessions forgotten to make room (table or address budget full).
     pub limiters_evicted: u64,

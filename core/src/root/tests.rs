@@ -421,10 +421,10 @@ fn a_heavy_single_request_is_not_cut_while_its_limiter_syncs() {
 }
 
 /// A limiter cut from this root for 10 s while another kept the counter at its ceiling
-/// resends its batches: all but the newest are late, counted then, and meet the counter
-/// now. What they bring past the ceiling is dropped rather than parked, so the overshoot
-/// of the cut is not paid back after the heal (before, the quota stayed shut for the 10 s
-/// its parked claims took to drain).
+/// resends its batches: all of them are late, counted then, and meet the counter now. What
+/// they bring above low_burst is dropped rather than parked, so the overshoot of the cut is
+/// not paid back after the heal (before, the quota stayed shut for the 10 s its parked
+/// claims took to drain).
 #[test]
 fn resends_after_an_outage_are_not_paid_back() {
     let mut r = RootState::new(RootConfig::default());
