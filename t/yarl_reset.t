@@ -3,7 +3,9 @@
 # Cluster-wide reset: POST /v1/quotas/{name}:reset on one root empties the quota's counter
 # on both roots (one database) and in both nginx (two workers each) within two sync
 # intervals, requests pass again, and what the nginx counted just before the reset (deltas
-# not yet synced, and those on their way) does not come back afterwards.
+# not yet synced, and those on their way) does not come back afterwards. The same for one
+# key under a template (no row of its own), while another key of the template keeps its
+# count.
 
 use warnings;
 use strict;
@@ -27,6 +29,10 @@ my $http = <<'EOF2';
         location / {
             yarl_account q;
         }
+        location /k/ {
+            alias %%TESTDIR%%/;
+            yarl_account api_key_$arg_k;
+        }
         location = /stats {
             access_log off;
             yarl_stats;
@@ -46,45 +52,32 @@ for my $n (@nginx) {
 }
 
 # 1/s: the counter barely drains during the test, so what is left is what was counted.
-$t->put_quota('q', 1, 40, 60);
+$t->put_quota($_, 1, 40, 60) for 'q', 'api_key_*';
 for my $n (@nginx) {
-	ok($n->wait_quota($n->port(8080), 'q', 5), 'nginx ' . ($n == $t ? 1 : 2) . ' fetched the quota');
+	ok($n->wait_quota($n->port(8080), 'api_key_*', 5), 'nginx ' . ($n == $t ? 1 : 2) . ' fetched the quotas');
 }
 
+# What is reset (a quota's name or a key's) and a request it counts.
+our ($NAME, $PATH);
+
 sub burst {
-	my ($n, $count) = @_;
+	my ($n, $count, $path) = @_;
 	my %st;
-	$st{status_of(http_get($n->port(8080), '/index.html'))}++ for 1 .. $count;
+	$st{status_of(http_get($n->port(8080), $path // $PATH))}++ for 1 .. $count;
 	return \%st;
 }
 
 sub nginx_fill {
 	my ($n) = @_;
-	my $s = $n->stats($n->port(8080), '/stats?quota=q') or return undef;
+	my $s = $n->stats($n->port(8080), "/stats?quota=$NAME") or return undef;
 	return $s->{quota} ? $s->{quota}{fill} : undef;
 }
 
 sub root_fill {
-	my ($root) = @_;
-	my ($status, $q) = $t->admin('GET', '/v1/quotas/q', undef, $root);
+	my ($root, $name) = @_;
+	my ($status, $q) = $t->admin('GET', '/v1/quotas/' . ($name // $NAME), undef, $root);
 	return undef unless $status == 200 && ref $q;
 	return $q->{counter} ? $q->{counter}{fill} : 0;
-}
-
-# Fill the bucket from both nginx until both refuse.
-burst($_, 40) for @nginx;
-ok($t->wait_for(sub { (nginx_fill($t) // 0) > 55 && (nginx_fill($u) // 0) > 55 }, 3),
-	'both nginx see the bucket full');
-ok($t->wait_for(sub { (root_fill('A') // 0) > 55 && (root_fill('B') // 0) > 55 }, 3),
-	'both roots see the bucket full');
-is_deeply([map { status_of(http_get($_->port(8080), '/index.html')) } @nginx], [429, 429],
-	'both nginx refuse');
-
-sub reset_quota {
-	my ($status, $body) = $t->admin('POST', '/v1/quotas/q:reset');
-	is($status, 200, 'POST /v1/quotas/q:reset');
-	ok(ref $body && $body->{reset_epoch} && $body->{reset_epoch} == $body->{epoch},
-		'the answer carries the reset epoch');
 }
 
 my %view = (
@@ -110,52 +103,93 @@ sub timeline {
 	return \%when;
 }
 
-my $t0 = time();
-reset_quota();
-my $when = timeline($t0);
-for my $k (sort keys %view) {
-	my $w = $when->{$k};
-	diag(sprintf('%-7s empty at +%s', $k, defined $w ? sprintf('%.3f s', $w) : 'never'));
-	ok(defined $w && $w <= 2 * $INTERVAL + 0.1, "$k empty within two intervals");
+sub reset_quota {
+	my ($status, $body) = $t->admin('POST', "/v1/quotas/$NAME:reset");
+	is($status, 200, "POST /v1/quotas/$NAME:reset");
+	ok(ref $body && $body->{reset_epoch} && $body->{reset_epoch} == $body->{epoch},
+		'the answer carries the reset epoch');
 }
-is_deeply([map { status_of(http_get($_->port(8080), '/index.html')) } @nginx], [200, 200],
-	'both nginx pass again');
 
-# Counts made just before a reset, admitted and not yet synced when it is written: they
-# reach the roots after it, tagged with the epoch they were counted at, and are dropped.
-my @before = map { burst($_, 15) } @nginx;
-$t0 = time();
-reset_quota();
-is_deeply([map { $_->{200} // 0 } @before], [15, 15], 'the counts just before were admitted');
-$when = timeline($t0);
-diag('second reset: ' . join(', ', map { sprintf('%s +%.3f s', $_, $when->{$_} // -1) } sort keys %view));
-is(scalar keys %$when, 4, 'every view empty again');
+for my $case (['q', '/index.html'], ['api_key_abc', '/k/index.html?k=abc']) {
+	($NAME, $PATH) = @$case;
+	note("reset of $NAME");
+	reset_case($NAME eq 'q' ? 1 : 2);
+}
 
-# Nothing counted before the reset comes back: watch three intervals more.
-my $max = 0;
-my $end = time() + 3 * $INTERVAL;
-while (time() < $end) {
-	for my $f (map { $_->() } values %view) {
-		$max = $f if defined $f && $f > $max;
+sub reset_case {
+	my ($case) = @_;
+
+	# Fill the bucket from both nginx until both refuse. A key new to each nginx counts for
+	# both at first, so fewer of its first requests pass: top up until each sees it full.
+	burst($_, 40) for @nginx;
+	for (1 .. 10) {
+		last if $t->wait_for(sub { (nginx_fill($t) // 0) > 55 && (nginx_fill($u) // 0) > 55 },
+			2 * $INTERVAL);
+		burst($_, 20) for @nginx;
 	}
-	sleep 0.05;
+	ok((nginx_fill($t) // 0) > 55 && (nginx_fill($u) // 0) > 55, 'both nginx see the bucket full');
+	ok($t->wait_for(sub { (root_fill('A') // 0) > 55 && (root_fill('B') // 0) > 55 }, 3),
+		'both roots see the bucket full');
+	# Another key of the template gets a few units that its neighbour's reset leaves alone.
+	burst($t, 8, '/k/index.html?k=other');
+	ok($t->wait_for(sub { (root_fill('A', 'api_key_other') // 0) > 7 }, 3), 'another key counted');
+	my ($other, $other_at) = (root_fill('A', 'api_key_other'), time());
+	# Between low_burst and high_burst a request passes at random: ask until both refuse.
+	ok($t->wait_for(sub {
+		join(',', map { status_of(http_get($_->port(8080), $PATH)) } @nginx) eq '429,429';
+	}, 3), 'both nginx refuse');
+
+	my $t0 = time();
+	reset_quota();
+	my $when = timeline($t0);
+	for my $k (sort keys %view) {
+		my $w = $when->{$k};
+		diag(sprintf('%-7s empty at +%s', $k, defined $w ? sprintf('%.3f s', $w) : 'never'));
+		ok(defined $w && $w <= 2 * $INTERVAL + 0.1, "$k empty within two intervals");
+	}
+	is_deeply([map { status_of(http_get($_->port(8080), $PATH)) } @nginx], [200, 200],
+		'both nginx pass again');
+	# It only drains (1/s) meanwhile.
+	my $drained = $other - (time() - $other_at) - 0.5;
+	ok((root_fill('A', 'api_key_other') // 0) > $drained,
+		"another key keeps its count after ${NAME}'s reset");
+
+	# Counts made just before a reset, admitted and not yet synced when it is written: they
+	# reach the roots after it, tagged with the epoch they were counted at, and are dropped.
+	my @before = map { burst($_, 15) } @nginx;
+	$t0 = time();
+	reset_quota();
+	is_deeply([map { $_->{200} // 0 } @before], [15, 15], 'the counts just before were admitted');
+	$when = timeline($t0);
+	diag('second reset: ' . join(', ', map { sprintf('%s +%.3f s', $_, $when->{$_} // -1) } sort keys %view));
+	is(scalar keys %$when, 4, 'every view empty again');
+
+	# Nothing counted before the reset comes back: watch three intervals more.
+	my $max = 0;
+	my $end = time() + 3 * $INTERVAL;
+	while (time() < $end) {
+		for my $f (map { $_->() } values %view) {
+			$max = $f if defined $f && $f > $max;
+		}
+		sleep 0.05;
+	}
+	diag(sprintf('largest fill anywhere over the next %.1f s: %.3f', 3 * $INTERVAL, $max));
+	cmp_ok($max, '<', 1, 'old counts do not come back through late deltas or hints');
+
+	is_deeply([map { status_of(http_get($_->port(8080), $PATH)) } @nginx], [200, 200],
+		'both nginx pass');
+	# Five units from each nginx in all. The two reach a root up to an interval apart, while it
+	# drains 1/s: with one unit each, the peak could be as low as 1.5 and a poll could miss it.
+	is_deeply([map { burst($_, 4)->{200} // 0 } @nginx], [4, 4], 'four more each, admitted');
+	ok($t->wait_for(sub { (root_fill('A') // 0) >= 5 && (root_fill('B') // 0) >= 5 }, 3),
+		'counting goes on after the reset');
+
+	my %a = %{$t->root_metrics('A')};
+	my %b = %{$t->root_metrics('B')};
+	is($b{yarl_root_resets_total}, 2 * $case, 'root B applied both resets it polled');
+	diag('deltas dropped as counted before a reset: root A ' . ($a{yarl_root_dropped_before_reset_total} // '?')
+		. ', root B ' . ($b{yarl_root_dropped_before_reset_total} // '?'));
 }
-diag(sprintf('largest fill anywhere over the next %.1f s: %.3f', 3 * $INTERVAL, $max));
-cmp_ok($max, '<', 1, 'old counts do not come back through late deltas or hints');
-
-is_deeply([map { status_of(http_get($_->port(8080), '/index.html')) } @nginx], [200, 200],
-	'both nginx pass');
-# Five units from each nginx in all. The two reach a root up to an interval apart, while it
-# drains 1/s: with one unit each, the peak could be as low as 1.5 and a poll could miss it.
-is_deeply([map { burst($_, 4)->{200} // 0 } @nginx], [4, 4], 'four more each, admitted');
-ok($t->wait_for(sub { (root_fill('A') // 0) >= 5 && (root_fill('B') // 0) >= 5 }, 3),
-	'counting goes on after the reset');
-
-my %a = %{$t->root_metrics('A')};
-my %b = %{$t->root_metrics('B')};
-is($b{yarl_root_resets_total}, 2, 'root B applied both resets it polled');
-diag('deltas dropped as counted before a reset: root A ' . ($a{yarl_root_dropped_before_reset_total} // '?')
-	. ', root B ' . ($b{yarl_root_dropped_before_reset_total} // '?'));
 
 $u->finish();
 $t->finish();

@@ -156,6 +156,20 @@ pub fn is_template(name: &str) -> bool {
     name.len() > 1 && name.ends_with('*')
 }
 
+impl QuotaUpdate {
+    /// A reset of one key (a name under a template, with no quota of its own): keys have no
+    /// row of their own, so the admin API records the reset as a tombstone of the key's
+    /// name whose `reset_epoch` is its own epoch. Everyone who applies it empties the key's
+    /// counter, and the key stays under its template. A plain delete keeps the older
+    /// `reset_epoch`, so it is never taken for one.
+    pub fn is_key_reset(&self) -> bool {
+        self.deleted
+            && self.reset_epoch != 0
+            && self.reset_epoch == self.epoch
+            && !is_template(&self.name)
+    }
+}
+
 /// The bytes a name stands for: `%XX` escapes decoded (a template keeps its `*`). Limiters
 /// match these against the names requests give, which may hold any bytes. Call it on
 /// names [`validate_name`] accepted; anything else is decoded as far as it can be.

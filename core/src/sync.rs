@@ -42,6 +42,7 @@ use round::{Entry, RoundState};
 use session::RootLink;
 use slot_set::SlotSet;
 pub use status::{RootStatus, SyncStatus};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,7 +157,19 @@ pub struct SyncEngine {
     early_budget: (u64, u64),
     /// Called between chunks of a round's long loops ([`Self::set_pacer`]).
     pacer: fn(),
+    /// Keys reset lately (wire id, the reset's epoch): a root that has not read the reset
+    /// yet may still answer the fill it counted before, which a max-merge would bring
+    /// back. A quota's slot holds its version for that check; a key's slot has no room for
+    /// one, so its reset waits here until every root's answers are past it.
+    key_resets: HashMap<QuotaId, Epoch>,
+    /// Each root's latest `root_epoch` (0: none yet, or a root that sends none).
+    root_epochs: Vec<Epoch>,
 }
+
+/// Keys reset lately that [`SyncEngine`] remembers at most (the oldest go first): roots
+/// read a reset within a poll, so more than this many in a few seconds is a bulk job whose
+/// oldest resets have long reached every root.
+const MAX_KEY_RESETS: usize = 4096;
 
 impl Drop for SyncEngine {
     fn drop(&mut self) {
@@ -249,6 +262,8 @@ impl SyncEngine {
             early_next: false,
             early_budget: (EARLY_BUDGET, 0),
             pacer: crate::limiter::no_pace,
+            key_resets: HashMap::new(),
+            root_epochs: Vec::new(),
         })
     }
 
@@ -498,16 +513,47 @@ impl SyncEngine {
         }
 
         if !resp.quotas.is_empty() {
-            let (_, resets) = self.limiter.apply_quotas_with_resets(&resp.quotas);
-            for s in resets {
+            let applied = self.limiter.apply_quotas_with_resets(&resp.quotas);
+            for s in applied.resets {
                 self.round.drop_reset(s);
             }
+            self.note_key_resets(applied.key_resets);
+        }
+        if let Some(re) = resp.root_epoch {
+            self.root_caught_up(root, re);
         }
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
         self.merge_counters(&resp.counters, resp.root_epoch, shard, now);
         self.round.answered(shard, resp.more);
+    }
+
+    /// Remembers keys just reset, for [`Self::merge_counters`].
+    fn note_key_resets(&mut self, resets: Vec<(QuotaId, Epoch)>) {
+        for (id, epoch) in resets {
+            let e = self.key_resets.entry(id).or_default();
+            *e = (*e).max(epoch);
+        }
+        while self.key_resets.len() > MAX_KEY_RESETS {
+            let oldest = self.key_resets.iter().min_by_key(|(_, &e)| e).map(|(&id, _)| id);
+            oldest.map(|id| self.key_resets.remove(&id));
+        }
+    }
+
+    /// Root `root` answers from quota epoch `epoch`: key resets every root has read are
+    /// forgotten.
+    fn root_caught_up(&mut self, root: usize, epoch: Epoch) {
+        if self.root_epochs.len() < self.roots.len() {
+            self.root_epochs.resize(self.roots.len(), 0);
+        }
+        if let Some(e) = self.root_epochs.get_mut(root) {
+            *e = (*e).max(epoch);
+        }
+        if !self.key_resets.is_empty() {
+            let low = self.root_epochs.iter().copied().min().unwrap_or(0);
+            self.key_resets.retain(|_, e| *e > low);
+        }
     }
 
     /// Merges the counters a root of `shard` reported (`(id, fill, demand)`) into the block
@@ -521,6 +567,7 @@ impl SyncEngine {
     ) {
         let (round, active, limiter, shards) =
             (&mut self.round, &mut self.active, &self.limiter, self.shards);
+        let key_resets = &self.key_resets;
         limiter.with_counters_paced(self.pacer, |c| {
             let mut slots = Vec::with_capacity(WARM_CHUNK);
             for chunk in counters.chunks(WARM_CHUNK) {
@@ -548,7 +595,14 @@ impl SyncEngine {
                         let Some(now_at) = c.slot_of(id) else { continue };
                         (s, entry) = (now_at, round.entry_of(now_at));
                     }
-                    if root_epoch.is_some_and(|re| re < limiter.version_of(s)) {
+                    let version = || {
+                        let v = limiter.version_of(s);
+                        if key_resets.is_empty() {
+                            return v;
+                        }
+                        v.max(key_resets.get(&id).copied().unwrap_or(0))
+                    };
+                    if root_epoch.is_some_and(|re| re < version()) {
                         // The root has not seen the version held here (maybe a reset): its
                         // fill may hold counts the reset dropped. Other roots have it.
                         continue;

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
 use yarl_core::units::milli_to_units;
-use yarl_core::{validate_name, QuotaSpec};
+use yarl_core::{validate_name, QuotaSpec, QuotaUpdate};
 
 /// Default and largest page of `GET /v1/quotas`.
 const DEFAULT_PAGE: u32 = 100;
@@ -439,6 +439,18 @@ pub(crate) async fn get(
     Ok(Json(QuotaWithCounter { quota: q.into(), template: None, counter }))
 }
 
+/// The template with the longest prefix of `name` and the key's wire id; `None` when no
+/// template covers it.
+async fn key_template(st: &AppState, name: &str) -> Result<Option<(QuotaUpdate, u64)>, ApiError> {
+    let raw = yarl_core::raw_name(name);
+    st.with_stripe(0, move |r| {
+        let t = r.template_for(&raw)?.clone();
+        let secret = r.key_secret()?;
+        Some((t, yarl_core::zone::keys::key_id(secret, &raw)))
+    })
+    .await
+}
+
 /// The key `name` under the template with the longest prefix of it, with its counter on
 /// this root (`null` when this root counts nothing for it now); `None` when no template
 /// covers it.
@@ -447,15 +459,7 @@ async fn key_of(
     name: &str,
     now: u64,
 ) -> Result<Option<Json<QuotaWithCounter>>, ApiError> {
-    let raw = yarl_core::raw_name(name);
-    let found = st
-        .with_stripe(0, move |r| {
-            let t = r.template_for(&raw)?.clone();
-            let secret = r.key_secret()?;
-            Some((t, yarl_core::zone::keys::key_id(secret, &raw)))
-        })
-        .await?;
-    let Some((template, id)) = found else { return Ok(None) };
+    let Some((template, id)) = key_template(st, name).await? else { return Ok(None) };
     let counter = st
         .with_stripe(st.stripe_of(id), move |r| r.counter(id, now))
         .await?
@@ -523,9 +527,9 @@ pub(crate) async fn delete(
     security(("admin_token" = [])),
     tag = "quotas",
     responses(
-        (status = 200, description = "The quota with its new `reset_epoch`.", body = QuotaJson),
+        (status = 200, description = "The quota with its new `reset_epoch`; for a key (a name under a template, with no quota of its own), the key as `GET` shows it.", body = QuotaJson),
         (status = 400, description = "The path is not UTF-8.", body = ErrorBody),
-        (status = 404, description = "No such quota.", body = ErrorBody),
+        (status = 404, description = "No such quota, and no template covers the name.", body = ErrorBody),
         (status = 422, description = "The name is invalid.", body = ErrorBody),
         AdminErrors,
     ),
@@ -541,16 +545,38 @@ pub(crate) async fn action(
             return Err(ApiError::NoSuchAction(format!("/v1/quotas/{segment}")));
         };
         validate_name(name).map_err(|e| invalid(None, e))?;
-        Ok(st.0.store.reset(name.to_owned()).await?)
+        match st.0.store.reset(name.to_owned()).await {
+            Err(StoreError::NotFound(missing)) => {
+                // No quota of that name: a key, if a template covers it.
+                let Some(key) = key_template(&st, name).await? else {
+                    return Err(StoreError::NotFound(missing).into());
+                };
+                let written = st.0.store.reset_key(name.to_owned(), key.0.limits).await?;
+                Ok((written, Some(key)))
+            }
+            written => Ok((written?, None)),
+        }
     }
     .await;
-    let written = result.map_err(|e| refused(&st, e))?;
+    let (written, key) = result.map_err(|e| refused(&st, e))?;
     st.db_ok();
     st.0.metrics.quota_writes.fetch_add(1, Relaxed);
     let q = written.quotas.first().cloned();
     st.catch_up(written).await;
-    let q = q.ok_or_else(|| ApiError::Internal("reset returned no row".into()))?;
-    tracing::info!(name = %q.name, id = q.id, epoch = q.epoch, "quota reset");
+    let mut q = q.ok_or_else(|| ApiError::Internal("reset returned no row".into()))?;
+    if let (true, Some((template, id))) = (q.deleted, key) {
+        tracing::info!(name = %q.name, template = %template.name, epoch = q.epoch, "key reset");
+        // Answer the key as `GET` shows it, not the tombstone that records its reset.
+        q = StoredQuota {
+            id,
+            deleted: false,
+            limits: template.limits,
+            parent: template.parent.clone(),
+            ..q
+        };
+    } else {
+        tracing::info!(name = %q.name, id = q.id, epoch = q.epoch, "quota reset");
+    }
     Ok(Json(q.into()))
 }
 

@@ -717,6 +717,91 @@ async fn templates_and_their_keys() {
     }
 }
 
+/// `:reset` of a key: keys have no row, so the reset is recorded as a tombstone of the
+/// key's name; the root empties the key, drops deltas counted before it, hands the
+/// tombstone to limiters, and the key stays under its template (not listed, no override).
+#[tokio::test]
+async fn a_key_is_reset_through_the_admin_api() {
+    let (st, _d) = root().await;
+    let (s, v) =
+        call(&st, PUT, "/v1/quotas/api_key_*", Some(&quota(0.001, 50.0, 100.0, None)), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let template = v["id"].as_u64().unwrap();
+    let first = json!({"v":1,"limiter":"l1"}).to_string();
+    let (_, v) = call(&st, POST, "/v1/sync", Some(&first), None).await;
+    let secret = (v["key_secret"][0].as_u64().unwrap(), v["key_secret"][1].as_u64().unwrap());
+    let id = yarl_core::zone::keys::key_id(secret, b"api_key_abc");
+    let other = yarl_core::zone::keys::key_id(secret, b"api_key_other");
+    let batch = |seq: u64, epoch: u64| {
+        json!({"v":1,"limiter":"l1","epoch":epoch,"seen_epoch":epoch,
+            "batches":[{"seq":seq,"epoch":epoch,"deltas":[[id,3000,0],[other,2000,0]]}],
+            "key_templates":[[id, template],[other, template]]})
+        .to_string()
+    };
+    let fill = |v: &Value| v["counter"]["fill"].as_f64().unwrap_or(0.0);
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&batch(1, 1)), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert!((2.9..=3.0).contains(&fill(&v)), "{v}");
+
+    let (s, v) = call(&st, POST, "/v1/quotas/api_key_abc:reset", None, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!((v["name"].as_str(), v["id"].as_u64()), (Some("api_key_abc"), Some(id)), "{v}");
+    assert_eq!((v.get("deleted"), v["limit"].as_f64()), (None, Some(0.001)), "{v}");
+    let reset_epoch = v["reset_epoch"].as_u64().unwrap();
+    assert_eq!(v["epoch"].as_u64(), Some(reset_epoch), "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!((fill(&v), v["template"].as_str()), (0.0, Some("api_key_*")), "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_other", None, None).await;
+    assert!((1.9..=2.0).contains(&fill(&v)), "another key keeps its count: {v}");
+
+    // A batch counted before the reset is dropped for the key, not for the other one.
+    let (s, _) = call(&st, POST, "/v1/sync", Some(&batch(2, 1)), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!(fill(&v), 0.0, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_other", None, None).await;
+    assert!((3.9..=4.0).contains(&fill(&v)), "{v}");
+    // One counted after it is summed.
+    let (_, v) = call(&st, POST, "/v1/sync", Some(&batch(3, reset_epoch)), None).await;
+    assert!(v["counters"].as_array().unwrap().iter().any(|c| c[0].as_u64() == Some(id)), "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert!((2.9..=3.0).contains(&fill(&v)), "{v}");
+
+    // Limiters learn it from the quota pages: the tombstone of the key's name.
+    let (_, v) =
+        call(&st, POST, "/v1/sync", Some(&json!({"v":1,"limiter":"l2"}).to_string()), None).await;
+    let page = v["quotas"].as_array().unwrap();
+    let tomb = page.iter().find(|q| q["name"] == "api_key_abc").expect("the reset's record");
+    assert_eq!(
+        (tomb["deleted"].as_bool(), tomb["reset_epoch"].as_u64()),
+        (Some(true), Some(reset_epoch))
+    );
+    // The key is no quota: not listed, and a second reset works the same way.
+    let (_, v) = call(&st, GET, "/v1/quotas", None, None).await;
+    let names: Vec<&str> =
+        v["quotas"].as_array().unwrap().iter().map(|q| q["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["api_key_*"]);
+    let (s, v) = call(&st, POST, "/v1/quotas/api_key_abc:reset", None, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["reset_epoch"].as_u64().unwrap() > reset_epoch, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!(fill(&v), 0.0, "{v}");
+    // An override made after the reset is a quota; deleting it falls back to the template.
+    let (s, v) =
+        call(&st, PUT, "/v1/quotas/api_key_abc", Some(&quota(9.0, 5.0, 10.0, None)), None).await;
+    assert_eq!((s, v.get("deleted")), (StatusCode::OK, None), "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!((v["limit"].as_f64(), &v["template"]), (Some(9.0), &Value::Null), "{v}");
+    let (s, _) = call(&st, DELETE, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = call(&st, GET, "/v1/quotas/api_key_abc", None, None).await;
+    assert_eq!(v["template"].as_str(), Some("api_key_*"), "{v}");
+    // A name no template covers is still 404.
+    let (s, v) = call(&st, POST, "/v1/quotas/nokey:reset", None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+}
+
 #[tokio::test]
 async fn shadow_mode_is_stored_listed_and_flipped() {
     let (st, _d) = root().await;

@@ -59,6 +59,7 @@ suite!(
     list_is_bytewise_with_literal_prefix,
     concurrent_writers_never_hide_an_epoch,
     batch_deletes_with_writes,
+    key_resets_are_tombstones,
 );
 
 async fn writes_get_increasing_epochs_and_keep_ids(s: Arc<dyn QuotaStore>) {
@@ -113,6 +114,31 @@ async fn tombstones(s: Arc<dyn QuotaStore>) {
     let w = s.put_many(vec![nq("c", None)]).await.unwrap();
     assert_eq!((w.quotas[0].id, w.quotas[0].epoch, w.quotas[0].deleted), (id_c, 5, false));
     assert!(s.list(String::new(), None, 10).await.unwrap().iter().all(|q| q.name == "c"));
+}
+
+/// A key's reset is a tombstone of its name whose `reset_epoch` is its epoch: made on the
+/// first, moved to a new epoch by the next, never listed, and a live quota of the name
+/// (made since the caller looked) is reset as a quota.
+async fn key_resets_are_tombstones(s: Arc<dyn QuotaStore>) {
+    put(&*s, "k_*", None).await.unwrap();
+    let limits = Limits::from_milli(5, 1000, 2000).unwrap();
+    let w = s.reset_key("k_abc".into(), limits).await.unwrap();
+    let q = &w.quotas[0];
+    assert_eq!((q.name.as_str(), q.deleted, q.epoch, q.reset_epoch), ("k_abc", true, 2, 2));
+    assert_eq!(q.limits.limit().milli(), 5);
+    let id = q.id;
+    let w = s.reset_key("k_abc".into(), limits).await.unwrap();
+    let q = &w.quotas[0];
+    assert_eq!((q.id, q.deleted, q.epoch, q.reset_epoch), (id, true, 3, 3));
+    assert!(s.get("k_abc".into()).await.unwrap().is_none());
+    assert_eq!(s.list(String::new(), None, 10).await.unwrap().len(), 1);
+    let ch = all_changes(&*s, 1).await;
+    assert_eq!((ch.len(), ch[0].name.as_str(), ch[0].reset_epoch), (1, "k_abc", 3));
+    // An override made over the record keeps its id; a key reset of a live name resets it.
+    put(&*s, "k_abc", None).await.unwrap();
+    let w = s.reset_key("k_abc".into(), limits).await.unwrap();
+    let q = &w.quotas[0];
+    assert_eq!((q.id, q.deleted, q.epoch, q.reset_epoch), (id, false, 5, 5));
 }
 
 async fn graph_rules(s: Arc<dyn QuotaStore>) {

@@ -13,9 +13,9 @@
 //! quota's numbers in it.
 
 use super::{ApplyReport, Limiter};
-use crate::quota::{is_template, raw_name, validate_name, QuotaId, QuotaUpdate};
+use crate::quota::{is_template, raw_name, validate_name, Epoch, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
-use crate::zone::keys::{is_key_id, TEMPLATE};
+use crate::zone::keys::{is_key_id, key_id, TEMPLATE};
 use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, SHADOW};
 use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use hashbrown::HashTable;
@@ -41,6 +41,17 @@ pub(crate) struct Writer {
     claims: HashMap<u32, u64>,
 }
 
+/// What [`Limiter::apply_quotas_with_resets`] did beyond its report.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    pub(crate) report: ApplyReport,
+    /// Slots a reset emptied (the sync engine must not fold counts of its round in flight
+    /// back into them).
+    pub(crate) resets: Vec<u32>,
+    /// Keys reset: wire id and the reset's epoch.
+    pub(crate) key_resets: Vec<(QuotaId, Epoch)>,
+}
+
 /// What one call of [`Limiter::apply_quotas_with_resets`] gathers on its way through the
 /// updates.
 #[derive(Default)]
@@ -48,6 +59,11 @@ struct Applying<'u> {
     now: u64,
     report: ApplyReport,
     resets: Vec<u32>,
+    /// Keys reset ([`QuotaUpdate::is_key_reset`]): their wire id and the reset's epoch.
+    key_resets: Vec<(QuotaId, Epoch)>,
+    /// The highest epoch applied before this call: a key's reset older than it was applied
+    /// then (a refetch brings it again).
+    seen: Epoch,
     max_epoch: u64,
     /// Slots whose parent link is (re)made after the last update: `(child, parent name)`.
     parent_jobs: Vec<(u32, Option<&'u str>)>,
@@ -148,19 +164,20 @@ impl Limiter {
     /// version held is ignored. A new quota that does not fit in the block is counted as
     /// missing and stays unlimited.
     pub fn apply_quotas(&self, updates: &[QuotaUpdate]) -> ApplyReport {
-        self.apply_quotas_with_resets(updates).0
+        self.apply_quotas_with_resets(updates).report
     }
 
     /// [`apply_quotas`](Self::apply_quotas), also listing the slots a reset emptied (the
     /// sync engine must not fold counts of its round in flight back into them).
-    pub(crate) fn apply_quotas_with_resets(
-        &self,
-        updates: &[QuotaUpdate],
-    ) -> (ApplyReport, Vec<u32>) {
+    pub(crate) fn apply_quotas_with_resets(&self, updates: &[QuotaUpdate]) -> Applied {
         if updates.is_empty() {
-            return (ApplyReport::default(), Vec::new());
+            return Applied::default();
         }
-        let mut a = Applying { now: self.clock.now_nanos(), ..Applying::default() };
+        let mut a = Applying {
+            now: self.clock.now_nanos(),
+            seen: self.seen_epoch(),
+            ..Applying::default()
+        };
         let mut guard = self.writer();
         let w = &mut *guard;
         for u in updates {
@@ -171,6 +188,9 @@ impl Limiter {
             a.max_epoch = a.max_epoch.max(u.epoch);
             a.templates |= is_template(&u.name);
             let existing = self.find_id(w, u.id);
+            if u.is_key_reset() {
+                self.apply_key_reset(&mut a, u);
+            }
             if u.deleted {
                 self.apply_tombstone(w, &mut a, u, existing);
             } else if let Some(s) = existing {
@@ -191,7 +211,29 @@ impl Limiter {
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::EPOCH_SEEN).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::QUOTAS).store(w.by_id.len() as u64, Relaxed);
-        (a.report, a.resets)
+        Applied { report: a.report, resets: a.resets, key_resets: a.key_resets }
+    }
+
+    /// A reset of the key `u` names: its counter here empties at once (if this block holds
+    /// the key), and the sync engine learns its id so that it takes no fill for it from a
+    /// root that has not read the reset yet. Applied once: a refetch of every quota brings
+    /// it again, older than what this block had seen.
+    fn apply_key_reset(&self, a: &mut Applying<'_>, u: &QuotaUpdate) {
+        if u.reset_epoch <= a.seen {
+            return;
+        }
+        let raw = raw_name(&u.name);
+        if self.find(&raw).is_some() {
+            // The name has a quota of its own here: it is no key.
+            return;
+        }
+        a.key_resets.push((key_id(self.cluster_secret(), &raw), u.reset_epoch));
+        if let Some((s, slot)) = self.lookup(&raw) {
+            slot.clear_counters();
+            slot.write_base(0, a.now);
+            a.resets.push(s);
+            a.report.reset += 1;
+        }
     }
 
     fn apply_tombstone(

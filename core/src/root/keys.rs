@@ -13,8 +13,8 @@ use super::counters::NO_COUNTER;
 use super::quotas::QuotaEntry;
 use super::{IdMap, IdSet, RootState};
 use crate::proto::SyncRequest;
-use crate::quota::{is_template, QuotaId, QuotaUpdate};
-use crate::zone::keys::is_key_id;
+use crate::quota::{is_template, raw_name, Epoch, QuotaId, QuotaUpdate};
+use crate::zone::keys::{is_key_id, key_id};
 use std::sync::Arc;
 
 /// The keys a root holds, by template.
@@ -31,6 +31,11 @@ pub(super) struct Keys {
     /// Keys refused per template since the start (for metrics; one entry per template that
     /// ever refused, and templates are the operator's, so it stays small).
     pub(super) refused: IdMap<u64>,
+    /// The epoch of each key's last reset ([`QuotaUpdate::is_key_reset`]), by key id, kept
+    /// after the key's entry goes: a batch cut before the reset may come long after it
+    /// (from a limiter cut off meanwhile) and must not bring its counts back. One pair per
+    /// key ever reset, as the database holds a row per such key.
+    pub(super) resets: IdMap<Epoch>,
 }
 
 impl RootState {
@@ -67,9 +72,10 @@ impl RootState {
             *self.keys.refused.entry(template).or_default() += 1;
             return false;
         }
+        let reset_epoch = t.reset_epoch.max(self.keys.resets.get(&id).copied().unwrap_or(0));
         let entry = QuotaEntry {
             limits: t.limits,
-            reset_epoch: t.reset_epoch,
+            reset_epoch,
             deleted: false,
             counter: NO_COUNTER,
             template: Some(template),
@@ -80,6 +86,25 @@ impl RootState {
         self.keys.count += 1;
         self.stats.keys_created += 1;
         true
+    }
+
+    /// Applies a reset of one key (`u`, see [`QuotaUpdate::is_key_reset`]): its counter
+    /// empties, and deltas and hints counted before the reset are dropped from now on, as
+    /// for a quota's reset. Needs the cluster's secret to know the key's id.
+    pub(super) fn reset_key(&mut self, u: &QuotaUpdate) {
+        let Some(secret) = self.key_secret else { return };
+        let id = key_id(secret, &raw_name(&u.name));
+        if !self.stripe.contains(id) {
+            return;
+        }
+        let at = self.keys.resets.entry(id).or_default();
+        if *at >= u.reset_epoch {
+            return;
+        }
+        *at = u.reset_epoch;
+        let Some(q) = self.quotas.get_mut(&id).filter(|q| q.template.is_some()) else { return };
+        q.reset_epoch = q.reset_epoch.max(u.reset_epoch);
+        self.reset(id);
     }
 
     /// Removes key `id`'s entry (its counter is gone already, or goes now).
@@ -136,7 +161,8 @@ impl RootState {
             }
             if let Some(q) = self.quotas.get_mut(&k) {
                 q.limits = u.limits;
-                q.reset_epoch = u.reset_epoch;
+                // A reset of this key alone may be newer than the template's.
+                q.reset_epoch = q.reset_epoch.max(u.reset_epoch);
                 q.update = Arc::clone(u);
             }
             if counter != NO_COUNTER && !reset {

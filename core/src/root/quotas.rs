@@ -67,6 +67,10 @@ impl RootState {
         for u in updates {
             self.epoch = self.epoch.max(u.epoch);
             self.highest_id = self.highest_id.max(u.id);
+            if u.is_key_reset() {
+                // Every stripe looks: the key's counter may be in any.
+                self.reset_key(&u);
+            }
             // Every stripe holds every template: its keys may be anywhere.
             if !lead && !self.stripe.contains(u.id) && !is_template(&u.name) {
                 continue;
@@ -79,7 +83,8 @@ impl RootState {
                 if let Some(c) = self.counters.get_mut(old.counter) {
                     c.bucket.advance(now, old.limits.limit());
                 }
-                if u.reset_epoch > old.reset_epoch {
+                // A key's reset records itself in a row whose id has no counter.
+                if u.reset_epoch > old.reset_epoch && !u.is_key_reset() {
                     self.reset(u.id);
                 }
             }

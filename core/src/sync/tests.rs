@@ -810,6 +810,73 @@ fn a_new_key_counts_for_every_live_limiter_until_a_root_reports_it() {
     assert!((4..=6).contains(&alone), "alone again: {alone}");
 }
 
+/// A reset of one key (a tombstone of its name whose `reset_epoch` is its epoch) empties
+/// its counter on every root and limiter, and what was counted before never comes back: a
+/// batch cut before it is dropped, a root that has not read it yet is not believed, and a
+/// refetch of every quota does not apply it twice.
+#[test]
+fn a_key_is_reset_cluster_wide_and_its_old_counts_never_come_back() {
+    let clock = ManualClock::at(S);
+    let template = quota(1, "api_key_*", 0.001, 5.0, 10.0);
+    let t = std::slice::from_ref(&template);
+    let (mut ra, mut rb) = (root_with(t), root_with(t));
+    ra.set_key_secret((11, 12));
+    rb.set_key_secret((11, 12));
+    let mut n = node(&clock, 2);
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    let id = crate::zone::keys::key_id((11, 12), b"api_key_x");
+    n.limiter.account("api_key_x", 4).unwrap();
+    n.limiter.account("api_key_y", 3).unwrap();
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    let fill = |r: &RootState, id| r.counter(id, clock.now_nanos()).map_or(0.0, |c| c.fill);
+    assert_eq!((fill(&ra, id), fill(&rb, id)), (4.0, 4.0));
+    // One more unit, in a batch cut before the reset and delivered after it.
+    n.limiter.account("api_key_x", 1).unwrap();
+    let calls = n.engine.begin_round(clock.now_nanos());
+    let reset = QuotaUpdate {
+        deleted: true,
+        epoch: 2,
+        reset_epoch: 2,
+        ..quota(2, "api_key_x", 1.0, 1.0, 1.0)
+    };
+    assert!(reset.is_key_reset());
+    ra.apply_quotas([reset.clone()], clock.now_nanos());
+    assert_eq!(fill(&ra, id), 0.0, "the root that read the reset empties the key");
+    let now = clock.now_nanos();
+    for call in calls {
+        let body = serde_json::to_vec(&call.request).unwrap();
+        let r = if call.root == 0 { &mut ra } else { &mut rb };
+        let resp = r.sync(&serde_json::from_slice(&body).unwrap(), now).unwrap();
+        let resp = serde_json::from_slice(&serde_json::to_vec(&resp).unwrap()).unwrap();
+        n.engine.on_response(call.root, Ok(resp), Duration::from_millis(1), now);
+    }
+    n.engine.end_round(now);
+    assert_eq!(fill(&ra, id), 0.0, "the batch cut before the reset is dropped");
+    assert_eq!(ra.stats().dropped_before_reset, 1);
+    assert_eq!(fill(&rb, id), 5.0, "rb has not read the reset");
+    assert_eq!(n.limiter.quota("api_key_x").unwrap().fill, 0.0, "rb's fill is not believed");
+    assert_eq!(n.limiter.quota("api_key_y").unwrap().fill, 3.0, "other keys keep theirs");
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    assert_eq!(n.limiter.quota("api_key_x").unwrap().fill, 0.0);
+    // Once rb reads it, it empties too, and the limiter forgets the reset.
+    rb.apply_quotas([reset], clock.now_nanos());
+    assert_eq!(fill(&rb, id), 0.0);
+    n.limiter.account("api_key_x", 2).unwrap();
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    assert!(n.engine.key_resets.is_empty());
+    assert_eq!(n.limiter.quota("api_key_x").unwrap().fill, 2.0);
+    assert_eq!((fill(&ra, id), fill(&rb, id)), (2.0, 2.0));
+    // A refetch of every quota brings the reset again: it is not applied twice.
+    n.limiter.refetch_all(clock.now_nanos());
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    round(&mut n, &mut [Some(&mut ra), Some(&mut rb)], clock.now_nanos());
+    assert_eq!(n.limiter.quota("api_key_x").unwrap().fill, 2.0);
+    // The template's other keys, and a key created after the reset, are untouched.
+    assert_eq!(n.limiter.quota("api_key_y").unwrap().fill, 3.0);
+}
+
 #[test]
 fn many_hints_go_over_several_calls_and_restore_every_daily_count() {
     // Ten daily quotas (1,000 a day) with counts; their root restarts. Hints go at most

@@ -253,6 +253,14 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// that epoch (its numbers and parent stay as they are).
     fn reset(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>>;
 
+    /// Resets the key `name` (a name under a template, with no live quota of its own)
+    /// cluster-wide. Keys have no rows, so the reset is recorded as a tombstone of the name
+    /// whose `reset_epoch` is its new epoch (`limits`, the template's, fill its columns);
+    /// roots and limiters that apply it empty the key's counter, and the key stays under
+    /// its template. A live quota of that name is reset as [`QuotaStore::reset`] does.
+    fn reset_key(&self, name: String, limits: Limits)
+        -> BoxFuture<'_, Result<Written, StoreError>>;
+
     /// The live quota called `name`.
     fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>>;
 

@@ -29,7 +29,7 @@ use sqlx::sqlite::{
 use sqlx::{Postgres, QueryBuilder, Sqlite, Transaction};
 use std::str::FromStr;
 use std::time::Duration;
-use yarl_core::Epoch;
+use yarl_core::{Epoch, Limits};
 
 /// How long a SQLite write waits for the lock (held by another process) before the
 /// request fails with 503.
@@ -348,6 +348,54 @@ impl SqlStore {
                 q.epoch = base + 1;
                 q.reset_epoch = base + 1;
                 Ok(Written { base_epoch: base, quotas: vec![q] })
+            }
+        )
+    }
+
+    async fn reset_key_inner(&self, name: String, limits: Limits) -> Result<Written, StoreError> {
+        let live = format!(
+            "UPDATE yarl_quotas SET epoch = $1, reset_epoch = $1 WHERE name = $2 AND NOT deleted
+             RETURNING {COLUMNS}"
+        );
+        // The key's tombstone: the template's numbers fill the row's columns (nothing reads
+        // them), and a tombstone left by a deleted override is reused.
+        let tomb = format!(
+            "INSERT INTO yarl_quotas
+                (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run,
+                 per_s, deleted, reset_epoch)
+             VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, TRUE, $5)
+             ON CONFLICT (name) DO UPDATE SET
+                epoch = excluded.epoch, reset_epoch = excluded.reset_epoch, deleted = TRUE
+             RETURNING {COLUMNS}"
+        );
+        each_backend!(
+            self,
+            write(tx, _d) => {
+                let base = bump_epoch(&mut tx, 1).await?;
+                let epoch = to_i64(base + 1);
+                // A quota of that name made since the caller looked is reset as a quota.
+                let row: Option<Row> = sqlx::query_as(&live)
+                    .bind(epoch)
+                    .bind(&name)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let row = match row {
+                    Some(row) => row,
+                    None => {
+                        sqlx::query_as(&tomb)
+                            .bind(&name)
+                            .bind(to_i64(limits.limit().milli()))
+                            .bind(to_i64(limits.low_burst()))
+                            .bind(to_i64(limits.high_burst()))
+                            .bind(epoch)
+                            .bind(limits.dry_run())
+                            .bind(to_i64(limits.window_secs()))
+                            .fetch_one(&mut *tx)
+                            .await?
+                    }
+                };
+                tx.commit().await?;
+                Ok(Written { base_epoch: base, quotas: vec![from_row(row)?] })
             }
         )
     }
@@ -678,6 +726,14 @@ impl QuotaStore for SqlStore {
 
     fn reset(&self, name: String) -> BoxFuture<'_, Result<Written, StoreError>> {
         Box::pin(self.reset_inner(name))
+    }
+
+    fn reset_key(
+        &self,
+        name: String,
+        limits: Limits,
+    ) -> BoxFuture<'_, Result<Written, StoreError>> {
+        Box::pin(self.reset_key_inner(name, limits))
     }
 
     fn get(&self, name: String) -> BoxFuture<'_, Result<Option<StoredQuota>, StoreError>> {
