@@ -270,7 +270,8 @@ pub async fn drive(
         }
         regular = true;
         // Until the next regular round, look for a surge every EARLY_POLL: the engine says
-        // when one is worth a round now (and keeps such rounds rare).
+        // when one is worth a round now (and keeps such rounds rare). Keys met for the first
+        // time meanwhile take what the roots last said of them.
         loop {
             let now = tokio::time::Instant::now();
             if now >= next {
@@ -280,6 +281,7 @@ pub async fn drive(
                 _ = tokio::time::sleep_until(next.min(now + EARLY_POLL)) => {}
                 _ = wake.notified() => break,
             }
+            engine.adopt_keys(clock.now_nanos());
             if tokio::time::Instant::now() < next && engine.wants_early_round(clock.now_nanos()) {
                 regular = false;
                 break;
@@ -289,7 +291,8 @@ pub async fn drive(
 }
 
 /// How often the agent looks for a surge between rounds
-/// ([`SyncEngine::wants_early_round`]): an atomic load each time.
+/// ([`SyncEngine::wants_early_round`]: an atomic load each time) and for keys new to this
+/// host ([`SyncEngine::adopt_keys`]: an atomic load when no key was inserted).
 pub const EARLY_POLL: Duration = Duration::from_millis(10);
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
+use crate::zone::keys::is_key_id;
 use crate::zone::roots as zroots;
 use foldhash::HashSet;
 pub use round::RoundReport;
@@ -164,6 +165,26 @@ pub struct SyncEngine {
     key_resets: HashMap<QuotaId, Epoch>,
     /// Each root's latest `root_epoch` (0: none yet, or a root that sends none).
     root_epochs: Vec<Epoch>,
+    /// Keys the roots reported (answers of every change) while this limiter did not hold
+    /// them by id: their fill, demand and when. A key a request path meets here for the
+    /// first time takes them between rounds ([`Self::adopt_keys`]), so a client already
+    /// known to the cluster is decided on the cluster's count and rate, not on the guess a
+    /// key new to every host needs (see `Slot::estimate`).
+    reported_keys: HashMap<QuotaId, Reported>,
+    /// The block's count of keys inserted when [`Self::adopt_keys`] last looked
+    /// (`u64::MAX`: look at the next call).
+    keys_seen: u64,
+}
+
+/// A key a root reported while this limiter did not hold it ([`SyncEngine::adopt_keys`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Reported {
+    fill: u64,
+    demand: u64,
+    /// When the latest report came.
+    when: u64,
+    /// When the first came: a key reported for less than an interval is new to the roots.
+    since: u64,
 }
 
 /// Keys reset lately that [`SyncEngine`] remembers at most (the oldest go first): roots
@@ -264,6 +285,8 @@ impl SyncEngine {
             pacer: crate::limiter::no_pace,
             key_resets: HashMap::new(),
             root_epochs: Vec::new(),
+            reported_keys: HashMap::new(),
+            keys_seen: u64::MAX,
         })
     }
 
@@ -568,6 +591,8 @@ impl SyncEngine {
         let (round, active, limiter, shards) =
             (&mut self.round, &mut self.active, &self.limiter, self.shards);
         let key_resets = &self.key_resets;
+        let reported = &mut self.reported_keys;
+        let mut missed = false;
         limiter.with_counters_paced(self.pacer, |c| {
             let mut slots = Vec::with_capacity(WARM_CHUNK);
             for chunk in counters.chunks(WARM_CHUNK) {
@@ -587,7 +612,16 @@ impl SyncEngine {
                     c.warm_versions(slots.iter().flatten().map(|x| x.0));
                 }
                 for (&(id, fill, demand), &slot) in chunk.iter().zip(&slots) {
-                    let Some((mut s, mut entry)) = slot else { continue };
+                    let Some((mut s, mut entry)) = slot else {
+                        if is_key_id(id) && !key_resets.contains_key(&id) {
+                            let e = reported
+                                .entry(id)
+                                .or_insert(Reported { since: now, ..Reported::default() });
+                            (e.fill, e.demand, e.when) = (fill, demand, now);
+                            missed = true;
+                        }
+                        continue;
+                    };
                     if entry.is_some() && c.id_of(s) != Some(id) {
                         // The batch's slot no longer holds this quota (deleted, maybe reused,
                         // while the round was in flight): look it up where it is now, if
@@ -623,6 +657,66 @@ impl SyncEngine {
                 }
             }
         });
+        if missed {
+            self.keys_seen = u64::MAX;
+            self.bound_reported_keys(now);
+        }
+    }
+
+    /// Keeps [`Self::reported_keys`] within the key table's size: reports older than a
+    /// few intervals go first (the next round brings fresher ones), then all.
+    fn bound_reported_keys(&mut self, now: u64) {
+        let cap = (self.limiter.key_capacity() as usize).max(1024);
+        if self.reported_keys.len() <= cap {
+            return;
+        }
+        let recent = now.saturating_sub(self.interval_ns().saturating_mul(2));
+        self.reported_keys.retain(|_, r| r.when >= recent);
+        if self.reported_keys.len() > cap {
+            self.reported_keys.clear();
+        }
+    }
+
+    /// Between rounds (the agent's poll): gives each key that a request path inserted since
+    /// the last round, and that no root has reported to this limiter yet, the fill a root
+    /// reported for it in an earlier answer, if any ([`CounterAccess::adopt`]), and the
+    /// cluster's demand, up to the limit, as what the rest of the cluster adds: a hot key
+    /// met on one more host must not look idle there until the next round. Cheap when no
+    /// key was inserted since the last call. Returns the keys adopted.
+    pub fn adopt_keys(&mut self, now: u64) -> usize {
+        if self.reported_keys.is_empty() {
+            return 0;
+        }
+        let inserted = self.limiter.keys_inserted();
+        if inserted == self.keys_seen {
+            return 0;
+        }
+        self.keys_seen = inserted;
+        let slots = self.limiter.dirty_key_slots();
+        if slots.is_empty() {
+            return 0;
+        }
+        let interval = self.interval_ns();
+        let reported = &mut self.reported_keys;
+        self.limiter.with_counters(|c| {
+            let mut adopted = 0;
+            for s in slots {
+                let Some(id) = c.id_of(s) else { continue };
+                let Some(&r) = reported.get(&id) else { continue };
+                if r.when.saturating_sub(r.since) < interval {
+                    // New to the roots too: a key every host meets at once (a client's first
+                    // burst) keeps the guess until its own round.
+                    continue;
+                }
+                reported.remove(&id);
+                if c.adopt(s, r.fill, r.when.min(now)) {
+                    let demand = r.demand as f64;
+                    c.set_rates(s, demand.min(c.limit(s)), demand);
+                    adopted += 1;
+                }
+            }
+            adopted
+        })
     }
 
     /// Finishes the round at `now`.

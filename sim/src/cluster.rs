@@ -101,6 +101,10 @@ pub struct YarlConfig {
     /// as from roots that predate it (each limiter then counts only itself for such
     /// counters).
     pub peers: bool,
+    /// A host's agent gives a key it meets for the first time what the roots last reported
+    /// of it (`SyncEngine::adopt_keys`, polled every [`POLL_NS`]); off, such a key waits for
+    /// the host's own round.
+    pub adopt: bool,
 }
 
 /// How often a host's sync agent checks for an early round (the nginx agent's tick).
@@ -171,6 +175,8 @@ enum Event {
     Round(usize),
     /// An early round for host `h` (its agent's poll found the surge flag).
     Early(usize),
+    /// Host `h`'s agent polls for keys new to it (`SyncEngine::adopt_keys`).
+    Adopt(usize),
     AtRoot(usize),
     Answer(usize),
     Sweep,
@@ -198,6 +204,8 @@ struct Host {
     /// Calls of the round in flight still unanswered.
     outstanding: usize,
     in_flight: bool,
+    /// An [`Event::Adopt`] is queued.
+    adopt_queued: bool,
 }
 
 struct Yarl {
@@ -210,6 +218,7 @@ struct Yarl {
     free: Vec<usize>,
     early: bool,
     peers: bool,
+    adopt: bool,
 }
 
 enum Decider {
@@ -406,6 +415,11 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 }
                 if let Decider::Yarl(y) = &mut decider {
                     let h = &mut y.hosts[host];
+                    if y.adopt && !h.adopt_queued {
+                        // The agent's next poll looks for keys this request may have made.
+                        h.adopt_queued = true;
+                        q.push(at + POLL_NS - at % POLL_NS, Event::Adopt(host));
+                    }
                     if y.early && !h.in_flight {
                         let now = at.saturating_add_signed(h.offset);
                         if h.engine.wants_early_round(now) {
@@ -448,6 +462,15 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 if !y.hosts[h].in_flight {
                     out.early_rounds += 1;
                     y.begin(h, at, &scenario.net, &mut rng, &mut q);
+                }
+            }
+            Event::Adopt(h) => {
+                let Decider::Yarl(y) = &mut decider else { continue };
+                let host = &mut y.hosts[h];
+                host.adopt_queued = false;
+                // The agent polls between rounds (a round holds its thread).
+                if !host.in_flight {
+                    host.engine.adopt_keys(at.saturating_add_signed(host.offset));
                 }
             }
             Event::AtRoot(c) => {
@@ -534,14 +557,22 @@ fn build_yarl(
             limiter.apply_quotas(&quotas);
             let engine = SyncEngine::new(limiter.clone(), urls.clone(), config.clone())
                 .expect("fresh limiter, positive interval");
-            Host { limiter, engine, offset, outstanding: 0, in_flight: false }
+            Host { limiter, engine, offset, outstanding: 0, in_flight: false, adopt_queued: false }
         })
         .collect();
     // Limiters sync at independent phases within the interval, as real hosts do.
     for h in 0..s.hosts {
         q.push(EPOCH_NS + rng.u64(0..ns(s.interval).max(1)), Event::Round(h));
     }
-    Yarl { hosts, roots, calls: Vec::new(), free: Vec::new(), early: cfg.early, peers: cfg.peers }
+    Yarl {
+        hosts,
+        roots,
+        calls: Vec::new(),
+        free: Vec::new(),
+        early: cfg.early,
+        peers: cfg.peers,
+        adopt: cfg.adopt,
+    }
 }
 
 impl Yarl {

@@ -36,6 +36,7 @@ pub fn chosen_default() -> YarlConfig {
         guard: false,
         early: true,
         peers: true,
+        adopt: true,
     }
 }
 

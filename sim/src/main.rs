@@ -93,7 +93,15 @@ fn main() -> Result<()> {
     eprintln!("running the Zipf keys");
     let d = ex::chosen_default();
     let zipf: Vec<(&str, ex::ZipfRow)> = [
-        ("**default**: a key no root reported stands for every live limiter", d),
+        (
+            "**default**: a key new to a host takes what the roots last reported of it; one \
+             they never reported stands for every live limiter",
+            d,
+        ),
+        (
+            "the same, without the roots' reports (the default before)",
+            YarlConfig { adopt: false, ..d },
+        ),
         ("each limiter counts only itself for such a key", YarlConfig { peers: false, ..d }),
     ]
     .into_iter()
@@ -729,10 +737,32 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
          bursts, and the client pays the excess back: its quota stays closed until it has \
          drained (the hottest keys get the lowest share above). Standing for every live \
          limiter, a host admits about a fiftieth of the burst, and the hot keys get their \
-         limit; the cost falls on the cold keys already known elsewhere: a second request \
-         on a host within the host's first round with the key is refused on that guess. A \
-         guessed refusal asks for an early round (within the early rounds' budget), and \
-         once a root has reported the key the host decides on the cluster's count.\n"
+         limit. But a key the cluster has known for a while is new to each host too (a cold \
+         key meets most hosts for the first time long after it first appeared), and without \
+         more, a second request on a host within that host's first round with the key is \
+         refused on the guess (the row *without the roots' reports*).\n"
+    );
+    let _ = writeln!(
+        w,
+        "With answers of every change (`yarl_sync_answers all`), the roots have reported such \
+         a key to every host before it meets it. The sync agent keeps what they reported of \
+         keys its host does not hold (fill, demand and when; at most as many as its key table \
+         holds, the older reports going first), and at its next poll (10 ms) gives a key that \
+         a request has just made that fill, drained since, with the cluster's demand up to the \
+         limit as what the rest of the cluster adds until the host's own round \
+         (`SyncEngine::adopt_keys`). A key reported for less than an interval is new to the \
+         roots as well (a client meeting every host at once) and keeps the guess. With answers \
+         by interest (`touched`) a host hears only of keys it met, and decides as in the row \
+         without the reports.\n"
+    );
+    let _ = writeln!(
+        w,
+        "What is still refused: second requests within a host's first round with a key new \
+         to the roots (the guess), and requests of the warmest cold keys (0.5 to 0.9 × their \
+         limit) decided on the cluster's count: a root adds each host's round of counts at \
+         once, so a bucket that one exact bucket would have found empty between requests \
+         looks up to an interval of the key's traffic fuller (as for the quiet keys above), \
+         and a clump of arrivals then crosses `low_burst`.\n"
     );
     m
 }

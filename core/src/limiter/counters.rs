@@ -55,6 +55,43 @@ impl Limiter {
         out
     }
 
+    /// Key slots with counts since the last round, their dirty bits left for the round: a
+    /// look through the bitmap's summary, so only words with marks are read.
+    pub(crate) fn dirty_key_slots(&self) -> Vec<u32> {
+        let words = self.words();
+        let first = self.layout.slot_cap as usize / 64;
+        let n = (self.layout.all_slots() as usize).div_ceil(64);
+        let mut out = Vec::new();
+        for j in first / 64..n.div_ceil(64) {
+            let Some(sum) = words.get(self.layout.dirty_sum + j) else { break };
+            let mut marked = sum.load(Relaxed);
+            while marked != 0 {
+                let k = j * 64 + marked.trailing_zeros() as usize;
+                marked &= marked - 1;
+                let Some(cell) = words.get(self.layout.dirty + k) else { continue };
+                let mut b = cell.load(Relaxed);
+                while b != 0 {
+                    let s = k as u32 * 64 + b.trailing_zeros();
+                    b &= b - 1;
+                    if s >= self.layout.slot_cap {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// How many keys the key table holds at most.
+    pub(crate) fn key_capacity(&self) -> u32 {
+        self.key_table().cap()
+    }
+
+    /// Keys inserted since the block was made (a count that only grows).
+    pub(crate) fn keys_inserted(&self) -> u64 {
+        self.hdr(hdr::KEYS_INSERTED).load(Relaxed)
+    }
+
     /// Every live slot for which `keep` holds (a scan of all slots).
     pub(crate) fn scan_slots(&self, mut keep: impl FnMut(&Slot<'_>) -> bool) -> Vec<u32> {
         // The key table only when it holds keys (a walk of all of it otherwise for nothing).
@@ -283,6 +320,19 @@ impl CounterAccess<'_> {
             let v = self.synced(s, now).max(fill);
             x.write_base(v, now);
         }
+    }
+
+    /// Gives a key that no root has reported to this limiter yet (`at` still 0) the fill a
+    /// root reported for it at `when`, before this limiter held it: from here it decides
+    /// on the cluster's count, drained since `when`, instead of a guess. `false` if it had
+    /// a report already.
+    pub fn adopt(&self, s: u32, fill: u64, when: u64) -> bool {
+        let Some(x) = self.slot(s) else { return false };
+        if x.read_base().1 != 0 {
+            return false;
+        }
+        x.write_base(fill, when.max(1));
+        true
     }
 
     /// The raw (`base`, `at`) pair.

@@ -767,16 +767,12 @@ fn keys_are_counted_cluster_wide() {
     assert_eq!(root.keys_per_template(), vec![(1, 2)]);
 }
 
-/// A key no root has reported yet stands for every live limiter's count (the roots say how
-/// many there are): a client new to every host at once gets about one burst cluster-wide
-/// before the first round, not one per host. Once a root reports the key, each host
-/// decides on the cluster's count, unscaled.
-#[test]
-fn a_new_key_counts_for_every_live_limiter_until_a_root_reports_it() {
-    let clock = ManualClock::at(S);
-    let mut root = root_with(&[quota(1, "api_key_*", 0.001, 3.0, 6.0)]);
+/// A root with the template `api_key_*` (bursts `low`/`high`, next to no drain) and three
+/// limiters that each know the others are live.
+fn three_nodes_on_a_template(clock: &ManualClock, low: f64, high: f64) -> (RootState, Vec<Node>) {
+    let mut root = root_with(&[quota(1, "api_key_*", 0.001, low, high)]);
     root.set_key_secret((11, 12));
-    let mut nodes: Vec<Node> = (0..3).map(|_| node(&clock, 1)).collect();
+    let mut nodes: Vec<Node> = (0..3).map(|_| node(clock, 1)).collect();
     for _ in 0..2 {
         for n in &mut nodes {
             round(n, &mut [Some(&mut root)], clock.now_nanos());
@@ -785,6 +781,17 @@ fn a_new_key_counts_for_every_live_limiter_until_a_root_reports_it() {
         clock.advance(Duration::from_secs(1));
     }
     assert!(nodes.iter().all(|n| n.limiter.peers() == 3));
+    (root, nodes)
+}
+
+/// A key no root has reported yet stands for every live limiter's count (the roots say how
+/// many there are): a client new to every host at once gets about one burst cluster-wide
+/// before the first round, not one per host. Once a root reports the key, each host
+/// decides on the cluster's count, unscaled.
+#[test]
+fn a_new_key_counts_for_every_live_limiter_until_a_root_reports_it() {
+    let clock = ManualClock::at(S);
+    let (mut root, mut nodes) = three_nodes_on_a_template(&clock, 3.0, 6.0);
     let pass = |n: &Node, k: &str| n.limiter.account(k, 1).unwrap().outcome == Outcome::Passed;
     // Fills 0 and 3 pass (at most low_burst), 6 does not (high_burst): 6 cluster-wide,
     // where each host on its own count would have let 4 to 6 pass, 12 to 18 in all.
@@ -875,6 +882,41 @@ fn a_key_is_reset_cluster_wide_and_its_old_counts_never_come_back() {
     assert_eq!(n.limiter.quota("api_key_x").unwrap().fill, 2.0);
     // The template's other keys, and a key created after the reset, are untouched.
     assert_eq!(n.limiter.quota("api_key_y").unwrap().fill, 3.0);
+}
+
+/// A key the roots have reported for an interval or more is known to the cluster: a host
+/// meeting it for the first time takes the last report of it between rounds and decides
+/// on the cluster's count, not on the guess a key new to every host needs. A key the
+/// roots reported only just now keeps the guess until the host's own round.
+#[test]
+fn a_host_meeting_a_key_the_cluster_knows_takes_its_reported_count() {
+    let clock = ManualClock::at(S);
+    let (mut root, mut nodes) = three_nodes_on_a_template(&clock, 10.0, 20.0);
+    // Node 0 counts key x over two rounds a second apart; node 1 hears of it in both.
+    for _ in 0..2 {
+        nodes[0].limiter.account("api_key_x", 2).unwrap();
+        round(&mut nodes[0], &mut [Some(&mut root)], clock.now_nanos());
+        round(&mut nodes[1], &mut [Some(&mut root)], clock.now_nanos());
+        clock.advance(Duration::from_secs(1));
+    }
+    // Key y is new to the roots: reported once.
+    nodes[0].limiter.account("api_key_y", 4).unwrap();
+    round(&mut nodes[0], &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut nodes[1], &mut [Some(&mut root)], clock.now_nanos());
+    let b = &mut nodes[1];
+    assert_eq!(b.engine.adopt_keys(clock.now_nanos()), 0, "nothing inserted yet");
+    b.limiter.account("api_key_x", 1).unwrap();
+    b.limiter.account("api_key_y", 1).unwrap();
+    // Before the agent's poll, both are guesses: one unit standing for three hosts.
+    assert_eq!(b.limiter.quota("api_key_x").unwrap().fill, 3.0);
+    assert_eq!(b.engine.adopt_keys(clock.now_nanos()), 1);
+    let fill = |n: &Node, k: &str| (n.limiter.quota(k).unwrap().fill * 100.0).round() / 100.0;
+    assert_eq!(fill(b, "api_key_x"), 5.0, "the cluster's 4 and its own 1");
+    assert_eq!(fill(b, "api_key_y"), 3.0, "new to the roots: the guess");
+    assert_eq!(b.engine.adopt_keys(clock.now_nanos()), 0, "no key inserted since");
+    // The next round reports both, as for any key.
+    round(b, &mut [Some(&mut root)], clock.now_nanos());
+    assert_eq!(fill(b, "api_key_y"), 5.0);
 }
 
 #[test]
