@@ -118,6 +118,33 @@ my $passed = grep { get($t, 'k4') == 200 } 1 .. 8;
 is($passed, 8, 'k4 passes again under its override');
 is(get($t, 'k1'), 429, 'k1 is still limited');
 
+# A key the cluster already knows, met by an nginx for the first time: its sync agent gives
+# it the roots' last report of it at its next poll (10 ms), instead of the guess above until
+# its next round. (A round that begins within those 10 ms takes the key first and reports it
+# itself, about one time in twenty: up to three keys are tried.)
+my $adopted = sub { ($u->stats($u->port(8080)) // {})->{zone}{keys_adopted} // -1 };
+my ($took, $fill);
+for my $c (qw(c1 c2 c3)) {
+	my $before = $adopted->();
+	# Two counts an interval apart: the roots report the key to nginx 2 in two rounds
+	# (one report only would be a key new to the roots, which keeps the guess).
+	is(get($t, $c), 200, "$c on nginx 1");
+	sleep(0.5);
+	is(get($t, $c), 200, "$c again on nginx 1, an interval later");
+	sleep(0.5);
+	is(get($u, $c), 200, "$c on nginx 2, its first sight there");
+	if ($u->wait_for(sub { $adopted->() == $before + 1 }, 0.3)) {
+		$took = $c;
+		$fill = (($u->stats($u->port(8080), "/stats?quota=api_key_$c") // {})->{quota} // {})->{fill};
+		last;
+	}
+}
+ok(defined $took, 'nginx 2 took the roots\' report of a key it met for the first time: ' . ($took // 'none'));
+# The cluster's 2 and its own 1 (the guess would be 1 standing for both nginx: 2).
+ok(defined $fill && $fill > 2.9, 'and decides on the cluster\'s count: fill ' . ($fill // 'none'));
+like($ua->get('http://127.0.0.1:' . $u->port(8080) . '/metrics')->{content},
+	qr/^yarl_keys_adopted_total [1-9]\d*$/m, 'yarl_keys_adopted_total');
+
 # A spray of random keys, ten times the key table, through nginx 1.
 my $sprayed = 0;
 my %sp;

@@ -698,7 +698,7 @@ impl SyncEngine {
         }
         let interval = self.interval_ns();
         let reported = &mut self.reported_keys;
-        self.limiter.with_counters(|c| {
+        let adopted = self.limiter.with_counters(|c| {
             let mut adopted = 0;
             for s in slots {
                 let Some(id) = c.id_of(s) else { continue };
@@ -716,7 +716,9 @@ impl SyncEngine {
                 }
             }
             adopted
-        })
+        });
+        self.limiter.count_adopted(adopted);
+        adopted
     }
 
     /// Finishes the round at `now`.

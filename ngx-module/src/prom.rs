@@ -86,6 +86,11 @@ pub fn render(i: &Input<'_>) -> String {
             "Keys (names under templates) first seen here.",
             u.keys_inserted,
         ),
+        (
+            "yarl_keys_adopted_total",
+            "Keys first seen here that took the roots' last report of them at once.",
+            u.keys_adopted,
+        ),
         ("yarl_key_evictions_total", "Drained keys whose slot a new key took.", u.key_evictions),
         (
             "yarl_keys_refused_total",

@@ -107,6 +107,8 @@ struct Zone<'a> {
     key_capacity: u64,
     keys: u64,
     keys_inserted: u64,
+    /// Keys new here that took the roots' last report of them at once.
+    keys_adopted: u64,
     key_evictions: u64,
     keys_refused: u64,
     /// Per template (the first the zone counts apart; `template: null` for the others).
@@ -230,6 +232,7 @@ pub fn render(input: &Input<'_>) -> String {
             key_capacity: u.key_capacity,
             keys: u.keys,
             keys_inserted: u.keys_inserted,
+            keys_adopted: u.keys_adopted,
             key_evictions: u.key_evictions,
             keys_refused: u.keys_refused,
             template_keys: input

@@ -92,6 +92,13 @@ impl Limiter {
         self.hdr(hdr::KEYS_INSERTED).load(Relaxed)
     }
 
+    /// Counts keys given the roots' report of them on first sight.
+    pub(crate) fn count_adopted(&self, n: usize) {
+        if n > 0 {
+            self.hdr(hdr::KEYS_ADOPTED).fetch_add(n as u64, Relaxed);
+        }
+    }
+
     /// Every live slot for which `keep` holds (a scan of all slots).
     pub(crate) fn scan_slots(&self, mut keep: impl FnMut(&Slot<'_>) -> bool) -> Vec<u32> {
         // The key table only when it holds keys (a walk of all of it otherwise for nothing).

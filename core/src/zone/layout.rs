@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 9;
+pub const LAYOUT_VERSION: u64 = 10;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -163,6 +163,9 @@ pub(crate) mod hdr {
         /// Limiters the roots last said they heard from lately (0 before any answer): what
         /// a counter no root has reported yet is scaled by (see `Slot::estimate`).
         pub const PEERS = 117;
+        /// Keys that took what the roots had reported of them on their first sight here
+        /// (`SyncEngine::adopt_keys`). Zero in blocks made before it: a count from then.
+        pub const KEYS_ADOPTED = 118;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
         /// `TEMPLATE_STATS` words: the template slot + 1 each entry of the counts below

@@ -241,6 +241,8 @@ pub struct ZoneUsage {
     pub keys: u64,
     /// Keys inserted since the block was formatted.
     pub keys_inserted: u64,
+    /// Keys new here that took the roots' last report of them at once.
+    pub keys_adopted: u64,
     /// Drained keys whose slot a new key took.
     pub key_evictions: u64,
     /// New keys the table had no room for near their place: they shared their template's
@@ -275,6 +277,7 @@ pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
         key_capacity: u64::from(l.key_cap),
         keys: get(hdr::KEYS_LIVE),
         keys_inserted: get(hdr::KEYS_INSERTED),
+        keys_adopted: get(hdr::KEYS_ADOPTED),
         key_evictions: get(hdr::KEY_EVICTIONS),
         keys_refused: get(hdr::KEYS_REFUSED),
     }
