@@ -558,9 +558,12 @@ impl SyncEngine {
             let e = self.key_resets.entry(id).or_default();
             *e = (*e).max(epoch);
         }
-        while self.key_resets.len() > MAX_KEY_RESETS {
-            let oldest = self.key_resets.iter().min_by_key(|(_, &e)| e).map(|(&id, _)| id);
-            oldest.map(|id| self.key_resets.remove(&id));
+        if self.key_resets.len() > MAX_KEY_RESETS {
+            // Keep the newest: one cut at the epoch that many from the top.
+            let mut epochs: Vec<Epoch> = self.key_resets.values().copied().collect();
+            let k = epochs.len() - MAX_KEY_RESETS;
+            let (_, &mut cut, _) = epochs.select_nth_unstable(k);
+            self.key_resets.retain(|_, e| *e >= cut);
         }
     }
 

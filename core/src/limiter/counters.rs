@@ -30,56 +30,48 @@ impl Limiter {
 
     /// Slots with counts since the last call (their dirty bits cleared), in slot order.
     pub(crate) fn take_dirty(&self) -> Vec<u32> {
-        let words = self.words();
-        let n = (self.layout.all_slots() as usize).div_ceil(64);
-        let sums = &words[self.layout.dirty_sum..self.layout.dirty_sum + n.div_ceil(64)];
         let mut out = Vec::new();
-        for (j, sum) in sums.iter().enumerate() {
-            if sum.load(Relaxed) == 0 {
-                continue;
-            }
-            // The summary first: a bit set after this swap is seen by the next round.
-            let mut marked = sum.swap(0, Relaxed);
-            while marked != 0 {
-                let k = j * 64 + marked.trailing_zeros() as usize;
-                marked &= marked - 1;
-                let Some(cell) = words.get(self.layout.dirty + k) else { continue };
-                let mut b = cell.swap(0, Relaxed);
-                while b != 0 {
-                    let i = b.trailing_zeros();
-                    out.push(k as u32 * 64 + i);
-                    b &= b - 1;
-                }
-            }
-        }
+        self.walk_dirty(0, true, |s| out.push(s));
         out
     }
 
-    /// Key slots with counts since the last round, their dirty bits left for the round: a
-    /// look through the bitmap's summary, so only words with marks are read.
+    /// Key slots with counts since the last round, their dirty bits left for the round.
     pub(crate) fn dirty_key_slots(&self) -> Vec<u32> {
-        let words = self.words();
-        let first = self.layout.slot_cap as usize / 64;
-        let n = (self.layout.all_slots() as usize).div_ceil(64);
         let mut out = Vec::new();
-        for j in first / 64..n.div_ceil(64) {
-            let Some(sum) = words.get(self.layout.dirty_sum + j) else { break };
-            let mut marked = sum.load(Relaxed);
+        let first = self.layout.slot_cap;
+        self.walk_dirty(first, false, |s| {
+            if s >= first {
+                out.push(s);
+            }
+        });
+        out
+    }
+
+    /// Calls `f` with each slot from about `from` on whose dirty bit is set, in slot order,
+    /// through the bitmap's summary so that only words with marks are read; with `clear`,
+    /// the bits it reports are cleared (summary first: a bit set after that swap is seen by
+    /// the next walk).
+    fn walk_dirty(&self, from: u32, clear: bool, mut f: impl FnMut(u32)) {
+        let words = self.words();
+        let n = (self.layout.all_slots() as usize).div_ceil(64);
+        let first = from as usize / 64 / 64;
+        let sums = &words[self.layout.dirty_sum..self.layout.dirty_sum + n.div_ceil(64)];
+        for (j, sum) in sums.iter().enumerate().skip(first) {
+            if sum.load(Relaxed) == 0 {
+                continue;
+            }
+            let mut marked = if clear { sum.swap(0, Relaxed) } else { sum.load(Relaxed) };
             while marked != 0 {
                 let k = j * 64 + marked.trailing_zeros() as usize;
                 marked &= marked - 1;
                 let Some(cell) = words.get(self.layout.dirty + k) else { continue };
-                let mut b = cell.load(Relaxed);
+                let mut b = if clear { cell.swap(0, Relaxed) } else { cell.load(Relaxed) };
                 while b != 0 {
-                    let s = k as u32 * 64 + b.trailing_zeros();
+                    f(k as u32 * 64 + b.trailing_zeros());
                     b &= b - 1;
-                    if s >= self.layout.slot_cap {
-                        out.push(s);
-                    }
                 }
             }
         }
-        out
     }
 
     /// How many keys the key table holds at most.
