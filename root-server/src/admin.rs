@@ -547,8 +547,13 @@ pub(crate) async fn action(
         validate_name(name).map_err(|e| invalid(None, e))?;
         match st.0.store.reset(name.to_owned()).await {
             Err(StoreError::NotFound(missing)) => {
-                // No quota of that name: a key, if a template covers it.
-                let Some(key) = key_template(&st, name).await? else {
+                // No quota of that name: a key, if a template covers it (a template's own
+                // name never is one).
+                let key = match yarl_core::is_template(name) {
+                    true => None,
+                    false => key_template(&st, name).await?,
+                };
+                let Some(key) = key else {
                     return Err(StoreError::NotFound(missing).into());
                 };
                 let written = st.0.store.reset_key(name.to_owned(), key.0.limits).await?;

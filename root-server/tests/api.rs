@@ -800,6 +800,9 @@ async fn a_key_is_reset_through_the_admin_api() {
     // A name no template covers is still 404.
     let (s, v) = call(&st, POST, "/v1/quotas/nokey:reset", None, None).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    // So is a template that does not exist, even under one that does.
+    let (s, v) = call(&st, POST, "/v1/quotas/api_key_x*:reset", None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
 }
 
 #[tokio::test]
