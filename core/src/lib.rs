@@ -20,6 +20,7 @@
 //! * [`root`]: the root server's aggregation: sums limiters' deltas exactly once.
 //! * [`shard`]: the counter space split across groups of roots.
 //! * [`proto`]: the versioned wire messages between them.
+//! * [`concurrency`]: requests in flight capped cluster-wide, by shares of `C` under leases.
 //! * [`ratelimit`]: the IETF `RateLimit-Policy` / `RateLimit` header fields for a chain.
 //!
 //! ```
@@ -37,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod concurrency;
 pub mod decision;
 mod limiter;
 pub mod proto;

@@ -11,6 +11,7 @@
 //! fixed window, sliding-window approximation); only those are implemented here.
 
 pub mod cluster;
+pub mod concurrency;
 pub mod experiments;
 pub mod load;
 mod metrics;

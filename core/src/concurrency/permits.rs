@@ -1,0 +1,246 @@
+//! The host's side: the permit words every worker shares, and the agent's book of what each
+//! root granted.
+
+use super::{lease_margin, Grant, Report};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Shares are at most this (24 bits), so a share and its lease end fit one atomic word and a
+/// request never reads a share with another share's lease.
+pub const MAX_SHARE: u32 = (1 << 24) - 1;
+
+const NS_PER_MS: u64 = 1_000_000;
+
+/// One concurrency counter's permits on one host: plain words (atomics, no pointers), so
+/// they can live in a memory block shared by processes. Acquire and release are lock-free
+/// and wait for no one: the agent publishes shares with one store.
+#[derive(Debug, Default)]
+pub struct Permits {
+    in_flight: AtomicU32,
+    /// `share | lease end in ms << 24`: the share counts while `now` is before the end.
+    share: AtomicU64,
+    /// Acquires admitted since the agent last took them.
+    admitted: AtomicU32,
+    /// Acquires refused since the agent last took them.
+    refused: AtomicU32,
+}
+
+impl Permits {
+    /// Admits one more request in flight if the host's share, unexpired at `now` (ns on the
+    /// limiter's monotonic clock), has room; counts a refusal otherwise.
+    pub fn acquire(&self, now: u64) -> bool {
+        let word = self.share.load(Ordering::Acquire);
+        let share = if now / NS_PER_MS < word >> 24 { (word as u32) & MAX_SHARE } else { 0 };
+        let mut cur = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            if cur >= share {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            match self.in_flight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.admitted.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Ends one request admitted by [`acquire`](Self::acquire). Never goes below zero: a
+    /// release without its acquire (a bug elsewhere) must not open a slot for free.
+    pub fn release(&self) {
+        let _ =
+            self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+
+    /// Releases `n` at once: what a worker that died held, from its ledger.
+    pub fn release_many(&self, n: u32) {
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| Some(v.saturating_sub(n)));
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The share in force at `now`.
+    pub fn share(&self, now: u64) -> u32 {
+        let word = self.share.load(Ordering::Acquire);
+        if now / NS_PER_MS < word >> 24 {
+            (word as u32) & MAX_SHARE
+        } else {
+            0
+        }
+    }
+
+    /// Publishes `share` (capped at [`MAX_SHARE`]) valid until `until` (ns), rounded down to
+    /// the millisecond so it ends no later.
+    pub fn publish(&self, share: u32, until: u64) {
+        let word = ((until / NS_PER_MS) << 24) | u64::from(share.min(MAX_SHARE));
+        self.share.store(word, Ordering::Release);
+    }
+
+    /// The acquires admitted and refused since the last call.
+    pub fn take_round(&self) -> (u32, u32) {
+        (self.admitted.swap(0, Ordering::Relaxed), self.refused.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// Whether a host should report to its roots before its next round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// No: the next round will do.
+    No,
+    /// It last reported running more than its shares (a share shrank under running
+    /// requests) and those requests have ended: reporting now (repeating the round's
+    /// demand) lets the roots hand the slots on at once instead of a round later.
+    Release,
+    /// It has refused requests since its round began, at least the early gap ago: a round
+    /// now (measuring the demand) lets the roots move slots to it a round sooner.
+    Starving,
+}
+
+/// The agent's book of one counter's shares (what each root granted, until when) and of
+/// the demand it measures between rounds.
+#[derive(Clone, Debug, Default)]
+pub struct HostShares {
+    /// (share, valid until ns on this host's clock), by root.
+    roots: Vec<(u32, u64)>,
+    /// Slot-nanoseconds run since the round began, sampled at each poll.
+    busy: u128,
+    last_poll: u64,
+    round_start: u64,
+    /// How long a request holds its slot (ns), smoothed over rounds; 0 until measured.
+    hold: u64,
+    /// A report went out (or a smaller share came in) while more ran than the shares.
+    over: bool,
+}
+
+impl HostShares {
+    /// A book for `roots` roots, holding nothing, measuring from `now`.
+    pub fn new(roots: usize, now: u64) -> Self {
+        Self {
+            roots: vec![(0, 0); roots],
+            busy: 0,
+            last_poll: now,
+            round_start: now,
+            hold: 0,
+            over: false,
+        }
+    }
+
+    /// Takes root `root`'s grant, answering a report sent at `sent_at`, received at `now`
+    /// with `in_flight` running. `true` if the share shrank: the host should report to that
+    /// root again at once, so the root counts the slots it gave back as free without
+    /// waiting a round (if requests above the new share still run, [`poll`](Self::poll)
+    /// says when they have ended).
+    pub fn apply(
+        &mut self,
+        root: usize,
+        grant: Grant,
+        sent_at: u64,
+        now: u64,
+        in_flight: u32,
+    ) -> bool {
+        let until =
+            sent_at.saturating_add(grant.lease_ns).saturating_sub(lease_margin(grant.lease_ns));
+        let before = self.held(root, now);
+        if let Some(r) = self.roots.get_mut(root) {
+            *r = (grant.share, until);
+        }
+        if in_flight > self.total(now).0 {
+            self.over = true;
+        }
+        grant.share < before
+    }
+
+    /// What root `root` granted that still holds at `now`.
+    pub fn held(&self, root: usize, now: u64) -> u32 {
+        self.roots.get(root).map_or(0, |&(s, until)| if now < until { s } else { 0 })
+    }
+
+    /// Every root's unexpired share together, and when the first of them ends.
+    pub fn total(&self, now: u64) -> (u32, u64) {
+        let mut total = 0u32;
+        let mut until = u64::MAX;
+        for &(s, u) in &self.roots {
+            if now < u && s > 0 {
+                total = total.saturating_add(s);
+                until = until.min(u);
+            }
+        }
+        (total, if total == 0 { 0 } else { until })
+    }
+
+    /// The agent's frequent poll (every few ms): samples what runs, for the demand, and
+    /// publishes the total share into `permits`, valid until the first share ends (so an
+    /// agent that stalls lets the share lapse, never overstay). Says whether the host
+    /// should report before its next round ([`Due`]); `early_gap` (ns) is the least time
+    /// between a round and an early one.
+    pub fn poll(&mut self, now: u64, permits: &Permits, early_gap: u64) -> Due {
+        let dt = now.saturating_sub(self.last_poll);
+        let in_flight = permits.in_flight();
+        self.busy += u128::from(in_flight) * u128::from(dt);
+        self.last_poll = self.last_poll.max(now);
+        let (total, until) = self.total(now);
+        permits.publish(total, until);
+        if self.over && in_flight <= total {
+            self.over = false;
+            return Due::Release;
+        }
+        if permits.refused.load(Ordering::Relaxed) > 0
+            && now.saturating_sub(self.round_start) >= early_gap
+        {
+            return Due::Starving;
+        }
+        Due::No
+    }
+
+    /// Ends a measuring round at `now`: the concurrency offered since the last one in
+    /// thousandths of a slot, and the acquires refused. Offered is what ran on average
+    /// (Little's law: arrivals times how long each holds its slot) plus the refused
+    /// arrivals times how long a request holds its slot (a host that has never admitted
+    /// one counts a slot per refusal, so it is heard).
+    pub fn round(&mut self, now: u64, permits: &Permits) -> (u32, u32) {
+        self.poll(now, permits, u64::MAX);
+        let span = u128::from(now.saturating_sub(self.round_start).max(1));
+        let (admitted, refused) = permits.take_round();
+        if admitted > 0 {
+            let hold = (self.busy / u128::from(admitted)).min(u128::from(u64::MAX)) as u64;
+            self.hold = if self.hold == 0 { hold } else { (self.hold + hold) / 2 };
+        }
+        // Until a request has been seen through, count each refusal as a slot for the whole
+        // round: loud, and corrected by the first round that admits any.
+        let hold = if self.hold == 0 { span } else { u128::from(self.hold) };
+        let milli = (self.busy * 1000 + u128::from(refused) * hold * 1000) / span;
+        self.busy = 0;
+        self.round_start = now;
+        (milli.min(u128::from(u32::MAX)) as u32, refused)
+    }
+
+    /// The report for root `root`, with the round's `demand` and `refused` from
+    /// [`round`](Self::round).
+    pub fn report(
+        &mut self,
+        root: usize,
+        now: u64,
+        seq: u64,
+        permits: &Permits,
+        demand: u32,
+        refused: u32,
+    ) -> Report {
+        let held_total = self.total(now).0;
+        let in_flight = permits.in_flight();
+        if in_flight > held_total {
+            self.over = true;
+        }
+        Report { seq, held: self.held(root, now), held_total, in_flight, demand, refused }
+    }
+}
