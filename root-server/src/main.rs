@@ -128,6 +128,10 @@ enum QuotasCommand {
         /// alone).
         #[arg(long)]
         prune: bool,
+        /// Only quotas whose name starts with this: FILE may list no other (as `export
+        /// --prefix` writes it), and `--prune` deletes only under it.
+        #[arg(long, default_value = "")]
+        prefix: String,
         #[command(flatten)]
         root: RootArgs,
     },
@@ -142,12 +146,16 @@ struct RootArgs {
     /// File holding the admin bearer token (sent as `Authorization: Bearer …`).
     #[arg(long, env = "YARL_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
+    /// PEM certificates to check an `https` root against, instead of the system's CAs (a
+    /// private CA, as `--tls-cert` roots often have).
+    #[arg(long, env = "YARL_CA_FILE")]
+    ca_file: Option<PathBuf>,
 }
 
 impl RootArgs {
     fn client(&self) -> anyhow::Result<Client> {
         let token = self.admin_token_file.as_deref().map(quotas_file::read_token).transpose()?;
-        Ok(Client::new(&self.url, token)?)
+        Ok(Client::new(&self.url, token, self.ca_file.as_deref())?)
     }
 }
 
@@ -164,11 +172,12 @@ async fn quotas(cmd: QuotasCommand) -> anyhow::Result<()> {
             };
             quotas_file::render(&source, &quotas)?
         }
-        QuotasCommand::Apply { file, dry_run, prune, root } => {
+        QuotasCommand::Apply { file, dry_run, prune, prefix, root } => {
             // The file first: a typo is reported without touching the network.
             let desired = quotas_file::read(&file)?;
+            quotas_file::check_prefix(&file, &desired, &prefix)?;
             let client = root.client()?;
-            let current = client.list("").await?;
+            let current = client.list(&prefix).await?;
             let plan = quotas_file::plan(&desired, &current, prune);
             let mut out = quotas_file::render_plan(&plan);
             if !dry_run && !plan.is_empty() {

@@ -145,6 +145,14 @@ pub enum Error {
     /// The quotas could not be written as YAML.
     #[error("cannot write the quotas as YAML: {0}")]
     Yaml(String),
+    /// The CA file given to check the root's certificate is unreadable or holds none.
+    #[error("the CA file {file} {message}")]
+    Ca {
+        /// The file as given.
+        file: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The root answered something this `yarl-root` cannot read.
     #[error("unexpected answer from the root at {url}: {message}")]
     Protocol {
@@ -418,6 +426,34 @@ pub struct Client {
     token: Option<String>,
 }
 
+/// The certificates of a PEM file.
+fn load_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, Error> {
+    let file = path.display().to_string();
+    let pem = std::fs::read(path).map_err(|source| Error::Read { file: file.clone(), source })?;
+    let bad = |message: String| Error::Ca { file: file.clone(), message };
+    if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+        return Err(bad("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into()));
+    }
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| bad(format!("is not valid PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(bad("holds no PEM certificate".into()));
+    }
+    Ok(certs)
+}
+
+/// Checks that every quota of `file`'s `quotas` starts with `prefix`: applied with a
+/// prefix, a file speaks for the quotas under it only (and `--prune` deletes only there).
+pub fn check_prefix(file: &Path, quotas: &QuotaSet, prefix: &str) -> Result<(), Error> {
+    match quotas.keys().find(|name| !name.starts_with(prefix)) {
+        None => Ok(()),
+        Some(name) => Err(Error::File {
+            file: file.display().to_string(),
+            message: format!("quota {name:?} is outside --prefix {prefix:?}"),
+        }),
+    }
+}
+
 /// The quota fields of one `GET /v1/quotas` item: everything but the row's bookkeeping.
 /// Any other field is one this `yarl-root` does not know, and exporting without it would
 /// lose it, so it is an error rather than dropped.
@@ -430,13 +466,25 @@ struct Page {
 }
 
 impl Client {
-    /// A client of the root at `url` (e.g. `http://127.0.0.1:7700`).
-    pub fn new(url: &str, token: Option<String>) -> Result<Self, Error> {
+    /// A client of the root at `url` (e.g. `http://127.0.0.1:7700`), checking an `https`
+    /// root's certificate against the PEM certificates of `ca_file` instead of the
+    /// system's CAs when one is given.
+    pub fn new(url: &str, token: Option<String>, ca_file: Option<&Path>) -> Result<Self, Error> {
         let url = url.trim_end_matches('/').to_owned();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             // A million-quota batch takes the root tens of seconds.
             .timeout(Duration::from_secs(600))
+            // A root never redirects: following one would carry the admin token where the
+            // answer said (reqwest keeps `Authorization` when only the scheme changes).
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(path) = ca_file {
+            builder = builder.tls_built_in_root_certs(false);
+            for c in load_ca(path)? {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|e| Error::Connect { url: url.clone(), message: innermost(&e) })?;
         Ok(Client { http, url, token })

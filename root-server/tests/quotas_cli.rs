@@ -230,3 +230,92 @@ fn bad_files_and_tokens_fail_clearly_and_change_nothing() {
     );
     assert_eq!(epoch(&root), 4);
 }
+
+/// With `--prefix`, a file speaks for the quotas under it only: `--prune` deletes there and
+/// nowhere else, and a file listing a quota outside it is refused before anything is sent.
+#[test]
+fn apply_with_a_prefix_touches_only_that_prefix() {
+    let (dir, token, root) = root_with_first();
+    let url = root.url();
+    // What `export --prefix s3` writes, with s3_get dropped and s3 changed.
+    let o = cli(&url, &token, &["export", "--prefix", "s3"]);
+    assert!(o.ok && o.stdout.contains("--prefix s3") && !o.stdout.contains("api_all"));
+    let s3 = file(
+        dir.path(),
+        "s3.yaml",
+        "quotas:\n  s3: {limit: 50, low_burst: 100, high_burst: 200}\n",
+    );
+    let args = ["apply", s3.to_str().unwrap(), "--prune", "--prefix", "s3"];
+    let o = cli(&url, &token, &args);
+    assert!(o.ok, "{}", o.stderr);
+    assert!(o.stdout.contains("- s3_get") && o.stdout.contains("~ s3"), "{}", o.stdout);
+    assert!(
+        !o.stdout.contains("api_"),
+        "quotas outside the prefix are not in the plan: {}",
+        o.stdout
+    );
+    let left = parsed(&cli(&url, &token, &["export"]).stdout);
+    assert_eq!(left.keys().cloned().collect::<Vec<_>>(), ["api_all", "api_key_*", "s3"]);
+    // Without the prefix the same file would delete api_*: the dry run says so.
+    let o = cli(&url, &token, &["apply", s3.to_str().unwrap(), "--prune", "--dry-run"]);
+    assert!(o.ok && o.stdout.contains("- api_all"), "{}", o.stdout);
+
+    let before = epoch(&root);
+    let outside = file(
+        dir.path(),
+        "outside.yaml",
+        "quotas:\n  s3: {limit: 50, low_burst: 100, high_burst: 200}\n  \
+         api_all: {limit: 1, low_burst: 1, high_burst: 2}\n",
+    );
+    let o = cli(&url, &token, &["apply", outside.to_str().unwrap(), "--prune", "--prefix", "s3"]);
+    assert!(!o.ok && o.stdout.is_empty(), "{}", o.stdout);
+    assert!(
+        o.stderr.contains(&format!(
+            "{}: quota \"api_all\" is outside --prefix \"s3\"",
+            outside.display()
+        )),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(epoch(&root), before);
+}
+
+/// An `https` root with a private CA: `--ca-file` trusts it, the system's CAs do not, and a
+/// file that is no CA is named.
+#[test]
+fn an_https_root_is_checked_against_the_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/make-test-ca.sh");
+    let out = Command::new(script).arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let token = write_token(dir.path(), "admin", "s3cret\n");
+    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+    let root = Root::start(&[
+        "--admin-token-file",
+        token.to_str().unwrap(),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let url = format!("https://{}", root.addr);
+    let first = file(dir.path(), "first.yaml", FIRST);
+    let ca = dir.path().join("ca.pem");
+    let o =
+        cli(&url, &token, &["apply", first.to_str().unwrap(), "--ca-file", ca.to_str().unwrap()]);
+    assert!(o.ok, "{}", o.stderr);
+    let o = cli(&url, &token, &["export", "--ca-file", ca.to_str().unwrap()]);
+    assert!(o.ok, "{}", o.stderr);
+    assert_eq!(parsed(&o.stdout), parsed(FIRST));
+
+    let o = cli(&url, &token, &["export"]);
+    assert!(!o.ok && o.stderr.contains(&format!("cannot reach the root at {url}")), "{}", o.stderr);
+    let o = cli(&url, &token, &["export", "--ca-file", token.to_str().unwrap()]);
+    assert!(
+        !o.ok
+            && o.stderr
+                .contains(&format!("the CA file {} holds no PEM certificate", token.display())),
+        "{}",
+        o.stderr
+    );
+}
