@@ -204,6 +204,11 @@ impl Metrics {
             s.stats.hints_late,
         );
         counter(
+            "yarl_root_hints_redundant_total",
+            "Hints not taken: their limiter knows this root's instance and dropped none of its batches, so they could restore nothing.",
+            s.stats.hints_redundant,
+        );
+        counter(
             "yarl_root_late_credited_total",
             "Units of late batches (counted while a limiter could not reach this root) credited with drain their counter spent at zero meanwhile.",
             s.stats.late_credited / 1000,

@@ -170,6 +170,12 @@ impl RootState {
         }
     }
 
+    /// Counts `req`'s hints of this stripe's counters as not needed.
+    pub(super) fn skip_hints(&mut self, req: &SyncRequest) {
+        let here = req.hints.iter().filter(|h| self.stripe.contains(h.0)).count();
+        self.stats.hints_redundant += here as u64;
+    }
+
     /// Applies `req`'s hints of this stripe's counters, unless they predate a reset.
     pub(super) fn apply_hints(&mut self, req: &SyncRequest, now: u64) {
         if req.hints.is_empty() {

@@ -194,6 +194,9 @@ pub struct RootStats {
     /// Hints refused because they came later than [`RootConfig::hint_window_ns`] after
     /// this root's first sync.
     pub hints_late: u64,
+    /// Hints not taken because they could restore nothing: their limiter knows this root's
+    /// instance and dropped none of its batches.
+    pub hints_redundant: u64,
     /// Late batches' admitted milli-units credited with drain their counter spent at zero
     /// meanwhile (see "Late batches" in `root/claims.rs`).
     pub late_credited: u64,
@@ -406,8 +409,20 @@ impl RootState {
         // holds (`hinted_seq`), so nothing counts twice and a hint swallows no batch.
         let known = req.root_instance == Some(self.instance);
         let acked = if known {
+            // Hints to a root that never lost this limiter's session make up only for
+            // batches the limiter dropped (its first batch then starts past the one after
+            // the acknowledged one). Otherwise this root holds all they could restore, and a
+            // view taken from a limiter that decided alone for a while (cut off from every
+            // root) would lift the counter to what it counted by itself: in `make chaos`
+            // the whole cluster then refused for a second after a cut healed.
+            let first = req.batches.iter().map(|b| b.seq).min();
+            let dropped = first.map_or(true, |f| f > s.acked.saturating_add(1));
             let acked = self.apply_batches(req, &mut s, 0, now);
-            self.apply_hints(req, now);
+            if dropped {
+                self.apply_hints(req, now);
+            } else {
+                self.skip_hints(req);
+            }
             acked
         } else {
             self.apply_hints(req, now);

@@ -66,6 +66,7 @@ impl RootStats {
         self.rejected_capped += o.rejected_capped;
         self.hints_capped += o.hints_capped;
         self.hints_late += o.hints_late;
+        self.hints_redundant += o.hints_redundant;
         self.late_credited += o.late_credited;
         self.late_dropped += o.late_dropped;
         self.resets += o.resets;

@@ -1226,3 +1226,30 @@ fn hints_restore_a_new_root_and_are_refused_after_its_window() {
     assert_eq!(r.stats().hints_late, 1);
     assert_eq!(r.stats().hints_applied, 2);
 }
+
+/// A limiter cut off from every root decides alone and sends its view as hints once it is
+/// back. To a root that kept its session they restore nothing unless it dropped batches:
+/// taken by max, they lifted the counter to what it had counted alone and the whole
+/// cluster refused for a second after the heal (`make chaos`, a cut of one nginx).
+#[test]
+fn hints_to_a_root_that_kept_the_session_count_only_after_dropped_batches() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([quota_b(1, 100.0, 150.0, 300.0)], 0);
+    let first = r.sync(&req("back", vec![(1, vec![(1, 10_000)])]), S).unwrap();
+    let known = |batches, hint: u64| SyncRequest {
+        root_instance: Some(first.root_instance),
+        hints: vec![(1, hint)],
+        ..req("back", batches)
+    };
+    // Batches 2..4 came late but all of them: the hint (its view after deciding alone) is
+    // not taken.
+    let late = vec![(2, vec![(1, 5_000)]), (3, vec![(1, 5_000)]), (4, vec![(1, 5_000)])];
+    r.sync(&known(late, 290_000), 2 * S).unwrap();
+    assert!(fill(&r, 1, 2 * S) < 150.0, "{}", fill(&r, 1, 2 * S));
+    assert_eq!(r.stats().hints_redundant, 1);
+    assert_eq!(r.stats().hints_applied, 0);
+    // It dropped batches 5..9: its first batch is 10, and the hint is all that carries them.
+    r.sync(&known(vec![(10, vec![(1, 1_000)])], 200_000), 3 * S).unwrap();
+    assert!((fill(&r, 1, 3 * S) - 200.0).abs() < 1.0, "{}", fill(&r, 1, 3 * S));
+    assert_eq!(r.stats().hints_applied, 1);
+}
