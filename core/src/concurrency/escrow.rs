@@ -145,7 +145,7 @@ impl Escrow {
         if self.stale > self.holders.len() / 4 {
             self.retarget();
         }
-        let h = self.holders.get_mut(&id).expect("inserted above");
+        let Some(h) = self.holders.get_mut(&id) else { return Grant { share: 0, lease_ns } };
         // Growth comes only out of what no other holder may be using.
         let free = u64::from(self.part).saturating_sub(self.reserved);
         h.granted = u64::from(h.target).min(free) as u32;

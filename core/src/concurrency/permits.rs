@@ -28,8 +28,7 @@ impl Permits {
     /// Admits one more request in flight if the host's share, unexpired at `now` (ns on the
     /// limiter's monotonic clock), has room; counts a refusal otherwise.
     pub fn acquire(&self, now: u64) -> bool {
-        let word = self.share.load(Ordering::Acquire);
-        let share = if now / NS_PER_MS < word >> 24 { (word as u32) & MAX_SHARE } else { 0 };
+        let share = self.share(now);
         let mut cur = self.in_flight.load(Ordering::Relaxed);
         loop {
             if cur >= share {
