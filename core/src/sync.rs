@@ -811,6 +811,7 @@ impl SyncEngine {
                         round_ns,
                         interval_ns,
                         inflow: c.inflow(s),
+                        demand: facts.demand as f64,
                     };
                     c.set_rates(s, inflow::estimate(estimator, &sample), facts.demand as f64);
                     true

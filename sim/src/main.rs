@@ -96,7 +96,7 @@ fn main() -> Result<()> {
     let zipf: Vec<(&str, ex::ZipfRow)> = [
         (
             "**default**: a key new to a host takes what the roots last reported of it; one \
-             they never reported stands for every live limiter",
+             they never reported stands, from its second unit, for every live limiter",
             d,
         ),
         (
@@ -537,11 +537,16 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
          rounds per host per second).\n\
          * **Static extrapolation raised by a measured surge** (`Estimator::StaticOrMeasured`, \
          `correction_ratio` 1.0, the default). Between syncs the rest of the cluster is \
-         assumed to add `limit` per second minus this limiter's own share (the article's \
-         constant), or what the fill's change between the last two answers measured when that \
-         is more and the bucket cannot have emptied in between. At steady state the drops hold \
-         the cluster at the limit and it is the static estimate; during a surge the measured \
-         inflow is many times the limit. It needs fresh answers: without early sync the step \
+         assumed to add `limit` per second (the article's constant; the cluster's demand as \
+         the roots metered it when that is less) minus this limiter's own share, or what the \
+         fill's change between the last two answers says came in, when that is more and the \
+         bucket cannot have emptied in between. What came in is taken at least: less three \
+         standard deviations of a Poisson count of unit requests, the clumps a steady stream \
+         makes by chance (3 x of 1000/s over a second reads 2836/s; at 10/s a second of 15 \
+         where 9 were expected is no surge, and read as one it refused keys under their \
+         limit, see the Zipf keys). At steady state the drops hold the cluster at the limit \
+         and it is the static estimate; during a surge the measured inflow is many times the \
+         limit. It needs fresh answers: without early sync the step \
          reads {:.2} against {:.2} for the constant alone, and the spike {:.2} against {:.2}; \
          with early sync, {:.2} against {:.2} and {:.2} against {:.2}. The fully measured \
          estimator, smoothed over rounds, shows its between-sync noise at 3x (CV {:.3}) and on \
@@ -740,12 +745,15 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
          know whether the other hosts are meeting it too. Counting only itself, each of the \
          50 hosts admits the key's whole burst before the first round, the roots receive 50 \
          bursts, and the client pays the excess back: its quota stays closed until it has \
-         drained (the hottest keys get the lowest share above). Standing for every live \
-         limiter, a host admits about a fiftieth of the burst, and the hot keys get their \
-         limit. But a key the cluster has known for a while is new to each host too (a cold \
-         key meets most hosts for the first time long after it first appeared), and without \
-         more, a second request on a host within that host's first round with the key is \
-         refused on the guess (the row *without the roots' reports*).\n"
+         drained (the hottest keys get the lowest share above). Counting from its second \
+         unit for every live limiter (`Peers::guess`), a host admits about a fiftieth of \
+         the burst (two requests of it, and it asks the roots for an early round at the \
+         second), and the hot keys get their limit. The first unit is the host's own alone: \
+         a key the cluster has known for a while is new to each host too (a cold key meets \
+         most hosts for the first time long after it first appeared), and with the first \
+         unit scaled too a second request on a host within that host's first round with the \
+         key was refused on the guess (about 50 requests of keys under 0.3 × their limit, \
+         and 1227 without the roots' reports).\n"
     );
     let _ = writeln!(
         w,
@@ -762,12 +770,17 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
     );
     let _ = writeln!(
         w,
-        "What is still refused: second requests within a host's first round with a key new \
-         to the roots (the guess), and requests of the warmest cold keys (0.5 to 0.9 × their \
-         limit) decided on the cluster's count: a root adds each host's round of counts at \
-         once, so a bucket that one exact bucket would have found empty between requests \
-         looks up to an interval of the key's traffic fuller (as for the quiet keys above), \
-         and a clump of arrivals then crosses `low_burst`.\n"
+        "Most refusals of cold keys were of the warmest (0.5 to 0.9 × their limit; 130 of \
+         198 before): the estimate of what the rest of the cluster adds read a clump of a \
+         key's Poisson arrivals between two answers as a surge and added it again for the \
+         next interval, on a fill already near `low_burst`. A surge is now what came in at \
+         least, less three standard deviations of a Poisson count (a clump of a 10/s key is \
+         no surge; 3 × of a 1000/s quota loses 5 %), and the static share is the cluster's \
+         demand when that is under the limit. What is still refused, a few requests of keys \
+         at 0.7 to 0.9 × their limit, is decided on the cluster's count: a root adds each \
+         host's round of counts at once, so a bucket that one exact bucket would have found \
+         empty between requests looks up to an interval of the key's traffic fuller (as for \
+         the quiet keys above), and a clump of arrivals then crosses `low_burst`.\n"
     );
     m
 }

@@ -147,8 +147,9 @@ pub struct QuotaInfo {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Estimator {
     /// The article's constant: the cluster adds `correction_ratio · limit` per second while
-    /// the counter is hot, of which this limiter's own rate in the last interval is counted
-    /// exactly in `local`, so the others add the rest. Clamped to [0, 2].
+    /// the counter is hot (or times the cluster's demand the roots metered, when that is
+    /// less: a quota under its limit), of which this limiter's own rate in the last interval
+    /// is counted exactly in `local`, so the others add the rest. Clamped to [0, 2].
     Static {
         /// The article's `correction_ratio`.
         correction_ratio: f64,
@@ -156,11 +157,13 @@ pub enum Estimator {
     /// Measured from the change between two syncs minus this limiter's own share, smoothed
     /// over rounds.
     Measured,
-    /// [`Static`](Self::Static), raised to what the fill's change between two syncs
-    /// measured when that is more and the bucket cannot have emptied in between: during a
-    /// surge the cluster adds far more than `limit` per second until the drops catch up, and
-    /// the article's constant under-reads it for a whole interval. At steady state it is the
-    /// static estimate (the drops hold the cluster at the limit).
+    /// [`Static`](Self::Static), raised to what the fill's change between two syncs says
+    /// came in, at least (less three standard deviations of a Poisson count of unit
+    /// requests: the clumps a steady stream makes by chance), when that is more and the
+    /// bucket cannot have emptied in between: during a surge the cluster adds far more than
+    /// `limit` per second until the drops catch up, and the article's constant under-reads
+    /// it for a whole interval. At steady state it is the static estimate (the drops hold
+    /// the cluster at the limit).
     StaticOrMeasured {
         /// The floor's `correction_ratio`.
         correction_ratio: f64,

@@ -17,7 +17,7 @@
 use super::arena::{name, Arena};
 use super::layout::word_table;
 use super::SLOT_WORDS;
-use crate::units::Rate;
+use crate::units::{Rate, MILLI};
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
 word_table! { FIELDS:
@@ -65,6 +65,23 @@ impl<'a> Peers<'a> {
     #[inline]
     fn get(self) -> f64 {
         self.0.map_or(1, |c| c.load(Relaxed).max(1)) as f64
+    }
+
+    /// What `own` milli-units this limiter counted on a counter no root has reported stand
+    /// for: its first unit is its own alone, each after it as many as every live limiter
+    /// would count. One request says nothing of the other hosts, and a client under its
+    /// limit sent now and then to a random host meets most hosts once before their rounds
+    /// report it: scaling its first unit refused its second request on a host within that
+    /// host's first round (docs/accuracy.md, Zipf keys). A client new to every host at once
+    /// comes back at once, and from its second unit on each host counts for all.
+    #[inline]
+    fn guess(self, own: f64) -> f64 {
+        const FIRST: f64 = MILLI as f64;
+        if own <= FIRST {
+            own
+        } else {
+            (own - FIRST) * self.get() + FIRST
+        }
     }
 }
 
@@ -254,11 +271,12 @@ impl<'a> Slot<'a> {
     /// (milli-units/s), so the bucket drains that much slower there.
     ///
     /// A counter no root has reported yet (`at` is 0: a key on its first sight, any quota
-    /// before this limiter's first answer) stands for `peers` limiters' worth of this one's
-    /// counts: the roots' count of live limiters, 0 or 1 before any answer. A client new to
-    /// every host at once then gets about one burst cluster-wide before the first round
-    /// tells them the truth, not one per host (whose excess the roots would then make it
-    /// pay back, keeping its quota closed for as long as the excess takes to drain).
+    /// before this limiter's first answer) stands, after its first unit, for `peers`
+    /// limiters' worth of this one's counts: the roots' count of live limiters, 0 or 1
+    /// before any answer ([`Peers::guess`]). A client new to every host at once then gets
+    /// about one burst cluster-wide before the first round tells them the truth, not one
+    /// per host (whose excess the roots would then make it pay back, keeping its quota
+    /// closed for as long as the excess takes to drain).
     #[inline(always)]
     pub fn estimate(&self, now: u64, fresh: bool, horizon: u64, peers: Peers<'_>) -> f64 {
         let (base, at) = self.read_base();
@@ -271,7 +289,7 @@ impl<'a> Slot<'a> {
         };
         if t0 == 0 {
             // Never synced nor anchored: no time to drain from.
-            return own as f64 * peers.get();
+            return peers.guess(own as f64);
         }
         let inflow = if fresh && at != 0 { Rates::inflow_of(self.get(RATES)) } else { 0.0 };
         let limit = Rate::per_sec_of(self.get(LIMIT));
@@ -284,8 +302,8 @@ impl<'a> Slot<'a> {
         }
         if at == 0 {
             // Never synced: this limiter's own counts, as if every live limiter counted as
-            // many, draining from `t0`.
-            let own = own as f64 * peers.get();
+            // many after the first unit (`Peers::guess`), draining from `t0`.
+            let own = peers.guess(own as f64);
             return (own - limit * now.saturating_sub(t0) as f64 * 1e-9).max(0.0);
         }
         Self::estimate_since(base, at, own as f64, t0, now, limit, inflow, horizon)
@@ -324,14 +342,14 @@ impl<'a> Slot<'a> {
     /// drained yet, `pending / limit` seconds' worth, so the estimate starts again from what
     /// this add brings. Called by request paths; never moves the time back (two racing adds
     /// keep the later one, which counts more, never less). `peers` as for
-    /// [`estimate`](Self::estimate): a counter no root has reported holds that many times
-    /// `pending`.
+    /// [`estimate`](Self::estimate): a counter no root has reported holds `pending` as
+    /// guessed ([`Peers::guess`]).
     pub fn started_empty(&self, pending: u64, now: u64, peers: Peers<'_>) {
         let Some(limit) = Rate::from_word(self.get(LIMIT)).filter(|r| r.milli() != 0) else {
             return;
         };
-        let scale = if self.get(AT) == 0 { peers.get() as u64 } else { 1 };
-        let back = limit.time_to_drain(pending.saturating_mul(scale));
+        let scaled = if self.get(AT) == 0 { peers.guess(pending as f64) as u64 } else { pending };
+        let back = limit.time_to_drain(scaled);
         let t = now.saturating_sub(back);
         let new = to_ms32(t);
         let _ = self.0[REJECTS].fetch_update(Relaxed, Relaxed, |w| {

@@ -280,8 +280,9 @@ fn a_claim_left_by_a_dead_inserter_is_freed_by_the_second_sweep() {
     assert_eq!(passes(&l, b"k_dead", 10), 6, "its slot is free again");
 }
 
-/// A key no root has reported counts for every live limiter the roots last named, also
-/// after it emptied: what it holds again is its new counts, scaled, never less.
+/// A key no root has reported counts, after its first unit here, for every live limiter
+/// the roots last named, also after it emptied: what it holds again is its new counts,
+/// scaled, never less.
 #[test]
 fn a_key_no_root_reported_stands_for_every_live_limiter() {
     let (l, clock) = keyed(1000);
@@ -289,11 +290,12 @@ fn a_key_no_root_reported_stands_for_every_live_limiter() {
     l.apply_quotas(&[q(1, "api_key_*", 1, 10.0, 15.0, 15.0, None)]);
     assert_eq!(passes(&l, b"api_key_a", 40), 16, "alone: its own burst");
     l.set_peers(10);
-    // Fills 0 and 10 pass, 20 does not.
-    assert_eq!(passes(&l, b"api_key_b", 40), 2);
+    // The first unit is this host's alone (fill 1); each after it stands for 10: fills 0,
+    // 1 and 11 pass, 21 does not.
+    assert_eq!(passes(&l, b"api_key_b", 40), 3);
     clock.advance(Duration::from_secs(1));
-    assert_eq!(passes(&l, b"api_key_b", 40), 1, "20 - 10 drained: 10 passes, 20 not");
-    assert_eq!(l.quota("api_key_b").unwrap().fill, 20.0);
+    assert_eq!(passes(&l, b"api_key_b", 40), 1, "21 - 10 drained: 11 passes, 21 not");
+    assert_eq!(l.quota("api_key_b").unwrap().fill, 21.0);
     // Quiet for a long time: the bucket emptied, and its old counts give no credit (an
     // anchor scaled like the counts it stands for).
     clock.advance(Duration::from_secs(100));
