@@ -38,6 +38,10 @@ pub(super) struct Session {
     /// (leaves at, counter) in the order they were named: the front leaves first. A counter
     /// named again has a later record; the earlier one is then stale.
     pub(super) expiry: VecDeque<(u64, QuotaId)>,
+    /// It met this root without naming its instance (this root restarted, or is new to it),
+    /// and has sent no request without hints since: its hints, over as many calls as they
+    /// take, bring what this root lost, not only what the limiter had to drop.
+    pub(super) catch_up: bool,
 }
 
 impl RootState {

@@ -1241,6 +1241,9 @@ fn hints_to_a_root_that_kept_the_session_count_only_after_dropped_batches() {
         hints: vec![(1, hint)],
         ..req("back", batches)
     };
+    // It synced on with this root before the cut.
+    let on = SyncRequest { root_instance: Some(first.root_instance), ..req("back", vec![]) };
+    r.sync(&on, S + S / 2).unwrap();
     // Batches 2..4 came late but all of them: the hint (its view after deciding alone) is
     // not taken.
     let late = vec![(2, vec![(1, 5_000)]), (3, vec![(1, 5_000)]), (4, vec![(1, 5_000)])];
@@ -1252,4 +1255,41 @@ fn hints_to_a_root_that_kept_the_session_count_only_after_dropped_batches() {
     r.sync(&known(vec![(10, vec![(1, 1_000)])], 200_000), 3 * S).unwrap();
     assert!((fill(&r, 1, 3 * S) - 200.0).abs() < 1.0, "{}", fill(&r, 1, 3 * S));
     assert_eq!(r.stats().hints_applied, 1);
+}
+
+/// A root killed and restarted within an interval: a limiter's next call succeeds with no
+/// failed call before it, so it carries no hints and names the old instance; the answer
+/// names the new one, and the limiter sends its hints in the next request, which names it.
+/// They were skipped as if the root had kept the session all along, and the restarted root
+/// kept only what was counted since (`make chaos`: a ledger 14,000 units short at one root).
+#[test]
+fn hints_after_a_restart_the_limiter_learned_of_from_an_answer_are_taken() {
+    let q = [quota_b(1, 0.001, 1e9, 2e9)];
+    let mut old = RootState::new(RootConfig::default());
+    old.apply_quotas(q.clone(), 0);
+    let before = old.sync(&req("l", vec![(1, vec![(1, 500_000)])]), S).unwrap();
+    // Restarted: everything counted so far is gone.
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas(q, 2 * S);
+    let named = |instance, batches, hints: Vec<(u64, u64)>| SyncRequest {
+        root_instance: Some(instance),
+        hints,
+        ..req("l", batches)
+    };
+    let answer = r.sync(&named(before.root_instance, vec![(2, vec![(1, 7_000)])], vec![]), 2 * S);
+    let new = answer.unwrap().root_instance;
+    assert_ne!(new, before.root_instance);
+    assert!((fill(&r, 1, 2 * S) - 7.0).abs() < 0.01);
+    // Its view (the 500 it had counted, and the 7) comes with its next batch, over two calls.
+    r.sync(&named(new, vec![(3, vec![(1, 1_000)])], vec![(1, 507_000)]), 3 * S).unwrap();
+    assert!((fill(&r, 1, 3 * S) - 508.0).abs() < 0.01, "{}", fill(&r, 1, 3 * S));
+    r.sync(&named(new, vec![], vec![(1, 600_000)]), 3 * S).unwrap();
+    assert!((fill(&r, 1, 3 * S) - 600.0).abs() < 0.01, "the second call's hints too");
+    assert_eq!(r.stats().hints_applied, 2);
+    // Done: a request without hints ends the catch-up; a later hint (after a cut it
+    // decided alone through) restores nothing.
+    r.sync(&named(new, vec![(4, vec![(1, 1_000)])], vec![]), 4 * S).unwrap();
+    r.sync(&named(new, vec![(5, vec![(1, 1_000)])], vec![(1, 900_000)]), 5 * S).unwrap();
+    assert!(fill(&r, 1, 5 * S) < 700.0, "{}", fill(&r, 1, 5 * S));
+    assert_eq!(r.stats().hints_redundant, 1);
 }
