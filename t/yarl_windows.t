@@ -106,6 +106,14 @@ sub refused_everywhere {
 	for my $n (@nginx) {
 		my $i = $n == $t ? 1 : 2;
 		my $r = http_get($n->port(8080), '/index.html');
+		# The bucket drained a little since the twentieth (20 per hour: 0.013 units in the
+		# 2 s since), and between low_burst (19) and high_burst (20) a request passes at
+		# random with what drained: about one in a hundred here. One that passes fills
+		# the bucket to the brim, and the next is refused.
+		if (status_of($r) == 200) {
+			diag("$when: nginx $i passed one more at fill " . fill($n) . ' after it');
+			$r = http_get($n->port(8080), '/index.html');
+		}
 		is(status_of($r), 429, "$when: the 21st is refused on nginx $i");
 		like(header_of($r, 'RateLimit') // '', qr/^"hourly";r=0;t=\d+$/, "$when: RateLimit r=0 on nginx $i");
 		my $ra = header_of($r, 'Retry-After') // 0;
