@@ -24,12 +24,13 @@ const HINTS_PER_CALL: usize = 250_000;
 
 fn fresh_root() -> RootState {
     let spec = QuotaSpec {
-        limit: 1_000.0,
+        limit: Some(1_000.0),
         per: Some("1d".into()),
         low_burst: None,
         high_burst: None,
         parent: None,
         dry_run: false,
+        max_in_flight: None,
     };
     let limits = spec.validate("k_*").expect("valid");
     let mut root = RootState::new(RootConfig::default());

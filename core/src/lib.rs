@@ -58,8 +58,8 @@ pub use limiter::{
     SECTION_STALE_NS,
 };
 pub use quota::{
-    display_name, escape_name, is_template, raw_name, validate_name, Epoch, Limits, QuotaError,
-    QuotaId, QuotaSpec, QuotaUpdate,
+    display_name, escape_name, in_flight_from_number, is_template, raw_name, validate_name, Epoch,
+    Limits, QuotaError, QuotaId, QuotaSpec, QuotaUpdate, MAX_IN_FLIGHT,
 };
 pub use root::{RootConfig, RootState};
 pub use shard::Shard;

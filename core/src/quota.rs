@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 /// Longest quota name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
+/// The largest `max_in_flight` a quota may have. Shares of it are whole slots handed to
+/// hosts and counted in 32 bits; a million requests in flight is beyond any one service.
+pub const MAX_IN_FLIGHT: u32 = 1_000_000;
+
 /// Database id of a quota. Ids are never reused, so they also key the counters on the wire.
 pub type QuotaId = u64;
 
@@ -94,6 +98,17 @@ pub enum QuotaError {
     /// The quota names itself as its parent.
     #[error("quota cannot be its own parent")]
     SelfParent,
+    /// `max_in_flight` is not a whole number from 1 to [`MAX_IN_FLIGHT`].
+    #[error(
+        "max_in_flight must be a whole number from 1 to 1000000 (requests in flight), got {0}"
+    )]
+    InFlightOutOfRange(f64),
+    /// Neither a rate (`limit`) nor a concurrency (`max_in_flight`): nothing to limit.
+    #[error("limit is required unless the quota has max_in_flight")]
+    MissingLimit,
+    /// A field of the rate (`per`, a burst) on a quota without `limit`.
+    #[error("{0} needs a limit: a quota with only max_in_flight has no rate")]
+    RateFieldWithoutLimit(&'static str),
     /// The parent's name is invalid.
     #[error("parent: {0}")]
     Parent(Box<QuotaError>),
@@ -240,6 +255,8 @@ pub struct Limits {
     high_burst: u64,
     /// Shadow mode: decided and counted as rejections, never enforced.
     dry_run: bool,
+    /// Requests in flight at once across the cluster; 0: no such cap.
+    max_in_flight: u32,
 }
 
 /// [`Limits`] as they travel: checked on the way in. `dry_run` only when set and `per` only
@@ -255,6 +272,12 @@ struct RawLimits {
     high_burst: u64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     dry_run: bool,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    max_in_flight: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 fn one_second() -> u64 {
@@ -269,8 +292,9 @@ impl TryFrom<RawLimits> for Limits {
     type Error = QuotaError;
 
     fn try_from(r: RawLimits) -> Result<Limits, QuotaError> {
-        Ok(Limits::from_milli_per(r.limit, r.per, r.low_burst, r.high_burst)?
-            .with_dry_run(r.dry_run))
+        Limits::from_milli_per(r.limit, r.per, r.low_burst, r.high_burst)?
+            .with_dry_run(r.dry_run)
+            .with_max_in_flight(r.max_in_flight)
     }
 }
 
@@ -282,14 +306,29 @@ impl From<Limits> for RawLimits {
             low_burst: l.low_burst,
             high_burst: l.high_burst,
             dry_run: l.dry_run,
+            max_in_flight: l.max_in_flight,
         }
     }
 }
 
 impl Limits {
     /// The smallest limit with no bursts: what a tombstone carries (its numbers mean nothing).
-    pub const NONE: Limits =
-        Limits { limit: Rate::per_second(1), low_burst: 0, high_burst: 0, dry_run: false };
+    pub const NONE: Limits = Limits {
+        limit: Rate::per_second(1),
+        low_burst: 0,
+        high_burst: 0,
+        dry_run: false,
+        max_in_flight: 0,
+    };
+
+    /// A quota with only `max_in_flight`: its rate is the largest there is, with the
+    /// largest bursts (1e12 units/s, 1e15 units), which nothing a service sends fills, so
+    /// its bucket never refuses while limiters and roots count it like any other.
+    pub fn in_flight_only(max_in_flight: u32) -> Result<Limits, QuotaError> {
+        let max_burst = units_to_milli(MAX_BURST_UNITS);
+        Limits::from_milli_per(units_to_milli(MAX_LIMIT_UNITS), 1, max_burst, max_burst)?
+            .with_max_in_flight(max_in_flight)
+    }
 
     /// Validates a quota's numbers given in units, `limit` per second.
     pub fn from_units(limit: f64, low_burst: f64, high_burst: f64) -> Result<Limits, QuotaError> {
@@ -365,7 +404,32 @@ impl Limits {
                 high: milli_to_units(high_burst),
             });
         }
-        Ok(Limits { limit, low_burst, high_burst, dry_run: false })
+        Ok(Limits { limit, low_burst, high_burst, dry_run: false, max_in_flight: 0 })
+    }
+
+    /// The same numbers with at most `max_in_flight` requests in flight (0: no such cap).
+    pub fn with_max_in_flight(self, max_in_flight: u32) -> Result<Limits, QuotaError> {
+        if max_in_flight > MAX_IN_FLIGHT {
+            return Err(QuotaError::InFlightOutOfRange(f64::from(max_in_flight)));
+        }
+        Ok(Limits { max_in_flight, ..self })
+    }
+
+    /// Requests of this quota in flight at once across the cluster, 0 when it has no such
+    /// cap (see `docs/concurrency.md`).
+    #[inline]
+    pub fn max_in_flight(&self) -> u32 {
+        self.max_in_flight
+    }
+
+    /// Whether the quota limits a rate: `false` for a quota with only `max_in_flight`
+    /// (made by [`Limits::in_flight_only`]), whose bucket never refuses.
+    pub fn has_rate(&self) -> bool {
+        let max_burst = units_to_milli(MAX_BURST_UNITS);
+        !(self.max_in_flight > 0
+            && self.limit == Rate::per_second(units_to_milli(MAX_LIMIT_UNITS))
+            && self.low_burst == max_burst
+            && self.high_burst == max_burst)
     }
 
     /// The same numbers in shadow mode (`true`) or enforced (`false`).
@@ -425,8 +489,10 @@ impl Limits {
 /// A quota as the admin API describes it (numbers in units), before it gets an id and epoch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QuotaSpec {
-    /// Units per window (`per`, one second when absent).
-    pub limit: f64,
+    /// Units per window (`per`, one second when absent); `None` only with
+    /// `max_in_flight` (a quota that caps concurrency alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
     /// The window: a whole number and a unit, `s`, `m`, `h` or `d` (`"1h"`; a month is
     /// `"30d"`); `None` is one second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -443,6 +509,20 @@ pub struct QuotaSpec {
     /// Shadow mode (see [`Limits::dry_run`]).
     #[serde(default)]
     pub dry_run: bool,
+    /// Requests in flight at once across the cluster, 1 to [`MAX_IN_FLIGHT`] (see
+    /// [`Limits::max_in_flight`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+}
+
+/// `max_in_flight` as a JSON number arrives (a float): a whole number from 1 to
+/// [`MAX_IN_FLIGHT`], or the error that says so.
+pub fn in_flight_from_number(value: f64) -> Result<u32, QuotaError> {
+    if value.fract() == 0.0 && (1.0..=f64::from(MAX_IN_FLIGHT)).contains(&value) {
+        Ok(value as u32)
+    } else {
+        Err(QuotaError::InFlightOutOfRange(value))
+    }
 }
 
 impl QuotaSpec {
@@ -455,19 +535,50 @@ impl QuotaSpec {
     /// `high_burst`), and after that one more each `per / limit`, the leaky bucket's smooth
     /// refill. Without `per` the bursts are required: a per-second quota's bursts depend on
     /// the sync interval.
+    ///
+    /// `max_in_flight` caps the requests in flight beside the rate; alone (no `limit`), the
+    /// quota caps only them ([`Limits::in_flight_only`]), and `per` and the bursts, which
+    /// belong to a rate, are refused.
     pub fn validate(&self, name: &str) -> Result<Limits, QuotaError> {
         validate_name(name)?;
+        let in_flight = match self.max_in_flight {
+            None => 0,
+            Some(c) => in_flight_from_number(f64::from(c))?,
+        };
+        let Some(limit) = self.limit else {
+            if in_flight == 0 {
+                return Err(QuotaError::MissingLimit);
+            }
+            let given = [
+                ("per", self.per.is_some()),
+                ("low_burst", self.low_burst.is_some()),
+                ("high_burst", self.high_burst.is_some()),
+            ];
+            if let Some((field, _)) = given.iter().find(|(_, is)| *is) {
+                return Err(QuotaError::RateFieldWithoutLimit(field));
+            }
+            let limits = Limits::in_flight_only(in_flight)?.with_dry_run(self.dry_run);
+            self.validate_parent(name)?;
+            return Ok(limits);
+        };
         let per = match &self.per {
             None => 1,
             Some(text) => parse_window(text).map_err(QuotaError::Window)?,
         };
-        let windowed = self.per.is_some() && self.limit.is_finite();
+        let windowed = self.per.is_some() && limit.is_finite();
         let burst = |v: Option<f64>, default: f64, field| {
             v.or(windowed.then_some(default)).ok_or(QuotaError::MissingBurst(field))
         };
-        let low = burst(self.low_burst, (self.limit - 1.0).max(0.0), "low_burst")?;
-        let high = burst(self.high_burst, self.limit.max(low), "high_burst")?;
-        let limits = Limits::from_units_per(self.limit, per, low, high)?.with_dry_run(self.dry_run);
+        let low = burst(self.low_burst, (limit - 1.0).max(0.0), "low_burst")?;
+        let high = burst(self.high_burst, limit.max(low), "high_burst")?;
+        let limits = Limits::from_units_per(limit, per, low, high)?
+            .with_dry_run(self.dry_run)
+            .with_max_in_flight(in_flight)?;
+        self.validate_parent(name)?;
+        Ok(limits)
+    }
+
+    fn validate_parent(&self, name: &str) -> Result<(), QuotaError> {
         if let Some(parent) = &self.parent {
             validate_name(parent).map_err(|e| QuotaError::Parent(Box::new(e)))?;
             if is_template(parent) {
@@ -477,7 +588,7 @@ impl QuotaSpec {
                 return Err(QuotaError::SelfParent);
             }
         }
-        Ok(limits)
+        Ok(())
     }
 }
 
@@ -563,12 +674,13 @@ mod tests {
         );
         // A template cannot be a parent.
         let spec = QuotaSpec {
-            limit: 1.0,
+            limit: Some(1.0),
             per: None,
             low_burst: Some(1.0),
             high_burst: Some(2.0),
             parent: Some("t*".into()),
             dry_run: false,
+            max_in_flight: None,
         };
         assert_eq!(spec.validate("a"), Err(QuotaError::ParentTemplate("t*".into())));
     }
@@ -638,12 +750,13 @@ mod tests {
     #[test]
     fn spec_parent_rules() {
         let mut s = QuotaSpec {
-            limit: 1.0,
+            limit: Some(1.0),
             per: None,
             low_burst: Some(1.0),
             high_burst: Some(2.0),
             parent: None,
             dry_run: false,
+            max_in_flight: None,
         };
         assert!(s.validate("a").is_ok());
         s.parent = Some("a".into());
@@ -651,6 +764,56 @@ mod tests {
         s.parent = Some("b c".into());
         assert!(matches!(s.validate("a"), Err(QuotaError::Parent(_))));
         assert!(s.validate("a").unwrap_err().to_string().starts_with("parent: name has"));
+    }
+
+    #[test]
+    fn max_in_flight_rules() {
+        let spec = |limit: Option<f64>, max_in_flight| QuotaSpec {
+            limit,
+            per: None,
+            low_burst: limit.map(|_| 1.0),
+            high_burst: limit.map(|_| 2.0),
+            parent: None,
+            dry_run: false,
+            max_in_flight,
+        };
+        // Beside a rate.
+        let both = spec(Some(10.0), Some(8)).validate("gen").unwrap();
+        assert_eq!((both.max_in_flight(), both.has_rate()), (8, true));
+        assert_eq!(both.limit_units(), 10.0);
+        // Alone: a bucket that never refuses, shown as no rate.
+        let alone = spec(None, Some(50)).validate("db").unwrap();
+        assert_eq!((alone.max_in_flight(), alone.has_rate()), (50, false));
+        assert_eq!(alone.high_burst_units(), 1e15);
+        // A rate alone is a rate, even at the largest numbers.
+        let big = Limits::from_units(1e12, 1e15, 1e15).unwrap();
+        assert!(big.has_rate() && big.max_in_flight() == 0);
+        // Nothing to limit; rate fields without a rate; out of range.
+        assert_eq!(spec(None, None).validate("x"), Err(QuotaError::MissingLimit));
+        let mut windowed = spec(None, Some(5));
+        windowed.per = Some("1h".into());
+        assert_eq!(windowed.validate("x"), Err(QuotaError::RateFieldWithoutLimit("per")));
+        let mut burst = spec(None, Some(5));
+        burst.high_burst = Some(3.0);
+        assert_eq!(burst.validate("x"), Err(QuotaError::RateFieldWithoutLimit("high_burst")));
+        for bad in [0, MAX_IN_FLIGHT + 1, u32::MAX] {
+            assert_eq!(
+                spec(Some(1.0), Some(bad)).validate("x"),
+                Err(QuotaError::InFlightOutOfRange(f64::from(bad)))
+            );
+        }
+        assert_eq!(in_flight_from_number(2.5), Err(QuotaError::InFlightOutOfRange(2.5)));
+        assert!(in_flight_from_number(f64::NAN).is_err() && in_flight_from_number(-1.0).is_err());
+        assert_eq!(in_flight_from_number(1e6), Ok(MAX_IN_FLIGHT));
+        // Templates may cap each key's concurrency.
+        assert_eq!(spec(None, Some(8)).validate("api_key_*").unwrap().max_in_flight(), 8);
+        // Through serde, as the v1 wire carries it; absent when 0.
+        let j = serde_json::to_string(&alone).unwrap();
+        assert!(j.ends_with(r#""max_in_flight":50}"#), "{j}");
+        assert_eq!(serde_json::from_str::<Limits>(&j).unwrap(), alone);
+        assert!(!serde_json::to_string(&big).unwrap().contains("max_in_flight"));
+        let over = r#"{"limit":1,"low_burst":0,"high_burst":0,"max_in_flight":1000001}"#;
+        assert!(serde_json::from_str::<Limits>(over).is_err());
     }
 
     #[test]

@@ -70,17 +70,23 @@ fn quota() -> impl Strategy<Value = QuotaUpdate> {
     (
         (num(), name(), num(), any::<bool>()),
         (num(), num(), num(), prop::option::of(name())),
-        (prop_oneof![Just(0u64), num()], any::<bool>()),
+        (prop_oneof![Just(0u64), num()], any::<bool>(), prop_oneof![Just(0u32), 1u32..=1_000_000]),
     )
         .prop_map(
-            |((id, name, epoch, deleted), (limit, low_burst, high_burst, parent), (reset, dry))| {
+            |(
+                (id, name, epoch, deleted),
+                (limit, low_burst, high_burst, parent),
+                (reset, dry, in_flight),
+            )| {
                 // Any valid numbers: a limit of 1..=1e15, bursts up to 1e18, in order.
                 let (a, b) =
                     (low_burst % 1_000_000_000_000_000_001, high_burst % 1_000_000_000_000_000_001);
                 let limits =
                     Limits::from_milli(1 + limit % 1_000_000_000_000_000, a.min(b), a.max(b))
                         .unwrap()
-                        .with_dry_run(dry);
+                        .with_dry_run(dry)
+                        .with_max_in_flight(in_flight)
+                        .unwrap();
                 QuotaUpdate { id, name, epoch, deleted, limits, parent, reset_epoch: reset }
             },
         )
@@ -382,6 +388,24 @@ fn a_live_quota_with_numbers_out_of_range_fails_the_answer_a_tombstone_does_not(
     }
 }
 
+/// An answer of `quotas` at epoch 3 and nothing else.
+fn answer_of(quotas: Vec<QuotaUpdate>, limiters: Option<u32>) -> SyncResponse {
+    SyncResponse {
+        v: PROTOCOL_VERSION,
+        root_instance: 1,
+        acked_seq: 0,
+        version: 1,
+        counters: Vec::new(),
+        quotas,
+        epoch: 3,
+        more: false,
+        shard: None,
+        root_epoch: None,
+        key_secret: None,
+        limiters,
+    }
+}
+
 #[test]
 fn quotas_in_shadow_mode_travel_in_an_appended_field_old_limiters_skip() {
     let q = |id: u64, dry: bool| QuotaUpdate {
@@ -393,20 +417,7 @@ fn quotas_in_shadow_mode_travel_in_an_appended_field_old_limiters_skip() {
         parent: None,
         reset_epoch: 0,
     };
-    let mut answer = SyncResponse {
-        v: PROTOCOL_VERSION,
-        root_instance: 1,
-        acked_seq: 0,
-        version: 1,
-        counters: Vec::new(),
-        quotas: vec![q(1, false), q(2, true), q(3, false)],
-        epoch: 3,
-        more: false,
-        shard: None,
-        root_epoch: None,
-        key_secret: None,
-        limiters: None,
-    };
+    let mut answer = answer_of(vec![q(1, false), q(2, true), q(3, false)], None);
     let b = v2::encode_response(&answer);
     let got = v2::decode_response(&b, 100).unwrap();
     assert_eq!(got, answer);
@@ -427,4 +438,53 @@ fn quotas_in_shadow_mode_travel_in_an_appended_field_old_limiters_skip() {
     let json = serde_json::to_string(&got.quotas[1]).unwrap();
     assert!(json.contains("\"dry_run\":true"), "{json}");
     assert!(!serde_json::to_string(&got.quotas[0]).unwrap().contains("dry_run"));
+}
+
+#[test]
+fn max_in_flight_travels_in_an_appended_field_old_limiters_skip() {
+    let q = |id: u64, in_flight: u32| QuotaUpdate {
+        id,
+        name: format!("q{id}"),
+        epoch: id,
+        deleted: false,
+        limits: Limits::in_flight_only(50).unwrap().with_max_in_flight(in_flight).unwrap(),
+        parent: None,
+        reset_epoch: 0,
+    };
+    let mut answer = answer_of(vec![q(1, 0), q(2, 50), q(3, 1_000_000)], Some(2));
+    let b = v2::encode_response(&answer);
+    let got = v2::decode_response(&b, 100).unwrap();
+    assert_eq!(got, answer);
+    assert_eq!(
+        got.quotas.iter().map(|q| q.limits.max_in_flight()).collect::<Vec<_>>(),
+        [0, 50, 1_000_000]
+    );
+    // Field 14 is written (empty) before it; without one, the answer ends before both.
+    for q in &mut answer.quotas {
+        q.limits = q.limits.with_max_in_flight(0).unwrap();
+    }
+    let plain = v2::encode_response(&answer);
+    assert_eq!(&b[..plain.len()], &plain[..], "the fields before are the same bytes");
+    assert_eq!(&b[plain.len()..], &[0, 2, 1, 50, 2, 0xc0, 0x84, 0x3d], "14 empty, then 15");
+    // A reader that predates field 15 stops at 14: what it decodes is the same but the caps.
+    let old = v2::decode_response(&b[..plain.len() + 1], 100).unwrap();
+    assert_eq!(old, answer);
+    // Bad values are refused, naming the field.
+    let mut over = b.clone();
+    over.truncate(plain.len() + 5);
+    over.extend([0xc1, 0x84, 0x3d]); // 1,000,001
+    assert_eq!(
+        v2::decode_response(&over, 100).unwrap_err().to_string(),
+        "bad v2 body at max_in_flight: above 1000000"
+    );
+    let mut past = b.clone();
+    past[plain.len() + 4] = 7;
+    assert_eq!(
+        v2::decode_response(&past, 100).unwrap_err().to_string(),
+        "bad v2 body at max_in_flight: index past the quotas"
+    );
+    // v1 JSON carries it as a field of the quota.
+    let json = serde_json::to_string(&got.quotas[1]).unwrap();
+    assert!(json.contains("\"max_in_flight\":50"), "{json}");
+    assert!(!serde_json::to_string(&got.quotas[0]).unwrap().contains("max_in_flight"));
 }

@@ -40,9 +40,11 @@ pub(crate) struct QuotaBody {
     #[serde(default)]
     #[schema(value_type = Option<QuotaName>)]
     name: Option<String>,
-    /// Units per window (`per`; per second without it) that drain the bucket.
+    /// Units per window (`per`; per second without it) that drain the bucket. Required
+    /// unless `max_in_flight` is given (a quota that caps only requests in flight).
+    #[serde(default)]
     #[schema(minimum = 0.001, maximum = 1e12)]
-    limit: f64,
+    limit: Option<f64>,
     /// The window `limit` counts in: a whole number and a unit, `s`, `m`, `h` or `d`
     /// (`"1h"`; a month is `"30d"`), from 1 s to 30 days; absent: one second.
     #[serde(default)]
@@ -63,6 +65,11 @@ pub(crate) struct QuotaBody {
     /// Shadow mode: limiters count what it would reject but let it through.
     #[serde(default)]
     dry_run: bool,
+    /// Requests in flight at once across the cluster (1 to 1,000,000), beside the rate or
+    /// alone.
+    #[serde(default)]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000000)]
+    max_in_flight: Option<f64>,
 }
 
 /// One item of `POST /v1/quotas:batch`: a quota to create or replace, or
@@ -88,6 +95,9 @@ pub(crate) struct BatchItem {
     /// Shadow mode: limiters count what it would reject but let it through.
     #[serde(default)]
     dry_run: bool,
+    /// As in `PUT /v1/quotas/{name}`.
+    #[serde(default)]
+    max_in_flight: Option<f64>,
 }
 
 /// The two shapes of a batch item, for the OpenAPI document only: one [`BatchItem`] reads
@@ -113,9 +123,9 @@ pub(crate) struct BatchWrite {
     #[serde(default)]
     #[schema(schema_with = only_false)]
     delete: bool,
-    /// As in `PUT /v1/quotas/{name}`.
+    /// As in `PUT /v1/quotas/{name}`: required unless `max_in_flight` is given.
     #[schema(minimum = 0.001, maximum = 1e12)]
-    limit: f64,
+    limit: Option<f64>,
     #[serde(default)]
     #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,8}[smhd]$", example = "1h")]
     per: Option<String>,
@@ -129,6 +139,9 @@ pub(crate) struct BatchWrite {
     /// Shadow mode: limiters count what it would reject but let it through.
     #[serde(default)]
     dry_run: bool,
+    /// As in `PUT /v1/quotas/{name}`.
+    #[schema(minimum = 1, maximum = 1000000)]
+    max_in_flight: Option<u32>,
 }
 
 /// A quota to delete, as `DELETE /v1/quotas/{name}` does.
@@ -177,17 +190,25 @@ pub(crate) struct QuotaJson {
     id: u64,
     /// The write's epoch: above every earlier write's.
     epoch: u64,
-    /// Units per window (`per`).
+    /// Units per window (`per`); absent on a quota with only `max_in_flight`, as are
+    /// `per` and the bursts.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0.001, maximum = 1e12)]
-    limit: f64,
+    limit: Option<f64>,
     /// The window, as `PUT` takes it; absent: one second.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,8}[smhd]$")]
     per: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 1e15)]
-    low_burst: f64,
+    low_burst: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 1e15)]
-    high_burst: f64,
+    high_burst: Option<f64>,
+    /// Requests in flight at once across the cluster; absent: no such cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000000)]
+    max_in_flight: Option<u32>,
     #[schema(value_type = Option<QuotaName>)]
     parent: Option<String>,
     /// Shadow mode (absent when off).
@@ -207,13 +228,16 @@ fn is_zero(v: &u64) -> bool {
 
 impl From<StoredQuota> for QuotaJson {
     fn from(q: StoredQuota) -> Self {
+        let rate = q.limits.has_rate();
+        let in_flight = q.limits.max_in_flight();
         QuotaJson {
             id: q.id,
             epoch: q.epoch,
-            limit: q.limits.limit_units(),
-            per: (q.limits.window_secs() != 1).then(|| q.limits.limit().window_text()),
-            low_burst: milli_to_units(q.limits.low_burst()),
-            high_burst: milli_to_units(q.limits.high_burst()),
+            limit: rate.then(|| q.limits.limit_units()),
+            per: (rate && q.limits.window_secs() != 1).then(|| q.limits.limit().window_text()),
+            low_burst: rate.then(|| milli_to_units(q.limits.low_burst())),
+            high_burst: rate.then(|| milli_to_units(q.limits.high_burst())),
+            max_in_flight: (in_flight > 0).then_some(in_flight),
             dry_run: q.limits.dry_run(),
             parent: q.parent,
             deleted: q.deleted,
@@ -382,6 +406,7 @@ pub(crate) async fn put(
             high_burst: b.high_burst,
             parent: b.parent,
             dry_run: b.dry_run,
+            max_in_flight: in_flight(b.max_in_flight).map_err(|e| invalid(None, e))?,
         };
         let limits = spec.validate(&name).map_err(|e| invalid(None, e))?;
         drop((body, memory));
@@ -689,6 +714,11 @@ pub(crate) async fn batch(
     Ok(Json(res))
 }
 
+/// `max_in_flight` as JSON gave it: a whole number in range, or the error naming it.
+fn in_flight(value: Option<f64>) -> Result<Option<u32>, yarl_core::QuotaError> {
+    value.map(yarl_core::in_flight_from_number).transpose()
+}
+
 fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
     let items: Vec<BatchItem> = parse_json(body)?;
     let mut b = Batch { quotas: Vec::with_capacity(items.len()), ..Batch::default() };
@@ -709,6 +739,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
                 it.high_burst.map(|_| "high_burst"),
                 it.parent.as_ref().map(|_| "parent"),
                 it.dry_run.then_some("dry_run"),
+                it.max_in_flight.map(|_| "max_in_flight"),
             ]
             .into_iter()
             .flatten()
@@ -729,18 +760,18 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
             delete_index.push(i);
             continue;
         }
-        // 400 as before deletes existed, when serde itself reported missing numbers.
-        let need = |v: Option<f64>, field: &str| {
-            v.ok_or_else(|| ApiError::BadJson(format!("item {i}: missing field `{field}`")))
-        };
-        // Bursts left out without a window: a 422 from `validate`, naming the field.
+        // Bursts left out without a window, or no limit without `max_in_flight`: a 422
+        // from `validate`, naming the field.
+        let max_in_flight = in_flight(it.max_in_flight)
+            .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
         let spec = QuotaSpec {
-            limit: need(it.limit, "limit")?,
+            limit: it.limit,
             low_burst: it.low_burst,
             high_burst: it.high_burst,
             per: it.per,
             parent: it.parent,
             dry_run: it.dry_run,
+            max_in_flight,
         };
         let limits = spec
             .validate(&it.name)

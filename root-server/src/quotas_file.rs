@@ -43,8 +43,10 @@ const PAGE: u32 = 1_000;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaFields {
-    /// Units per window (`per`; per second without it).
-    pub limit: f64,
+    /// Units per window (`per`; per second without it); none on a quota with only
+    /// `max_in_flight`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
     /// The window (`"1h"`, `"30d"`); none: one second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
@@ -60,6 +62,9 @@ pub struct QuotaFields {
     /// Shadow mode: limiters count what the quota would reject but let it through.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// Requests in flight at once across the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
 }
 
 /// Quotas by name, in the root's (bytewise) name order.
@@ -197,12 +202,14 @@ fn normalize(name: &str, mut f: QuotaFields) -> Result<QuotaFields, yarl_core::Q
         high_burst: f.high_burst,
         parent: f.parent.clone(),
         dry_run: f.dry_run,
+        max_in_flight: f.max_in_flight,
     };
     let limits = spec.validate(name)?;
-    f.limit = limits.limit_units();
-    f.per = (limits.window_secs() != 1).then(|| limits.limit().window_text());
-    f.low_burst = Some(milli_to_units(limits.low_burst()));
-    f.high_burst = Some(milli_to_units(limits.high_burst()));
+    let rate = limits.has_rate();
+    f.limit = rate.then(|| limits.limit_units());
+    f.per = (rate && limits.window_secs() != 1).then(|| limits.limit().window_text());
+    f.low_burst = rate.then(|| milli_to_units(limits.low_burst()));
+    f.high_burst = rate.then(|| milli_to_units(limits.high_burst()));
     Ok(f)
 }
 
@@ -250,7 +257,8 @@ impl Plan {
 /// The fields of `f` as `(name, shown value)`, the admin API's fields first in its order,
 /// then any other alphabetically; unset optional fields are left out.
 fn shown(f: &QuotaFields) -> Vec<(String, String)> {
-    const ORDER: [&str; 6] = ["limit", "per", "low_burst", "high_burst", "parent", "dry_run"];
+    const ORDER: [&str; 7] =
+        ["limit", "per", "low_burst", "high_burst", "max_in_flight", "parent", "dry_run"];
     let serde_json::Value::Object(map) = serde_json::to_value(f).unwrap_or_default() else {
         return Vec::new();
     };
@@ -583,12 +591,13 @@ mod tests {
 
     fn q(limit: f64, low: f64, high: f64, parent: Option<&str>) -> QuotaFields {
         QuotaFields {
-            limit,
+            limit: Some(limit),
             per: None,
             low_burst: Some(low),
             high_burst: Some(high),
             parent: parent.map(Into::into),
             dry_run: false,
+            max_in_flight: None,
         }
     }
 
@@ -685,6 +694,34 @@ quotas:
         assert_eq!(parse("f", &text).unwrap(), file, "an export reads back as itself");
         let e = parse("f", "quotas:\n  d: {limit: 1, per: 1w}\n").unwrap_err().to_string();
         assert!(e.contains("quota \"d\": per must be"), "{e}");
+    }
+
+    #[test]
+    fn max_in_flight_alone_or_beside_a_rate() {
+        let file = parse(
+            "f",
+            "quotas:\n  db: {max_in_flight: 50}\n  g: {limit: 10, per: 1m, max_in_flight: 8}\n",
+        )
+        .unwrap();
+        let db = &file["db"];
+        assert_eq!((db.limit, db.low_burst, db.max_in_flight), (None, None, Some(50)));
+        assert_eq!((file["g"].limit, file["g"].max_in_flight), (Some(10.0), Some(8)));
+        let text = render("r", &file).unwrap();
+        assert!(text.contains("  db:\n    max_in_flight: 50\n"), "{text}");
+        assert_eq!(parse("f", &text).unwrap(), file, "an export reads back as itself");
+        // A change of the cap is a change like any other.
+        let mut root = file.clone();
+        root.get_mut("db").unwrap().max_in_flight = Some(40);
+        let p = plan(&file, &root, false);
+        assert_eq!(p.change[0].2[0].field, "max_in_flight");
+        for (text, want) in [
+            ("quotas:\n  a: {max_in_flight: 0}\n", "max_in_flight must be a whole number"),
+            ("quotas:\n  a: {max_in_flight: 5, per: 1h}\n", "per needs a limit"),
+            ("quotas:\n  a: {parent: b}\n", "limit is required unless the quota has max_in_flight"),
+        ] {
+            let e = parse("f", text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e} should say {want:?}");
+        }
     }
 
     #[test]

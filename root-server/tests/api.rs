@@ -856,6 +856,68 @@ async fn shadow_mode_is_stored_listed_and_flipped() {
 }
 
 #[tokio::test]
+async fn max_in_flight_is_stored_listed_and_checked() {
+    let (st, _d) = root().await;
+    // Alone: no rate, so no limit, window or bursts shown.
+    let body = json!({"max_in_flight": 50}).to_string();
+    let (s, v) = call(&st, PUT, "/v1/quotas/db_queries", Some(&body), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["max_in_flight"], 50, "{v}");
+    for absent in ["limit", "per", "low_burst", "high_burst"] {
+        assert_eq!(v.get(absent), None, "{absent}: {v}");
+    }
+    let (_, v) = call(&st, GET, "/v1/quotas/db_queries", None, None).await;
+    assert_eq!((&v["max_in_flight"], v.get("limit")), (&json!(50), None), "from the database: {v}");
+    // Beside a rate, on a template (per-key concurrency), whose keys show it.
+    let both = json!({"limit": 10.0, "low_burst": 5.0, "high_burst": 10.0, "max_in_flight": 8});
+    let (s, v) = call(&st, PUT, "/v1/quotas/gen_*", Some(&both.to_string()), None).await;
+    assert_eq!((s, &v["limit"], &v["max_in_flight"]), (StatusCode::OK, &json!(10.0), &json!(8)));
+    let (_, v) = call(&st, GET, "/v1/quotas/gen_k1", None, None).await;
+    assert_eq!((&v["template"], &v["max_in_flight"]), (&json!("gen_*"), &json!(8)), "{v}");
+    // Batches take it; a delete item refuses it.
+    let batch = json!([{"name": "uploads", "max_in_flight": 200, "parent": "db_queries"}]);
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&batch.to_string()), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/uploads", None, None).await;
+    assert_eq!((&v["max_in_flight"], &v["parent"]), (&json!(200), &json!("db_queries")), "{v}");
+    let bad = json!([{"name": "uploads", "delete": true, "max_in_flight": 1}]).to_string();
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&bad), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(err(&v).contains("max_in_flight"), "{v}");
+    // What makes no sense is a 422 naming the field, and writes nothing.
+    for (body, says) in [
+        (json!({"max_in_flight": 0}), "max_in_flight must be a whole number from 1 to 1000000"),
+        (json!({"max_in_flight": 2.5}), "max_in_flight must be a whole number"),
+        (json!({"max_in_flight": 1e7}), "max_in_flight must be a whole number"),
+        (json!({"max_in_flight": -3}), "max_in_flight must be a whole number"),
+        (json!({"max_in_flight": 5, "per": "1h"}), "per needs a limit"),
+        (json!({"max_in_flight": 5, "high_burst": 3}), "high_burst needs a limit"),
+    ] {
+        let (s, v) = call(&st, PUT, "/v1/quotas/db_queries", Some(&body.to_string()), None).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {v}");
+        assert!(err(&v).contains(says), "{body}: {v}");
+    }
+    let batch = json!([{"name": "x", "max_in_flight": 0}]).to_string();
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&batch), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(err(&v).contains("max_in_flight must be"), "{v}");
+    // Neither a rate nor a concurrency.
+    let (s, v) = call(&st, PUT, "/v1/quotas/db_queries", Some("{}"), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(err(&v).contains("limit is required unless the quota has max_in_flight"), "{v}");
+    let batch = json!([{"name": "x", "low_burst": 1.0}]).to_string();
+    let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&batch), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(err(&v).contains("quota \"x\": limit is required unless"), "{v}");
+    let (_, v) = call(&st, GET, "/v1/quotas/db_queries", None, None).await;
+    assert_eq!(v["max_in_flight"], 50, "unchanged: {v}");
+    // Dropping the cap is a write like any other: the field is gone.
+    let rate = json!({"limit": 10.0, "low_burst": 5.0, "high_burst": 10.0}).to_string();
+    let (s, v) = call(&st, PUT, "/v1/quotas/db_queries", Some(&rate), None).await;
+    assert_eq!((s, v.get("max_in_flight")), (StatusCode::OK, None), "{v}");
+}
+
+#[tokio::test]
 async fn windows_are_stored_exactly_and_default_their_bursts() {
     let (st, _d) = root().await;
     // 1,000 a day: exactly that, not a rate per second rounded to 0.012.

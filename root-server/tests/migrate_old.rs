@@ -116,6 +116,7 @@ async fn an_old_sqlite_database_is_adopted() {
             (3, "key secret".into(), true),
             (4, "dry run".into(), true),
             (5, "window".into(), true),
+            (6, "max in flight".into(), true),
         ],
         "version 1 adopted, the later ones applied"
     );
@@ -138,7 +139,7 @@ async fn an_old_postgres_database_is_adopted() {
         .unwrap();
     assert_eq!(
         rows,
-        vec![(1, true), (2, true), (3, true), (4, true), (5, true)],
+        vec![(1, true), (2, true), (3, true), (4, true), (5, true), (6, true)],
         "version 1 adopted, the later ones applied"
     );
 }

@@ -60,7 +60,33 @@ suite!(
     concurrent_writers_never_hide_an_epoch,
     batch_deletes_with_writes,
     key_resets_are_tombstones,
+    max_in_flight_round_trips,
 );
+
+/// `max_in_flight` is stored with the numbers, through single and batch writes, changed
+/// and dropped like them, and carried by a key reset's tombstone.
+async fn max_in_flight_round_trips(s: Arc<dyn QuotaStore>) {
+    let capped =
+        |c| Limits::from_milli(1_500, 1_000, 2_000).unwrap().with_max_in_flight(c).unwrap();
+    let alone = Limits::in_flight_only(1_000_000).unwrap();
+    let w = s
+        .put_many(vec![
+            NewQuota { limits: capped(8), ..nq("gen", None) },
+            NewQuota { limits: alone, ..nq("db", None) },
+            nq("plain", None),
+        ])
+        .await
+        .unwrap();
+    let got: Vec<(u32, bool)> =
+        w.quotas.iter().map(|q| (q.limits.max_in_flight(), q.limits.has_rate())).collect();
+    assert_eq!(got, [(8, true), (1_000_000, false), (0, true)]);
+    let db = s.get("db".into()).await.unwrap().unwrap();
+    assert_eq!(db.limits, alone, "read back exactly");
+    s.put_many(vec![NewQuota { limits: capped(0), ..nq("gen", None) }]).await.unwrap();
+    assert_eq!(s.get("gen".into()).await.unwrap().unwrap().limits.max_in_flight(), 0);
+    let w = s.reset_key("k_abc".into(), capped(3)).await.unwrap();
+    assert_eq!(w.quotas[0].limits.max_in_flight(), 3);
+}
 
 async fn writes_get_increasing_epochs_and_keep_ids(s: Arc<dyn QuotaStore>) {
     let w = s.put_many(vec![nq("a", None), nq("b", Some("a"))]).await.unwrap();

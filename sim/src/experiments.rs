@@ -299,12 +299,13 @@ pub const MIDNIGHT_SPREAD_S: f64 = 60.0;
 /// window (`high_burst` = limit, `low_burst` = limit - 1).
 pub fn daily_limits() -> Limits {
     QuotaSpec {
-        limit: DAILY_LIMIT,
+        limit: Some(DAILY_LIMIT),
         per: Some("1d".into()),
         low_burst: None,
         high_burst: None,
         parent: None,
         dry_run: false,
+        max_in_flight: None,
     }
     .validate("daily")
     .expect("a valid quota")

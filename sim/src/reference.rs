@@ -132,12 +132,13 @@ mod tests {
     /// The daily quota of the report: 1000 per day, with the windowed defaults.
     fn per_day() -> Limits {
         yarl_core::QuotaSpec {
-            limit: 1000.0,
+            limit: Some(1000.0),
             per: Some("1d".into()),
             low_burst: None,
             high_burst: None,
             parent: None,
             dry_run: false,
+            max_in_flight: None,
         }
         .validate("daily")
         .expect("valid spec")

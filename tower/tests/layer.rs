@@ -429,12 +429,13 @@ async fn a_quota_in_shadow_mode_is_decided_and_not_enforced() {
 async fn a_daily_quota_counts_its_window_and_says_so() {
     let (yarl, clock) = limiter(&[("daily", 1.0, 0.0, 0.0, None)]);
     let spec = yarl_core::QuotaSpec {
-        limit: 3.0,
+        limit: Some(3.0),
         per: Some("1d".into()),
         low_burst: None,
         high_burst: None,
         parent: None,
         dry_run: false,
+        max_in_flight: None,
     };
     let daily = QuotaUpdate {
         reset_epoch: 0,

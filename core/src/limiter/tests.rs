@@ -783,12 +783,13 @@ fn keys_follow_their_templates_shadow_mode() {
 fn an_hourly_quota_admits_its_window_and_says_so() {
     let (l, clock) = setup();
     let spec = crate::QuotaSpec {
-        limit: 20.0,
+        limit: Some(20.0),
         per: Some("1h".into()),
         low_burst: None,
         high_burst: None,
         parent: None,
         dry_run: false,
+        max_in_flight: None,
     };
     let limits = spec.validate("hourly").unwrap();
     assert_eq!(

@@ -324,13 +324,20 @@ fn limits_from_row(
     per: i64,
     low: i64,
     high: i64,
+    max_in_flight: i64,
 ) -> Result<Limits, StoreError> {
     let conv = |v: i64| {
         u64::try_from(v).map_err(|_| {
             StoreError::Invalid(format!("quota {name:?} has a negative value in the database"))
         })
     };
+    let in_flight = u32::try_from(max_in_flight).map_err(|_| {
+        StoreError::Invalid(format!(
+            "quota {name:?} has max_in_flight {max_in_flight} in the database"
+        ))
+    })?;
     Limits::from_milli_per(conv(limit)?, conv(per)?, conv(low)?, conv(high)?)
+        .and_then(|l| l.with_max_in_flight(in_flight))
         .map_err(|e| StoreError::Invalid(format!("quota {name:?} in the database: {e}")))
 }
 

@@ -42,8 +42,8 @@ const PG_WRITE_LOCK: i64 = 0x7961_726c;
 pub(super) struct Dialect {
     /// `"sqlite"` or `"postgres"`.
     pub kind: &'static str,
-    /// Rows per batch `INSERT`: SQLite binds 7 parameters per row and allows 32,766;
-    /// PostgreSQL binds seven arrays whatever the count.
+    /// Rows per batch `INSERT`: SQLite binds 9 parameters per row and allows 32,766;
+    /// PostgreSQL binds nine arrays whatever the count.
     pub insert_chunk: usize,
     /// Names per parent lookup.
     pub lookup_chunk: usize,
@@ -55,7 +55,7 @@ pub(super) struct Dialect {
 
 pub(super) const SQLITE: Dialect = Dialect {
     kind: "sqlite",
-    insert_chunk: 4_000,
+    insert_chunk: 3_500,
     lookup_chunk: 50_000,
     // A list is passed as one JSON array: SQLite has no array type.
     live_by_name: "SELECT name, parent FROM yarl_quotas
@@ -73,7 +73,7 @@ pub(super) const POSTGRES: Dialect = Dialect {
 };
 
 const COLUMNS: &str = "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, \
-                       parent, reset_epoch, dry_run, per_s";
+                       parent, reset_epoch, dry_run, per_s, max_in_flight";
 
 const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     limit_milli = excluded.limit_milli,
@@ -81,18 +81,19 @@ const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     high_burst_milli = excluded.high_burst_milli,
     dry_run = excluded.dry_run,
     per_s = excluded.per_s,
+    max_in_flight = excluded.max_in_flight,
     parent = excluded.parent,
     epoch = excluded.epoch,
     deleted = FALSE
  RETURNING id, epoch, reset_epoch";
 
-type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64, bool, i64);
+type Row = (i64, String, i64, bool, i64, i64, i64, Option<String>, i64, bool, i64, i64);
 
 fn from_row(r: Row) -> Result<StoredQuota, StoreError> {
-    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch, dry_run, per) = r;
+    let (id, name, epoch, deleted, l, lo, hi, parent, reset_epoch, dry_run, per, in_flight) = r;
     Ok(StoredQuota {
         id: u64::try_from(id).unwrap_or(0),
-        limits: limits_from_row(&name, l, per, lo, hi)?.with_dry_run(dry_run),
+        limits: limits_from_row(&name, l, per, lo, hi, in_flight)?.with_dry_run(dry_run),
         name,
         epoch: epoch_from_row(epoch),
         deleted,
@@ -362,8 +363,8 @@ impl SqlStore {
         let tomb = format!(
             "INSERT INTO yarl_quotas
                 (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run,
-                 per_s, deleted, reset_epoch)
-             VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, TRUE, $5)
+                 per_s, max_in_flight, deleted, reset_epoch)
+             VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, $8, TRUE, $5)
              ON CONFLICT (name) DO UPDATE SET
                 epoch = excluded.epoch, reset_epoch = excluded.reset_epoch, deleted = TRUE
              RETURNING {COLUMNS}"
@@ -390,6 +391,7 @@ impl SqlStore {
                             .bind(epoch)
                             .bind(limits.dry_run())
                             .bind(to_i64(limits.window_secs()))
+                            .bind(i64::from(limits.max_in_flight()))
                             .fetch_one(&mut *tx)
                             .await?
                     }
@@ -639,7 +641,7 @@ impl InsertChunk for Sqlite {
             let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
                 "INSERT INTO yarl_quotas
                  (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run,
-                  per_s) ",
+                  per_s, max_in_flight) ",
             );
             qb.push_values(chunk.iter().enumerate(), |mut b, (k, q)| {
                 b.push_bind(q.name.as_str())
@@ -649,7 +651,8 @@ impl InsertChunk for Sqlite {
                     .push_bind(q.parent.as_deref())
                     .push_bind(to_i64(first + k as u64 + 1))
                     .push_bind(q.limits.dry_run())
-                    .push_bind(to_i64(q.limits.window_secs()));
+                    .push_bind(to_i64(q.limits.window_secs()))
+                    .push_bind(i64::from(q.limits.max_in_flight()));
             });
             qb.push(UPSERT_SET);
             Ok(qb.build_query_as().fetch_all(&mut **tx).await?)
@@ -664,7 +667,7 @@ impl InsertChunk for Postgres {
         first: Epoch,
     ) -> BoxFuture<'t, Result<Vec<Upserted>, StoreError>> {
         Box::pin(async move {
-            // Eight arrays, one row per element: one statement whatever the chunk size.
+            // Nine arrays, one row per element: one statement whatever the chunk size.
             let names: Vec<&str> = chunk.iter().map(|q| q.name.as_str()).collect();
             let limit: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.limit().milli())).collect();
             let low: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.low_burst())).collect();
@@ -673,12 +676,15 @@ impl InsertChunk for Postgres {
             let epoch: Vec<i64> = (0..chunk.len()).map(|k| to_i64(first + k as u64 + 1)).collect();
             let dry_run: Vec<bool> = chunk.iter().map(|q| q.limits.dry_run()).collect();
             let per: Vec<i64> = chunk.iter().map(|q| to_i64(q.limits.window_secs())).collect();
+            let in_flight: Vec<i64> =
+                chunk.iter().map(|q| i64::from(q.limits.max_in_flight())).collect();
             let sql = format!(
                 "INSERT INTO yarl_quotas
                     (name, limit_milli, low_burst_milli, high_burst_milli, parent, epoch, dry_run,
-                     per_s)
+                     per_s, max_in_flight)
                  SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[],
-                                      $5::text[], $6::int8[], $7::bool[], $8::int8[]){UPSERT_SET}"
+                                      $5::text[], $6::int8[], $7::bool[], $8::int8[],
+                                      $9::int8[]){UPSERT_SET}"
             );
             Ok(sqlx::query_as(&sql)
                 .bind(names)
@@ -689,6 +695,7 @@ impl InsertChunk for Postgres {
                 .bind(epoch)
                 .bind(dry_run)
                 .bind(per)
+                .bind(in_flight)
                 .fetch_all(&mut **tx)
                 .await?)
         })

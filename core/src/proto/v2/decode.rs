@@ -463,8 +463,8 @@ fn take<'a, T: de::Deserialize<'a>>(
     })
 }
 
-/// Field 14: the indexes of the answer's quotas in shadow mode.
-fn shadow_mode(r: &mut SyncResponse, rest: &[u8]) -> Result<(), DecodeError> {
+/// Field 14: the indexes of the answer's quotas in shadow mode; the bytes after it.
+fn shadow_mode<'a>(r: &mut SyncResponse, rest: &'a [u8]) -> Result<&'a [u8], DecodeError> {
     let (n, mut rest) = take::<u64>(rest, "shadow", "not a list")?;
     if n > r.quotas.len() as u64 {
         return Err(malformed("shadow", "more than the quotas"));
@@ -476,6 +476,27 @@ fn shadow_mode(r: &mut SyncResponse, rest: &[u8]) -> Result<(), DecodeError> {
             .get_mut(i as usize)
             .ok_or_else(|| malformed("shadow", "index past the quotas"))?;
         q.limits = q.limits.with_dry_run(true);
+        rest = more;
+    }
+    Ok(rest)
+}
+
+/// Field 15: `(index, max_in_flight)` of the answer's quotas that cap requests in flight.
+fn max_in_flight(r: &mut SyncResponse, rest: &[u8]) -> Result<(), DecodeError> {
+    let (n, mut rest) = take::<u64>(rest, "max_in_flight", "not a list")?;
+    if n > r.quotas.len() as u64 {
+        return Err(malformed("max_in_flight", "more than the quotas"));
+    }
+    for _ in 0..n {
+        let ((i, c), more) = take::<(u32, u32)>(rest, "max_in_flight", "not a pair of varints")?;
+        let q = r
+            .quotas
+            .get_mut(i as usize)
+            .ok_or_else(|| malformed("max_in_flight", "index past the quotas"))?;
+        q.limits = q
+            .limits
+            .with_max_in_flight(c)
+            .map_err(|_| malformed("max_in_flight", "above 1000000"))?;
         rest = more;
     }
     Ok(())
@@ -534,7 +555,10 @@ pub(super) fn decode_response(
                         take::<Option<u32>>(rest, "limiters", "not an option of a varint")?;
                     r.limiters = n;
                     if !rest.is_empty() {
-                        shadow_mode(&mut r, rest)?;
+                        let rest = shadow_mode(&mut r, rest)?;
+                        if !rest.is_empty() {
+                            max_in_flight(&mut r, rest)?;
+                        }
                     }
                 }
             }

@@ -163,10 +163,20 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
             .filter(|(_, q)| q.as_ref().limits.dry_run())
             .map(|(i, _)| i as u32)
             .collect();
-        let peers = r.limiters.is_some() || !shadow.is_empty();
+        // Field 15 (`max_in_flight`, by index) only when a quota has one.
+        let in_flight: Vec<(u32, u32)> = r
+            .quotas
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.as_ref().limits.max_in_flight() != 0)
+            .map(|(i, q)| (i as u32, q.as_ref().limits.max_in_flight()))
+            .collect();
+        let peers = r.limiters.is_some() || !shadow.is_empty() || !in_flight.is_empty();
         let keys = peers || r.key_secret.is_some();
         let more_fields = keys || r.root_epoch.is_some() || !resets.is_empty();
-        let fields = if !shadow.is_empty() {
+        let fields = if !in_flight.is_empty() {
+            15
+        } else if !shadow.is_empty() {
             14
         } else if peers {
             13
@@ -197,8 +207,11 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
         if peers {
             t.serialize_element(&r.limiters)?;
         }
-        if !shadow.is_empty() {
+        if !shadow.is_empty() || !in_flight.is_empty() {
             t.serialize_element(&shadow)?;
+        }
+        if !in_flight.is_empty() {
+            t.serialize_element(&in_flight)?;
         }
         t.end()
     }
