@@ -346,6 +346,7 @@ mod tests {
             watch: Vec::new(),
             key_templates: Vec::new(),
             hinted_seq: None,
+            in_flight: Vec::new(),
         }
     }
 

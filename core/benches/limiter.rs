@@ -199,6 +199,7 @@ fn bench(c: &mut Criterion) {
                     key_secret: None,
                     limiters: None,
                     shard: None,
+                    grants: Vec::new(),
                 }
             },
             |resp| {

@@ -73,6 +73,7 @@ fn main() {
             seen_epoch: Some(1),
             interest: false,
             watch: Vec::new(),
+            in_flight: Vec::new(),
         })
         .collect();
     let bodies: Vec<Vec<u8>> = calls.iter().map(v2::encode_request).collect();

@@ -84,6 +84,7 @@ impl Cluster {
             watch: vec![],
             key_templates: Vec::new(),
             hinted_seq: None,
+            in_flight: Vec::new(),
         }
     }
 

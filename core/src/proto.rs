@@ -79,6 +79,33 @@ pub struct SyncRequest {
     /// batches, which every other limiter's hints carry too; counting both doubled them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hinted_seq: Option<u64>,
+    /// For each concurrency counter (a quota with `max_in_flight`) this limiter serves:
+    /// what it holds of this root's part, runs and was offered since its last report (see
+    /// [`crate::concurrency`]). The root answers each with a grant in
+    /// [`SyncResponse::grants`]. Sorted by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_flight: Vec<InFlightReport>,
+}
+
+/// One concurrency counter's [`Report`](crate::concurrency::Report) in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlightReport {
+    /// The counter (a quota's id, or a key's).
+    pub id: QuotaId,
+    /// The report: `seq` orders one limiter's reports (a root takes each once), the
+    /// others are slots.
+    #[serde(flatten)]
+    pub report: crate::concurrency::Report,
+}
+
+/// A root's [`Grant`](crate::concurrency::Grant) of a share of one concurrency counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlightGrant {
+    /// The counter, as reported.
+    pub id: QuotaId,
+    /// The share and its lease.
+    #[serde(flatten)]
+    pub grant: crate::concurrency::Grant,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -142,6 +169,10 @@ pub struct SyncResponse {
     /// another shard than it was configured with.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "shard_text")]
     pub shard: Option<Shard>,
+    /// The shares of this root's part of each concurrency counter the request reported,
+    /// in its order; a counter without `max_in_flight` (or unknown) is granted 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<InFlightGrant>,
 }
 
 /// `Option<Shard>` as the text `"index/count"` in JSON.

@@ -500,6 +500,7 @@ impl SyncEngine {
                     // skips these batches (see `SyncRequest::hinted_seq`).
                     hinted_seq,
                     key_templates,
+                    in_flight: Vec::new(),
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));

@@ -64,6 +64,7 @@ fn request(limiter: &str, batches: Vec<DeltaBatch>, hints: Vec<(u64, u64)>) -> S
         watch: Vec::new(),
         key_templates: Vec::new(),
         hinted_seq: None,
+        in_flight: Vec::new(),
     }
 }
 
@@ -251,6 +252,7 @@ proptest! {
                     root_epoch: None,
                     key_secret: None,
                     limiters: None,
+                    grants: Vec::new(),
                 };
                 e.on_response(root, Ok(resp), Duration::ZERO, now);
             }

@@ -2,8 +2,11 @@
 //! answer and a v2 answer of the same message decode to the same thing.
 
 use proptest::prelude::*;
+use yarl_core::concurrency::{Grant, Report};
 use yarl_core::proto::v2::{self, DecodeError};
-use yarl_core::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
+use yarl_core::proto::{
+    DeltaBatch, InFlightGrant, InFlightReport, SyncRequest, SyncResponse, PROTOCOL_VERSION,
+};
 use yarl_core::{Limits, QuotaUpdate};
 
 /// Ids and amounts over the whole u64 range, with small values (what real messages carry)
@@ -33,6 +36,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
         prop::collection::vec(num(), 0..20),
         prop::collection::vec((num(), num()), 0..20),
         prop::option::of(num()),
+        prop::collection::vec(in_flight_report(), 0..5),
     )
         .prop_map(
             |(
@@ -47,6 +51,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                 watch,
                 key_templates,
                 hinted_seq,
+                in_flight,
             )| {
                 SyncRequest {
                     v: PROTOCOL_VERSION,
@@ -61,6 +66,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                     watch,
                     key_templates,
                     hinted_seq,
+                    in_flight,
                 }
             },
         )
@@ -105,6 +111,13 @@ fn response() -> impl Strategy<Value = SyncResponse> {
         prop::option::of(num()),
         prop::option::of((any::<u64>(), any::<u64>())),
         prop::option::of(any::<u32>()),
+        prop::collection::vec(
+            (num(), any::<u32>(), num()).prop_map(|(id, share, lease_ns)| InFlightGrant {
+                id,
+                grant: Grant { share, lease_ns },
+            }),
+            0..5,
+        ),
     )
         .prop_map(
             |(
@@ -119,6 +132,7 @@ fn response() -> impl Strategy<Value = SyncResponse> {
                 root_epoch,
                 key_secret,
                 limiters,
+                grants,
             )| {
                 SyncResponse {
                     v: PROTOCOL_VERSION,
@@ -133,9 +147,17 @@ fn response() -> impl Strategy<Value = SyncResponse> {
                     root_epoch,
                     key_secret,
                     limiters,
+                    grants,
                 }
             },
         )
+}
+
+fn in_flight_report() -> impl Strategy<Value = InFlightReport> {
+    (num(), num(), [any::<u32>(); 5]).prop_map(|(id, seq, [a, b, c, d, e])| InFlightReport {
+        id,
+        report: Report { seq, held: a, held_total: b, in_flight: c, demand: d, refused: e },
+    })
 }
 
 proptest! {
@@ -180,7 +202,9 @@ proptest! {
         let bytes = v2::encode_request(&r);
         let cut = cut.index(bytes.len());
         // What each earlier revision of the format would have carried of it.
-        let mut no_hint = r.clone();
+        let mut no_reports = r.clone();
+        no_reports.in_flight.clear();
+        let mut no_hint = no_reports.clone();
         no_hint.hinted_seq = None;
         let mut no_keys = no_hint.clone();
         no_keys.key_templates.clear();
@@ -200,6 +224,8 @@ proptest! {
                     || (cut == v2::encode_request(&no_keys).len() && got == no_keys)
                     // Field 13 written makes field 12 written too, if empty.
                     || (cut >= v2::encode_request(&no_hint).len() && got == no_hint)
+                    // Field 14 written makes 12 and 13 written too.
+                    || (cut >= v2::encode_request(&no_reports).len() && got == no_reports)
             ),
         }
         let _ = v2::decode_request(&junk, 1_000);
@@ -224,6 +250,7 @@ fn sample_request() -> SyncRequest {
         watch: Vec::new(),
         key_templates: Vec::new(),
         hinted_seq: None,
+        in_flight: Vec::new(),
     }
 }
 
@@ -293,10 +320,17 @@ fn hostile_bodies_name_what_is_wrong() {
     with_hinted.hinted_seq = Some(17);
     let bytes = v2::encode_request(&with_hinted);
     assert_eq!(v2::decode_request(&bytes, 11).unwrap(), with_hinted);
+    // Field 14: concurrency reports, against the budget as well (one).
+    let mut with_reports = with_hinted.clone();
+    let report = Report { seq: 3, held: 2, held_total: 4, in_flight: 5, demand: 6000, refused: 1 };
+    with_reports.in_flight = vec![InFlightReport { id: 7, report }];
+    let bytes = v2::encode_request(&with_reports);
+    assert_eq!(v2::decode_request(&bytes, 12).unwrap(), with_reports);
+    assert_eq!(err(&bytes, 11), DecodeError::TooLarge(12, 11));
     // Trailing bytes after every known field are left for later revisions.
     let mut b = bytes.clone();
     b.extend([1, 2, 3]);
-    assert_eq!(v2::decode_request(&b, 11).unwrap(), with_hinted);
+    assert_eq!(v2::decode_request(&b, 12).unwrap(), with_reports);
     // An epoch list that does not match the batches is refused, by name.
     let mut b = good.clone();
     b.extend([1, 5, 3, 0, 0, 0]);
@@ -327,6 +361,7 @@ fn answers_carry_reset_epochs_and_the_roots_epoch() {
         root_epoch: Some(3),
         key_secret: None,
         limiters: None,
+        grants: Vec::new(),
     };
     let bytes = v2::encode_response(&r);
     assert_eq!(v2::decode_response(&bytes, 100).unwrap(), r);
@@ -366,6 +401,7 @@ fn a_live_quota_with_numbers_out_of_range_fails_the_answer_a_tombstone_does_not(
         root_epoch: None,
         key_secret: None,
         limiters: None,
+        grants: Vec::new(),
     };
     for deleted in [false, true] {
         let mut b = v2::encode_response(&answer(deleted));
@@ -403,6 +439,7 @@ fn answer_of(quotas: Vec<QuotaUpdate>, limiters: Option<u32>) -> SyncResponse {
         root_epoch: None,
         key_secret: None,
         limiters,
+        grants: Vec::new(),
     }
 }
 

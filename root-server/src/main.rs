@@ -94,6 +94,18 @@ struct Args {
     /// back off longer than this from a root that was down.
     #[arg(long, env = "YARL_HINT_WINDOW", default_value = "2m", value_parser = parse_interval)]
     hint_window: Duration,
+    /// Which of the roots of its shard this one is, INDEX/COUNT (e.g. 1/2 for the second of
+    /// two): each root grants limiters shares of its own part of every quota's
+    /// `max_in_flight` (the parts sum to the cap), so every root of a shard needs its own
+    /// index and the same count, the number of roots limiters list for the shard. Absent:
+    /// the only root, which owns all of each cap.
+    #[arg(long, env = "YARL_REPLICA")]
+    replica: Option<yarl_core::Shard>,
+    /// How long a share of a `max_in_flight` quota holds after the sync it answered: a
+    /// limiter that stops syncing (dead, or cut off) stops admitting on it then, and this
+    /// root hands it to others (200ms to 60s; a few sync intervals).
+    #[arg(long, env = "YARL_IN_FLIGHT_LEASE", default_value = "3s", value_parser = parse_lease)]
+    in_flight_lease: Duration,
     /// Without a command, `yarl-root` is the server.
     #[command(subcommand)]
     command: Option<Command>,
@@ -273,6 +285,14 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+fn parse_lease(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 3s, 500ms)"))?;
+    if d < Duration::from_millis(200) || d > Duration::from_secs(60) {
+        return Err("must be from 200ms to 60s".into());
+    }
+    Ok(d)
+}
+
 fn read_token(path: &Option<PathBuf>, what: &str) -> anyhow::Result<Option<String>> {
     let Some(path) = path else { return Ok(None) };
     check_token_mode(path, what);
@@ -314,6 +334,8 @@ async fn main() -> anyhow::Result<()> {
     let root = yarl_core::RootConfig {
         shard: args.shard,
         hint_window_ns: u64::try_from(args.hint_window.as_nanos()).unwrap_or(u64::MAX),
+        replica: args.replica.map_or((0, 1), |r| (r.index, r.count)),
+        lease_ns: u64::try_from(args.in_flight_lease.as_nanos()).unwrap_or(u64::MAX),
         ..yarl_core::RootConfig::default()
     };
     let stripes = args.stripes.unwrap_or_else(yarl_root::default_stripes);
@@ -349,6 +371,7 @@ async fn main() -> anyhow::Result<()> {
         admin_token = args.admin_token_file.is_some(),
         sync_token = args.sync_token_file.is_some(),
         shard = %args.shard.map_or_else(|| "all".to_owned(), |s| s.to_string()),
+        replica = %args.replica.map_or_else(|| "0/1".to_owned(), |r| r.to_string()),
         "yarl-root listening"
     );
     let opts = ServeOptions {
@@ -439,6 +462,11 @@ mod tests {
         assert_eq!(a.shard, Some(yarl_core::Shard { index: 1, count: 2 }));
         let e = Args::try_parse_from(["yarl-root", "--shard", "2/2"]).unwrap_err();
         assert!(e.to_string().contains("INDEX/COUNT"), "{e}");
+        let a = Args::try_parse_from(["yarl-root", "--replica", "1/2"]).unwrap();
+        assert_eq!(a.replica, Some(yarl_core::Shard { index: 1, count: 2 }));
+        assert_eq!(a.in_flight_lease, Duration::from_secs(3));
+        let e = Args::try_parse_from(["yarl-root", "--in-flight-lease", "50ms"]).unwrap_err();
+        assert!(e.to_string().contains("from 200ms to 60s"), "{e}");
         let e = Args::try_parse_from(["yarl-root", "--tls-cert", "c.pem"]).unwrap_err();
         assert!(e.to_string().contains("--tls-key"), "{e}");
     }

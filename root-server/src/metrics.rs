@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+use yarl_core::concurrency::EscrowStats;
 use yarl_core::root::RootStats;
 
 /// Upper bounds (seconds) of the sync latency histogram buckets.
@@ -87,6 +88,9 @@ pub(crate) struct Snapshot {
     pub keys: usize,
     /// Per live template: name, keys held, keys refused since the start.
     pub templates: Vec<(String, usize, u64)>,
+    /// Per concurrency counter with a holder: the quota's name (`None` for a key) and its
+    /// escrow's figures.
+    pub in_flight: Vec<(Option<String>, EscrowStats)>,
     pub epoch: u64,
     /// States the counters are split into (`--stripes`).
     pub stripes: usize,
@@ -296,6 +300,7 @@ impl Metrics {
         );
 
         render_templates(&mut o, &s.templates);
+        render_in_flight(&mut o, &s.in_flight);
 
         let ok = self.sync_ok.load(Relaxed);
         let refused = self.sync_refused.load(Relaxed);
@@ -396,9 +401,96 @@ fn render_templates(o: &mut String, templates: &[(String, usize, u64)]) {
     }
 }
 
+/// Concurrency quotas named in the per-quota series; the rest, and every key, are summed
+/// as `quota="_other"`.
+pub(crate) const TOP_IN_FLIGHT: usize = 20;
+
+/// This root's escrow of each concurrency quota (its part of `max_in_flight`, what it
+/// counts as granted, the limiters holding a share, what they run and want), for the
+/// [`TOP_IN_FLIGHT`] quotas with the largest parts and the rest together: a label per
+/// quota, none per key.
+fn render_in_flight(o: &mut String, rows: &[(Option<String>, EscrowStats)]) {
+    let mut named: Vec<(&str, &EscrowStats)> =
+        rows.iter().filter_map(|(n, s)| n.as_deref().map(|n| (n, s))).collect();
+    named.sort_by(|a, b| b.1.part.cmp(&a.1.part).then_with(|| a.0.cmp(b.0)));
+    let top = named.len().min(TOP_IN_FLIGHT);
+    let mut other = EscrowStats::default();
+    let mut others = 0;
+    let shown: std::collections::HashSet<&str> = named[..top].iter().map(|r| r.0).collect();
+    for (name, s) in rows {
+        if name.as_deref().is_some_and(|n| shown.contains(n)) {
+            continue;
+        }
+        others += 1;
+        other.part += s.part;
+        other.reserved += s.reserved;
+        other.holders += s.holders;
+        other.in_flight += s.in_flight;
+        other.wanted += s.wanted;
+    }
+    let series: Vec<(&str, &EscrowStats)> =
+        named[..top].iter().copied().chain((others > 0).then_some(("_other", &other))).collect();
+    type Figure = fn(&EscrowStats) -> f64;
+    let figures: [(&str, &str, Figure); 5] = [
+        (
+            "yarl_root_in_flight_part",
+            "This root's part of the quota's max_in_flight (--replica).",
+            |s| f64::from(s.part),
+        ),
+        (
+            "yarl_root_in_flight_granted",
+            "Slots of the part this root counts as granted to limiters.",
+            |s| s.reserved as f64,
+        ),
+        ("yarl_root_in_flight_holders", "Limiters holding an unexpired share.", |s| {
+            s.holders as f64
+        }),
+        ("yarl_root_in_flight", "Requests in flight, as the holders last reported.", |s| {
+            s.in_flight as f64
+        }),
+        (
+            "yarl_root_in_flight_demand",
+            "Concurrency the holders were offered (slots), as last reported.",
+            |s| s.wanted as f64 / 1000.0,
+        ),
+    ];
+    for (metric, help, value) in figures {
+        let _ = writeln!(
+            o,
+            "# HELP {metric} {help} Per concurrency quota ({TOP_IN_FLIGHT} with the largest parts, then _other, keys included).\n# TYPE {metric} gauge"
+        );
+        for (name, s) in &series {
+            let _ = writeln!(o, "{metric}{{quota=\"{name}\"}} {}", value(s));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_flight_quotas_beyond_the_top_and_keys_are_summed_as_other() {
+        let stats =
+            |part| EscrowStats { part, reserved: 2, holders: 1, in_flight: 1, wanted: 1500 };
+        let mut rows: Vec<(Option<String>, EscrowStats)> = (0..TOP_IN_FLIGHT as u32 + 3)
+            .map(|i| (Some(format!("q{i:02}")), stats(10 + i)))
+            .collect();
+        rows.push((None, stats(4)));
+        rows.push((None, stats(4)));
+        let mut o = String::new();
+        render_in_flight(&mut o, &rows);
+        let parts: Vec<&str> =
+            o.lines().filter(|l| l.starts_with("yarl_root_in_flight_part{")).collect();
+        assert_eq!(parts.len(), TOP_IN_FLIGHT + 1, "{o}");
+        assert_eq!(parts[0], "yarl_root_in_flight_part{quota=\"q22\"} 32");
+        // q00..q02 (10 + 11 + 12) and two keys (4 + 4).
+        assert_eq!(parts[TOP_IN_FLIGHT], "yarl_root_in_flight_part{quota=\"_other\"} 41");
+        assert!(o.contains("yarl_root_in_flight_demand{quota=\"_other\"} 7.5\n"), "{o}");
+        let mut none = String::new();
+        render_in_flight(&mut none, &[]);
+        assert!(!none.contains("{quota="), "no series without concurrency quotas: {none}");
+    }
 
     #[test]
     fn templates_beyond_the_top_are_summed_as_other() {

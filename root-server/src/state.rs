@@ -424,8 +424,9 @@ impl AppState {
     }
 
     pub(crate) async fn snapshot(&self) -> Result<Snapshot, ApiError> {
+        let now = self.now();
         let parts = self
-            .with_stripes(|r| {
+            .with_stripes(move |r| {
                 (
                     r.stats(),
                     r.limiter_count(),
@@ -435,10 +436,11 @@ impl AppState {
                     r.epoch(),
                     r.key_count(),
                     r.template_keys(),
+                    r.in_flight_stats(now),
                 )
             })
             .await?;
-        let (stats, limiters, quotas, _, _, epoch, _, _) = parts[0].clone();
+        let (stats, limiters, quotas, _, _, epoch, _, _, _) = parts[0].clone();
         let mut snap = Snapshot {
             stats,
             limiters,
@@ -447,6 +449,7 @@ impl AppState {
             parked: 0,
             keys: 0,
             templates: Vec::new(),
+            in_flight: Vec::new(),
             epoch,
             stripes: parts.len(),
         };
@@ -463,6 +466,7 @@ impl AppState {
                 t.0 += held;
                 t.1 += refused;
             }
+            snap.in_flight.extend(p.8.into_iter().map(|(_, name, s)| (name, s)));
         }
         snap.templates = templates.into_iter().map(|(n, (h, r))| (n, h, r)).collect();
         Ok(snap)

@@ -137,6 +137,7 @@ impl SyncEncoding {
                 root_epoch: Some(answer.root_epoch),
                 key_secret: answer.key_secret,
                 limiters: Some(answer.limiters),
+                grants: &answer.grants,
             })),
         }
     }

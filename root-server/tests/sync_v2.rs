@@ -49,6 +49,7 @@ fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
         watch: Vec::new(),
         key_templates: Vec::new(),
         hinted_seq: None,
+        in_flight: Vec::new(),
     }
 }
 
@@ -134,4 +135,54 @@ async fn hostile_v2_bodies() {
     let (s, _, b) = post(&st, "application/x-protobuf", good).await;
     assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     assert!(error(&b).contains("application/x-yarl-sync+v2"), "{}", error(&b));
+}
+
+/// Concurrency reports in, grants out, in both encodings, through the router; the
+/// root's escrow in `/metrics`. Replica 1 of 2 owns half of the cap.
+#[tokio::test]
+async fn in_flight_reports_get_grants_of_this_roots_part() {
+    use yarl_core::concurrency::Report;
+    use yarl_core::proto::InFlightReport;
+    let (store, _url, _dir) = sqlite_store().await;
+    let mut settings = short_poll();
+    settings.root.replica = (1, 2);
+    let st = state(store, settings).await;
+    let body = serde_json::json!({"max_in_flight": 21}).to_string();
+    let (s, v) = call(&st, Method::PUT, "/v1/quotas/db", Some(&body), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let report = |limiter: &str, seq| SyncRequest {
+        limiter: limiter.into(),
+        batches: Vec::new(),
+        in_flight: vec![InFlightReport {
+            id,
+            report: Report { seq, demand: 50_000, ..Report::default() },
+        }],
+        ..request(1, None, 0)
+    };
+    let (s, _, body) = post(&st, V2, v2::encode_request(&report("l1", 1))).await;
+    assert_eq!(s, StatusCode::OK);
+    let a = v2::decode_response(&body, usize::MAX).unwrap();
+    assert_eq!(a.grants.len(), 1, "{a:?}");
+    assert_eq!((a.grants[0].id, a.grants[0].grant.share), (id, 10), "replica 1 of 2 owns 10 of 21");
+    assert_eq!(a.grants[0].grant.lease_ns, 3_000_000_000);
+    // In JSON, another limiter: nothing is free (the first may be using all of it).
+    let (s, _, body) =
+        post(&st, "application/json", serde_json::to_vec(&report("l2", 1)).unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+    let j: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        j["grants"],
+        serde_json::json!([{"id": id, "share": 0, "lease_ns": 3_000_000_000u64}])
+    );
+    let (_, m) = call(&st, Method::GET, "/metrics", None, None).await;
+    let m = m.as_str().unwrap();
+    for line in [
+        "yarl_root_in_flight_part{quota=\"db\"} 10",
+        "yarl_root_in_flight_granted{quota=\"db\"} 10",
+        "yarl_root_in_flight_holders{quota=\"db\"} 2",
+        "yarl_root_in_flight_demand{quota=\"db\"} 100",
+    ] {
+        assert!(m.contains(line), "{line} in:\n{m}");
+    }
 }

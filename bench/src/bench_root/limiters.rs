@@ -163,6 +163,7 @@ async fn limiter(
                 watch: vec![],
                 key_templates: Vec::new(),
                 hinted_seq: None,
+                in_flight: Vec::new(),
             };
             let (client, url, shared) = (&client, &urls[k], &shared);
             async move {

@@ -91,6 +91,11 @@ impl Escrow {
         }
     }
 
+    /// The counter's `max_in_flight` this escrow has a part of.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
     /// A new capacity (the quota was edited). Grants already made stay counted; a smaller
     /// part is reached as limiters report and their shares shrink.
     pub fn set_part(&mut self, capacity: u32, part: u32) {

@@ -61,7 +61,7 @@ pub use escrow::{Escrow, EscrowStats, HolderId};
 pub use permits::{Due, HostShares, Permits};
 
 /// What a limiter tells one root, at each sync, about one concurrency counter.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// The limiter's batch sequence: a report at or below the last one seen is a replay
     /// and changes nothing.
@@ -83,7 +83,7 @@ pub struct Report {
 
 /// A root's answer to a [`Report`]: the share the limiter may use, and for how long after
 /// it sent the report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Grant {
     /// The share of this root's part.
     pub share: u32,

@@ -92,6 +92,8 @@ pub struct ResponseParts<'a, Q> {
     pub key_secret: Option<(u64, u64)>,
     /// See [`SyncResponse::limiters`].
     pub limiters: Option<u32>,
+    /// See [`SyncResponse::grants`].
+    pub grants: &'a [crate::proto::InFlightGrant],
 }
 
 fn to_vec(v: &impl Serialize) -> Vec<u8> {
@@ -130,6 +132,7 @@ pub fn encode_response(r: &SyncResponse) -> Vec<u8> {
         root_epoch: r.root_epoch,
         key_secret: r.key_secret,
         limiters: r.limiters,
+        grants: &r.grants,
     })
 }
 

@@ -5,7 +5,9 @@ use super::counters::RootCounter;
 use super::interest::{Inbox, Noted};
 use super::sessions::Session;
 use super::RootState;
-use crate::proto::{SyncRequest, SyncResponse, LIVE_LIMITER_WINDOW, PROTOCOL_VERSION};
+use crate::proto::{
+    InFlightGrant, SyncRequest, SyncResponse, LIVE_LIMITER_WINDOW, PROTOCOL_VERSION,
+};
 use crate::quota::{Epoch, QuotaId, QuotaUpdate};
 use crate::shard::Shard;
 use serde::ser::{SerializeSeq, SerializeStruct};
@@ -45,6 +47,8 @@ pub struct SyncAnswer {
     pub key_secret: Option<(u64, u64)>,
     /// Limiters this root heard from lately ([`SyncResponse::limiters`]).
     pub limiters: u32,
+    /// Shares of concurrency counters ([`SyncResponse::grants`]).
+    pub grants: Vec<InFlightGrant>,
 }
 
 impl SyncAnswer {
@@ -71,6 +75,7 @@ impl SyncAnswer {
             shard: self.shard,
             key_secret: self.key_secret,
             limiters: Some(self.limiters),
+            grants: self.grants,
         }
     }
 }
@@ -90,8 +95,10 @@ impl Serialize for QuotaList<'_> {
 impl Serialize for SyncAnswer {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Field for field what `#[derive(Serialize)]` writes for `SyncResponse`.
-        let fields =
-            10 + usize::from(self.shard.is_some()) + usize::from(self.key_secret.is_some());
+        let fields = 10
+            + usize::from(self.shard.is_some())
+            + usize::from(self.key_secret.is_some())
+            + usize::from(!self.grants.is_empty());
         let mut st = s.serialize_struct("SyncResponse", fields)?;
         st.serialize_field("v", &self.v)?;
         st.serialize_field("root_instance", &self.root_instance)?;
@@ -109,6 +116,9 @@ impl Serialize for SyncAnswer {
             st.serialize_field("key_secret", secret)?;
         }
         st.serialize_field("limiters", &self.limiters)?;
+        if !self.grants.is_empty() {
+            st.serialize_field("grants", &self.grants)?;
+        }
         st.end()
     }
 }
@@ -173,6 +183,7 @@ impl RootState {
             shard: self.config.shard,
             key_secret: self.key_secret,
             limiters: self.live_limiters(now),
+            grants: Vec::new(),
         }
     }
 

@@ -29,6 +29,7 @@ mod changes;
 mod claims;
 mod counters;
 mod demand;
+mod inflight;
 mod interest;
 mod keys;
 mod quotas;
@@ -120,6 +121,14 @@ pub struct RootConfig {
     pub max_keys: usize,
     /// Most keys of one template.
     pub max_keys_per_template: usize,
+    /// Which replica of its shard's escrows this root is, and of how many roots of the
+    /// shard: `(index, count)`, index from 0. Replica `i` grants its part of each
+    /// concurrency counter's `max_in_flight` (see `root/inflight.rs`).
+    pub replica: (u32, u32),
+    /// How long a share of a concurrency counter holds after the report it answers (ns).
+    pub lease_ns: u64,
+    /// Most limiters holding a share of one concurrency counter (more are granted 0).
+    pub max_holders: usize,
 }
 
 impl Default for RootConfig {
@@ -156,6 +165,10 @@ impl Default for RootConfig {
             // About 250 bytes each with their counter: 1 GiB in all.
             max_keys: 4_000_000,
             max_keys_per_template: 2_000_000,
+            replica: (0, 1),
+            // Three rounds at the default interval: a lost answer or two keeps the share.
+            lease_ns: 3 * NANOS_PER_SEC,
+            max_holders: 10_000,
         }
     }
 }
@@ -293,6 +306,8 @@ pub struct RootState {
     free_sids: Vec<Sid>,
     /// Keys: counters of names under templates.
     keys: keys::Keys,
+    /// Concurrency counters' escrows.
+    escrows: inflight::Escrows,
     /// The cluster's secret for key ids, handed to limiters in answers.
     key_secret: Option<(u64, u64)>,
     /// The time of this root's first sync: hints count from it (see
@@ -330,6 +345,7 @@ impl RootState {
             inboxes: Vec::new(),
             free_sids: Vec::new(),
             keys: keys::Keys::default(),
+            escrows: inflight::Escrows::default(),
             key_secret: None,
             born: None,
             stats: RootStats::default(),
@@ -436,7 +452,8 @@ impl RootState {
             self.apply_batches(req, &mut s, req.hinted_seq.unwrap_or(0), now)
         };
         let noted = self.update_interest(&mut s, req, applied_before, now);
-        let answer = self.answer(req, &s, acked, noted, now);
+        let mut answer = self.answer(req, &s, acked, noted, now);
+        answer.grants = self.grant_shares(req, now);
         self.keep_session(name, s, acked, peer, now);
         Ok(answer)
     }
@@ -456,7 +473,8 @@ impl RootState {
             .map(|b| b.deltas.len() + 1)
             .fold(req.hints.len(), usize::saturating_add)
             .saturating_add(req.watch.len())
-            .saturating_add(req.key_templates.len());
+            .saturating_add(req.key_templates.len())
+            .saturating_add(req.in_flight.len());
         if entries > self.config.max_entries {
             return Err(SyncError::TooLarge(entries, self.config.max_entries));
         }

@@ -134,6 +134,7 @@ impl SyncAnswer {
         for p in rest {
             lead.acked_seq = lead.acked_seq.min(p.acked_seq);
             lead.counters.extend(p.counters);
+            lead.grants.extend(p.grants);
         }
         Some(lead)
     }

@@ -51,6 +51,7 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
         watch: Vec::new(),
         key_templates: Vec::new(),
         hinted_seq: None,
+        in_flight: Vec::new(),
     }
 }
 
@@ -1292,4 +1293,106 @@ fn hints_after_a_restart_the_limiter_learned_of_from_an_answer_are_taken() {
     r.sync(&named(new, vec![(5, vec![(1, 1_000)])], vec![(1, 900_000)]), 5 * S).unwrap();
     assert!(fill(&r, 1, 5 * S) < 700.0, "{}", fill(&r, 1, 5 * S));
     assert_eq!(r.stats().hints_redundant, 1);
+}
+
+/// A request that reports on concurrency counters: `(id, seq, held, in_flight, demand)`,
+/// the limiter holding `held` from every root together.
+fn report(limiter: &str, reports: &[(u64, u64, u32, u32, u32)]) -> SyncRequest {
+    use crate::concurrency::Report;
+    SyncRequest {
+        in_flight: reports
+            .iter()
+            .map(|&(id, seq, held, in_flight, demand)| crate::proto::InFlightReport {
+                id,
+                report: Report { seq, held, held_total: held, in_flight, demand, refused: 0 },
+            })
+            .collect(),
+        ..req(limiter, vec![])
+    }
+}
+
+fn capped(id: u64, max_in_flight: u32) -> QuotaUpdate {
+    QuotaUpdate {
+        limits: Limits::in_flight_only(max_in_flight).unwrap(),
+        ..quota(id, id, 1.0, false)
+    }
+}
+
+fn shares(answer: &SyncResponse) -> Vec<(u64, u32)> {
+    answer.grants.iter().map(|g| (g.id, g.grant.share)).collect()
+}
+
+#[test]
+fn concurrency_counters_get_shares_that_never_sum_past_the_part() {
+    let mut r = RootState::new(RootConfig { replica: (0, 2), ..RootConfig::default() });
+    // 11 in flight over two roots: this one, replica 0, owns 6.
+    r.apply_quotas([capped(7, 11), quota(1, 1, 1.0, false)], 0);
+    // A and B both want 10 slots; a quota without max_in_flight (1) and an unknown id (99)
+    // are granted nothing.
+    let a = r.sync(&report("a", &[(1, 1, 0, 0, 0), (7, 1, 0, 0, 10_000), (99, 1, 0, 0, 1)]), S);
+    assert_eq!(shares(&a.unwrap()), [(1, 0), (7, 6), (99, 0)], "alone, A gets the part");
+    let b = r.sync(&report("b", &[(7, 1, 0, 0, 10_000)]), S).unwrap();
+    assert_eq!(shares(&b), [(7, 0)], "A may be using all of it");
+    assert_eq!(b.grants[0].grant.lease_ns, 3 * S);
+    // A applies its share and reports again: the root splits the part as A gives it back.
+    let a = r.sync(&report("a", &[(7, 2, 6, 6, 10_000)]), S + S / 10).unwrap();
+    let b = r.sync(&report("b", &[(7, 2, 0, 0, 10_000)]), S + S / 5).unwrap();
+    let (sa, sb) = (shares(&a)[0].1, shares(&b)[0].1);
+    assert!(sa + sb <= 6, "{sa} + {sb}");
+    // A replay answers the grant as it was, and changes nothing.
+    let again = r.sync(&report("b", &[(7, 2, 0, 0, 10_000)]), S + S / 4).unwrap();
+    assert_eq!(shares(&again)[0].1, sb);
+    // Once A has shrunk to its new share and its requests ended, B grows into the rest;
+    // the two never hold more than the part.
+    let mut seq = 3;
+    let (mut ha, mut hb) = (sa, sb);
+    for k in 0..6 {
+        let now = 2 * S + k * S / 2;
+        let ga = shares(&r.sync(&report("a", &[(7, seq, ha, ha, 10_000)]), now).unwrap())[0].1;
+        let gb = shares(&r.sync(&report("b", &[(7, seq, hb, hb, 10_000)]), now).unwrap())[0].1;
+        (ha, hb, seq) = (ga, gb, seq + 1);
+        assert!(ha + hb <= 6, "round {k}: {ha} + {hb}");
+    }
+    assert_eq!(ha + hb, 6, "both busy: the whole part in use ({ha} + {hb})");
+    assert!(ha >= 2 && hb >= 2, "split by demand: {ha} + {hb}");
+    let stats = r.in_flight_stats(5 * S);
+    assert_eq!((stats[0].0, stats[0].2.part, stats[0].2.holders), (7, 6, 2));
+    assert_eq!(stats[0].1.as_deref(), Some("q7"));
+    // A dies: once its lease has ended B gets the whole part.
+    let late = 5 * S + 3 * S;
+    let gb = shares(&r.sync(&report("b", &[(7, seq, hb, hb, 10_000)]), late).unwrap())[0].1;
+    assert_eq!(gb, 6);
+    // The cap removed: every share is 0, and the escrow goes.
+    r.apply_quotas([quota(7, 20, 1.0, false)], late);
+    let g = r.sync(&report("b", &[(7, seq + 1, 6, 6, 10_000)]), late + S).unwrap();
+    assert_eq!(shares(&g), [(7, 0)]);
+    assert!(r.in_flight_stats(late + S).is_empty());
+}
+
+#[test]
+fn shares_are_held_by_the_whole_limiter_id() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([capped(7, 4)], 0);
+    let a = r.sync(&report("aaaa:secret1", &[(7, 5, 0, 0, 4_000)]), S).unwrap();
+    assert_eq!(shares(&a), [(7, 4)]);
+    // The same printed half with another secret is another holder: it gets what is free.
+    let m = r.sync(&report("aaaa:secret2", &[(7, 9, 0, 0, 4_000)]), S).unwrap();
+    assert_eq!(shares(&m), [(7, 0)]);
+}
+
+#[test]
+fn stripes_grant_their_own_counters() {
+    let mut stripes = RootState::striped(RootConfig::default(), 4);
+    let ids: Vec<u64> = (10..30).collect();
+    for s in stripes.iter_mut().rev() {
+        s.apply_quotas(ids.iter().map(|&id| capped(id, 3)), 0);
+    }
+    let reports: Vec<_> = ids.iter().map(|&id| (id, 1, 0, 0, 1_000)).collect();
+    let req = report("a", &reports);
+    let answers: Vec<SyncAnswer> =
+        stripes.iter_mut().map(|s| s.sync_from(&req, None, S).unwrap()).collect();
+    let joined = SyncAnswer::join(answers, 0).unwrap().into_response();
+    let mut got = shares(&joined);
+    got.sort_unstable();
+    assert_eq!(got, ids.iter().map(|&id| (id, 3)).collect::<Vec<_>>(), "each once, all of it");
 }

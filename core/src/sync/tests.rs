@@ -994,6 +994,7 @@ fn the_printed_limiter_id_does_not_open_its_session() {
             watch: Vec::new(),
             key_templates: Vec::new(),
             hinted_seq: None,
+            in_flight: Vec::new(),
         };
         r.sync(&forged, clock.now_nanos()).unwrap();
     }

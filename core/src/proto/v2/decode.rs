@@ -1,7 +1,11 @@
 //! The bounded decoder of protocol v2 (see "Hostile input" in the parent module).
 
 use super::{DecodeError, WIRE_VERSION};
-use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
+use crate::concurrency::{Grant, Report};
+use crate::proto::{
+    DeltaBatch, InFlightGrant, InFlightReport, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN,
+    PROTOCOL_VERSION,
+};
 use crate::quota::{Limits, QuotaUpdate};
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::Deserializer;
@@ -292,6 +296,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncRequest> {
             hinted_seq: None,
             interest: false,
             watch: Vec::new(),
+            in_flight: Vec::new(),
         })
     }
 }
@@ -372,6 +377,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncResponse> {
             root_epoch: None,
             key_secret: None,
             limiters: None,
+            grants: Vec::new(),
         })
     }
 }
@@ -416,9 +422,12 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
                 let (keys, more) = key_templates(&ctx, more)?;
                 r.key_templates = keys;
                 if !more.is_empty() {
-                    let (hinted, _) =
+                    let (hinted, more) =
                         take::<Option<u64>>(more, "hinted_seq", "not an option of a varint")?;
                     r.hinted_seq = hinted;
+                    if !more.is_empty() {
+                        r.in_flight = in_flight_reports(&ctx, more)?;
+                    }
                 }
             }
         }
@@ -481,8 +490,44 @@ fn shadow_mode<'a>(r: &mut SyncResponse, rest: &'a [u8]) -> Result<&'a [u8], Dec
     Ok(rest)
 }
 
-/// Field 15: `(index, max_in_flight)` of the answer's quotas that cap requests in flight.
-fn max_in_flight(r: &mut SyncResponse, rest: &[u8]) -> Result<(), DecodeError> {
+/// Field 14 of a request: one concurrency report per counter, as bounded as the rest.
+fn in_flight_reports(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<InFlightReport>, DecodeError> {
+    let (n, mut more) = take::<u64>(bytes, "in_flight", "not a list")?;
+    // Each report takes seven bytes at least.
+    let n = ctx.reserve_tail("in_flight", n, 7, more.len())?;
+    let mut out = Vec::with_capacity(n);
+    let mut id = 0u64;
+    for _ in 0..n {
+        type Wire = (i64, u64, u32, u32, u32, u32, u32);
+        let ((d, seq, held, held_total, in_flight, demand, refused), after) =
+            take::<Wire>(more, "in_flight", "not a report of seven varints")?;
+        id = id.wrapping_add(d as u64);
+        let report = Report { seq, held, held_total, in_flight, demand, refused };
+        out.push(InFlightReport { id, report });
+        more = after;
+    }
+    Ok(out)
+}
+
+/// Field 16 of an answer: the grants, one per reported counter.
+fn grants(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<InFlightGrant>, DecodeError> {
+    let (n, mut more) = take::<u64>(bytes, "grants", "not a list")?;
+    let n = ctx.reserve_tail("grants", n, 3, more.len())?;
+    let mut out = Vec::with_capacity(n);
+    let mut id = 0u64;
+    for _ in 0..n {
+        let ((d, share, lease_ns), after) =
+            take::<(i64, u32, u64)>(more, "grants", "not a grant of three varints")?;
+        id = id.wrapping_add(d as u64);
+        out.push(InFlightGrant { id, grant: Grant { share, lease_ns } });
+        more = after;
+    }
+    Ok(out)
+}
+
+/// Field 15: `(index, max_in_flight)` of the answer's quotas that cap requests in flight;
+/// the bytes after it.
+fn max_in_flight<'a>(r: &mut SyncResponse, rest: &'a [u8]) -> Result<&'a [u8], DecodeError> {
     let (n, mut rest) = take::<u64>(rest, "max_in_flight", "not a list")?;
     if n > r.quotas.len() as u64 {
         return Err(malformed("max_in_flight", "more than the quotas"));
@@ -499,7 +544,7 @@ fn max_in_flight(r: &mut SyncResponse, rest: &[u8]) -> Result<(), DecodeError> {
             .map_err(|_| malformed("max_in_flight", "above 1000000"))?;
         rest = more;
     }
-    Ok(())
+    Ok(rest)
 }
 
 /// Decodes an answer with at most `max_entries` counters + quotas.
@@ -557,7 +602,10 @@ pub(super) fn decode_response(
                     if !rest.is_empty() {
                         let rest = shadow_mode(&mut r, rest)?;
                         if !rest.is_empty() {
-                            max_in_flight(&mut r, rest)?;
+                            let rest = max_in_flight(&mut r, rest)?;
+                            if !rest.is_empty() {
+                                r.grants = grants(&ctx, rest)?;
+                            }
                         }
                     }
                 }

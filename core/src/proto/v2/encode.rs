@@ -1,7 +1,7 @@
 //! The serializers of protocol v2: the messages' fields in wire order, ids as differences.
 
 use super::{ResponseParts, WIRE_VERSION};
-use crate::proto::{DeltaBatch, SyncRequest};
+use crate::proto::{DeltaBatch, InFlightGrant, InFlightReport, SyncRequest};
 use crate::quota::{QuotaId, QuotaUpdate};
 use serde::ser::{SerializeSeq, SerializeTuple};
 use serde::{Serialize, Serializer};
@@ -29,6 +29,18 @@ where
 
 trait HasId {
     fn id(&self) -> u64;
+}
+
+impl HasId for InFlightReport {
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl HasId for InFlightGrant {
+    fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 impl HasId for (QuotaId, u64, u64) {
@@ -98,12 +110,15 @@ impl Serialize for RequestWire<'_> {
         // Fields 8 and 9 (resets) only when they say something, 10 and 11 (interest) only
         // when asked for: a request from a limiter that predates them stays byte for byte
         // what it was.
-        let hinted = r.hinted_seq.is_some();
+        let reports = !r.in_flight.is_empty();
+        let hinted = reports || r.hinted_seq.is_some();
         let keys = hinted || !r.key_templates.is_empty();
         let interest = keys || r.interest || !r.watch.is_empty();
         let resets =
             interest || r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
-        let fields = if hinted {
+        let fields = if reports {
+            14
+        } else if hinted {
             13
         } else if keys {
             12
@@ -136,6 +151,12 @@ impl Serialize for RequestWire<'_> {
         }
         if hinted {
             t.serialize_element(&r.hinted_seq)?;
+        }
+        if reports {
+            t.serialize_element(&Delta(&r.in_flight, |f: &InFlightReport, k| {
+                let p = &f.report;
+                (k, p.seq, p.held, p.held_total, p.in_flight, p.demand, p.refused)
+            }))?;
         }
         t.end()
     }
@@ -171,10 +192,14 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
             .filter(|(_, q)| q.as_ref().limits.max_in_flight() != 0)
             .map(|(i, q)| (i as u32, q.as_ref().limits.max_in_flight()))
             .collect();
-        let peers = r.limiters.is_some() || !shadow.is_empty() || !in_flight.is_empty();
+        let grants = !r.grants.is_empty();
+        let caps = grants || !in_flight.is_empty();
+        let peers = r.limiters.is_some() || !shadow.is_empty() || caps;
         let keys = peers || r.key_secret.is_some();
         let more_fields = keys || r.root_epoch.is_some() || !resets.is_empty();
-        let fields = if !in_flight.is_empty() {
+        let fields = if grants {
+            16
+        } else if caps {
             15
         } else if !shadow.is_empty() {
             14
@@ -207,11 +232,16 @@ impl<Q: AsRef<QuotaUpdate>> Serialize for ResponseWire<'_, Q> {
         if peers {
             t.serialize_element(&r.limiters)?;
         }
-        if !shadow.is_empty() || !in_flight.is_empty() {
+        if !shadow.is_empty() || caps {
             t.serialize_element(&shadow)?;
         }
-        if !in_flight.is_empty() {
+        if caps {
             t.serialize_element(&in_flight)?;
+        }
+        if grants {
+            t.serialize_element(&Delta(r.grants, |g: &InFlightGrant, k| {
+                (k, g.grant.share, g.grant.lease_ns)
+            }))?;
         }
         t.end()
     }

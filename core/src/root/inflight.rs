@@ -1,0 +1,87 @@
+//! Concurrency counters at a root: the escrow of this root's part of each one's
+//! `max_in_flight`, and the shares it grants the limiters that report on it (the rules are
+//! in [`crate::concurrency`]).
+//!
+//! Every root of a counter's shard is one replica of its escrow: `--replica i/n` says which,
+//! and replica `i` owns [`replica_part`] of the cap, so replicas that never talk to each other
+//! never grant more than the cap between them. A limiter is a holder by a hash of its whole
+//! id (the printed half and the secret half), so a sync-token holder who read another
+//! limiter's printed id cannot report, and take shares, as it; and a session this root
+//! forgot and meets again keeps its place in the escrow.
+
+use super::{IdMap, RootState};
+use crate::concurrency::{replica_part, Escrow, EscrowStats, Grant, HolderId};
+use crate::proto::{InFlightGrant, SyncRequest};
+use crate::quota::QuotaId;
+use crate::zone::keys::is_key_id;
+use std::hash::BuildHasher;
+
+/// The escrows of one root (or stripe), by counter.
+#[derive(Debug, Default)]
+pub(super) struct Escrows {
+    by_id: IdMap<Escrow>,
+    /// Hashes limiter ids into holder ids, with this process's random seed.
+    seed: foldhash::quality::RandomState,
+}
+
+impl RootState {
+    /// The grants answering `req`'s concurrency reports (those of this stripe's counters),
+    /// at `now`. A counter with no `max_in_flight` here (or no quota this root knows) is
+    /// granted 0, and its escrow, if the cap was just removed, goes.
+    pub(super) fn grant_shares(&mut self, req: &SyncRequest, now: u64) -> Vec<InFlightGrant> {
+        if req.in_flight.is_empty() {
+            return Vec::new();
+        }
+        let holder: HolderId = self.escrows.seed.hash_one(req.limiter.as_str());
+        let lease_ns = self.config.lease_ns;
+        let (index, count) = self.config.replica;
+        let mut out = Vec::with_capacity(req.in_flight.len());
+        for r in &req.in_flight {
+            if !self.stripe.contains(r.id) || !self.in_shard(r.id) {
+                continue;
+            }
+            let cap = if self.key_entry(r.id) {
+                self.live_limits(r.id).map_or(0, |l| l.max_in_flight())
+            } else {
+                0
+            };
+            let grant = if cap == 0 {
+                self.escrows.by_id.remove(&r.id);
+                Grant { share: 0, lease_ns }
+            } else {
+                let part = replica_part(cap, index, count);
+                let max_holders = self.config.max_holders;
+                let e = self
+                    .escrows
+                    .by_id
+                    .entry(r.id)
+                    .or_insert_with(|| Escrow::new(cap, part, lease_ns, max_holders));
+                if e.capacity() != cap {
+                    e.set_part(cap, part);
+                }
+                e.report(holder, now, &r.report)
+            };
+            out.push(InFlightGrant { id: r.id, grant });
+        }
+        out
+    }
+
+    /// Each concurrency counter's escrow figures at `now` (leases ended by then dropped),
+    /// by id, with the quota's name (`None` for a key: names of keys are clients' data and
+    /// stay out of metrics); escrows left with no holder go.
+    pub fn in_flight_stats(&mut self, now: u64) -> Vec<(QuotaId, Option<String>, EscrowStats)> {
+        let mut rows = Vec::with_capacity(self.escrows.by_id.len());
+        self.escrows.by_id.retain(|&id, e| {
+            let s = e.stats(now);
+            rows.push((id, s));
+            s.holders > 0
+        });
+        rows.sort_unstable_by_key(|s| s.0);
+        rows.into_iter()
+            .map(|(id, s)| {
+                let name = (!is_key_id(id)).then(|| self.quota(id).map(|q| q.name.clone()));
+                (id, name.flatten(), s)
+            })
+            .collect()
+    }
+}
