@@ -120,12 +120,37 @@ pub(crate) fn json() -> &'static str {
     DOC.get_or_init(|| {
         let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
         camel_case_links(&mut doc);
+        rate_or_in_flight(&mut doc);
         serde_json::to_string_pretty(&doc).unwrap_or_default()
     })
 }
 
 /// utoipa 5 writes a link's fields in snake case (`operation_id`), which no OpenAPI tool
 /// reads, so schemathesis would see links to nowhere.
+/// A quota written has a rate (`limit`) or a cap on requests in flight
+/// (`max_in_flight`), and the fields of a rate only with a rate: what the serde structs
+/// cannot say (`limit` is optional there for the second case), said as `anyOf`. Null is
+/// what the server takes for absent, so a rate field may be null beside `max_in_flight`.
+fn rate_or_in_flight(doc: &mut serde_json::Value) {
+    let rule = serde_json::json!([
+        {"required": ["limit"], "properties": {"limit": {"type": "number"}}},
+        {
+            "required": ["max_in_flight"],
+            "properties": {
+                "max_in_flight": {"type": "integer"},
+                "per": {"type": "null"},
+                "low_burst": {"type": "null"},
+                "high_burst": {"type": "null"}
+            }
+        }
+    ]);
+    for name in ["QuotaBody", "BatchWrite"] {
+        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+            schema["anyOf"] = rule.clone();
+        }
+    }
+}
+
 fn camel_case_links(doc: &mut serde_json::Value) {
     let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else { return };
     let responses = paths

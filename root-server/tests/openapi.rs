@@ -69,6 +69,19 @@ async fn document_is_openapi_3_1_with_bearer_auth() {
     }
 }
 
+/// A write needs a rate or a cap on requests in flight, and the document says so: the
+/// bodies the schema takes are the ones the server does, on this point.
+#[tokio::test]
+async fn a_write_needs_limit_or_max_in_flight() {
+    let doc = document().await;
+    for name in ["QuotaBody", "BatchWrite"] {
+        let any = doc["components"]["schemas"][name]["anyOf"].as_array().unwrap();
+        let required: Vec<&Value> = any.iter().map(|a| &a["required"][0]).collect();
+        assert_eq!(required, ["limit", "max_in_flight"], "{name}");
+        assert_eq!(any[1]["properties"]["per"]["type"], "null", "{name}");
+    }
+}
+
 #[tokio::test]
 async fn every_route_is_described_and_every_operation_routed() {
     let doc = document().await;
