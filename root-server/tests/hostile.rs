@@ -641,7 +641,9 @@ async fn second_review_triggers_against_a_real_root() {
     for (name, body) in [
         ("ledger", json!({"limit": 0.001, "low_burst": 1e9, "high_burst": 1e9})),
         ("daily", json!({"limit": 1000, "per": "1d"})),
-        ("victim", quota_body(100.0, None)),
+        // Drains 1 unit a second with room for the test's 5: read back within a second
+        // (at 100/s the 5 units were gone in 50 ms, and a loaded machine missed them).
+        ("victim", json!({"limit": 1.0, "low_burst": 100.0, "high_burst": 100.0})),
         ("cool", quota_body(100.0, Some("ledger"))),
     ] {
         let (s, v) = ctx.admin(Method::PUT, &format!("/v1/quotas/{name}"), body).await;
