@@ -53,8 +53,8 @@ pub mod zone;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
 pub use limiter::{
-    AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, QuotaInfo, TemplateKeys,
-    WeightError, WriteSection, ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN,
+    Acquired, AgentLease, ApplyReport, Estimator, Limiter, LimiterBuilder, Permit, QuotaInfo,
+    TemplateKeys, WeightError, WriteSection, ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN,
     SECTION_STALE_NS,
 };
 pub use quota::{

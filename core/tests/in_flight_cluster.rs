@@ -1,11 +1,11 @@
 //! Concurrency quotas through the real roots and the v2 wire: hosts admit on their shares
-//! ([`Permits`], [`HostShares`]) and report to two root replicas ([`RootState`] with
+//! ([`Permits`](yarl_core::concurrency::Permits), [`HostShares`]) and report to two root replicas ([`RootState`] with
 //! `replica` 0/2 and 1/2) in encoded requests; grants come back in encoded answers, some
 //! lost. Whatever the traffic, the hosts together never run more than `max_in_flight`, and
 //! a busy cluster uses most of it.
 
 use proptest::prelude::*;
-use yarl_core::concurrency::{Due, HostShares, Permits};
+use yarl_core::concurrency::{Due, HostShares, PermitWords};
 use yarl_core::proto::{v2, InFlightReport, SyncRequest, PROTOCOL_VERSION};
 use yarl_core::{Limits, QuotaUpdate, RootConfig, RootState};
 
@@ -26,7 +26,7 @@ fn quota(cap: u32) -> QuotaUpdate {
 }
 
 struct Host {
-    permits: Permits,
+    permits: PermitWords,
     book: HostShares,
     /// End times of the requests it runs.
     running: Vec<u64>,
@@ -62,7 +62,7 @@ fn report<'a>(
         host.seq += 1;
         let (demand, refused) = host.demand;
         for (r, root) in roots.iter_mut().enumerate() {
-            let report = host.book.report(r, now, host.seq, &host.permits, demand, refused);
+            let report = host.book.report(r, now, host.seq, host.permits.view(), demand, refused);
             let req = SyncRequest {
                 v: PROTOCOL_VERSION,
                 limiter: format!("host{h}"),
@@ -90,7 +90,7 @@ fn report<'a>(
             assert_eq!(answer.grants.len(), 1);
             if !lose_answer {
                 let g = answer.grants[0].grant;
-                again |= host.book.apply(r, g, now, now, host.permits.in_flight());
+                again |= host.book.apply(r, g, now, now, host.permits.view().in_flight());
             }
         }
     }
@@ -115,7 +115,7 @@ fn run_moving(
     let mut hosts: Vec<Host> = load
         .iter()
         .map(|_| Host {
-            permits: Permits::default(),
+            permits: PermitWords::default(),
             book: HostShares::new(2, 0),
             running: Vec::new(),
             seq: 0,
@@ -135,24 +135,24 @@ fn run_moving(
             if kill_first && h == 0 && now >= swap_at {
                 // Dead: its requests died with it, and it admits and reports nothing.
                 host.running.clear();
-                host.permits.release_many(u32::MAX);
+                host.permits.view().release_many(u32::MAX);
                 continue;
             }
             host.running.retain(|&end| {
                 let done = end <= now;
                 if done {
-                    host.permits.release();
+                    host.permits.view().release();
                 }
                 !done
             });
             let offered = if now < swap_at { load[h] } else { load[load.len() - 1 - h] };
             for _ in 0..offered {
-                if host.permits.acquire(now) {
+                if host.permits.view().acquire(now) {
                     host.running.push(now + hold);
                 }
             }
         }
-        let total: u32 = hosts.iter().map(|h| h.permits.in_flight()).sum();
+        let total: u32 = hosts.iter().map(|h| h.permits.view().in_flight()).sum();
         most = most.max(total);
         if now >= swap_at.saturating_add(hold) && reached.is_none() && total * 10 >= cap * 9 {
             reached = Some(now - swap_at);
@@ -168,9 +168,9 @@ fn run_moving(
             // A round each interval; between two, an early one for a host refusing
             // requests, and a report repeating the round's demand once the requests
             // above a shrunk share have ended (the sync agent's polls).
-            let due = host.book.poll(now, &host.permits, ROUND / 2);
+            let due = host.book.poll(now, host.permits.view(), ROUND / 2);
             if now % ROUND == 0 || due == Due::Starving {
-                host.demand = host.book.round(now, &host.permits);
+                host.demand = host.book.round(now, host.permits.view());
             } else if due == Due::No {
                 continue;
             }

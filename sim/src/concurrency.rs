@@ -8,7 +8,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use yarl_core::concurrency::{replica_part, Due, Escrow, Grant, HostShares, Permits, Report};
+use yarl_core::concurrency::{replica_part, Due, Escrow, Grant, HostShares, PermitWords, Report};
 
 const NS: f64 = 1e9;
 const POLL_NS: u64 = 10_000_000;
@@ -133,7 +133,7 @@ enum Event {
 }
 
 struct Host {
-    permits: Permits,
+    permits: PermitWords,
     book: HostShares,
     seq: Vec<u64>,
     /// The last round's (demand, refused): an early acknowledgement repeats them, so it
@@ -147,6 +147,15 @@ struct Host {
     central: u32,
 }
 
+impl Host {
+    /// The next report to `root` at `t`, with the last round's demand.
+    fn report_to(&mut self, root: usize, t: u64) -> Report {
+        self.seq[root] += 1;
+        let (demand, refused) = self.last;
+        self.book.report(root, t, self.seq[root], self.permits.view(), demand, refused)
+    }
+}
+
 /// Runs `s` under `mode`.
 pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
     let mut rng = fastrand::Rng::with_seed(s.seed);
@@ -158,7 +167,7 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
         .collect();
     let mut hosts: Vec<Host> = (0..s.hosts)
         .map(|i| Host {
-            permits: Permits::default(),
+            permits: PermitWords::default(),
             book: HostShares::new(s.roots as usize, 0),
             seq: vec![0; s.roots as usize],
             last: (0, 0),
@@ -169,11 +178,11 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
         })
         .collect();
     // The central counter, and what each host runs of it (a dead host's requests end).
-    let central = Permits::default();
-    central.publish(s.capacity, u64::MAX / 2);
+    let central = PermitWords::default();
+    central.view().publish(s.capacity, u64::MAX / 2);
     if mode == Mode::StaticSplit {
         for h in &hosts {
-            h.permits.publish(h.fixed, u64::MAX / 2);
+            h.permits.view().publish(h.fixed, u64::MAX / 2);
         }
     }
     let mut q: BinaryHeap<Reverse<(u64, u64, Event)>> = BinaryHeap::new();
@@ -231,17 +240,17 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
             if t >= at && hosts[h].alive {
                 hosts[h].alive = false;
                 hosts[h].life += 1;
-                hosts[h].permits = Permits::default();
-                central.release_many(hosts[h].central);
+                hosts[h].permits = PermitWords::default();
+                central.view().release_many(hosts[h].central);
                 hosts[h].central = 0;
             }
         }
         match e {
             Event::Sample => {
                 let total = if mode == Mode::Central {
-                    central.in_flight()
+                    central.view().in_flight()
                 } else {
-                    hosts.iter().filter(|h| h.alive).map(|h| h.permits.in_flight()).sum()
+                    hosts.iter().filter(|h| h.alive).map(|h| h.permits.view().in_flight()).sum()
                 };
                 out.samples.push((t as f64 / NS, total));
                 if !shifted.is_empty() {
@@ -251,12 +260,12 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
                             if mode == Mode::Central {
                                 hosts[i].central
                             } else {
-                                hosts[i].permits.in_flight()
+                                hosts[i].permits.view().in_flight()
                             }
                         })
                         .sum();
                     out.target_samples.push((t as f64 / NS, on));
-                    let held: u32 = shifted.iter().map(|&i| hosts[i].permits.share(t)).sum();
+                    let held: u32 = shifted.iter().map(|&i| hosts[i].permits.view().share(t)).sum();
                     out.target_shares.push((t as f64 / NS, held));
                 }
                 push(&mut q, t + SAMPLE_NS, Event::Sample);
@@ -267,7 +276,8 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
                 let host = weights.partition_point(|&c| c <= x).min(s.hosts - 1);
                 let h = &hosts[host];
                 if h.alive {
-                    let permits = if mode == Mode::Central { &central } else { &h.permits };
+                    let permits =
+                        if mode == Mode::Central { central.view() } else { h.permits.view() };
                     if permits.acquire(t) {
                         out.admitted += 1;
                         let life = h.life;
@@ -285,10 +295,10 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
             Event::End { host, life } => {
                 if hosts[host].life == life && hosts[host].alive {
                     if mode == Mode::Central {
-                        central.release();
+                        central.view().release();
                         hosts[host].central -= 1;
                     } else {
-                        hosts[host].permits.release();
+                        hosts[host].permits.view().release();
                     }
                 }
             }
@@ -297,11 +307,9 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
                     continue;
                 }
                 let h = &mut hosts[host];
-                let (demand, refused) = h.book.round(t, &h.permits);
-                h.last = (demand, refused);
+                h.last = h.book.round(t, h.permits.view());
                 for root in 0..s.roots as usize {
-                    h.seq[root] += 1;
-                    pending.push(h.book.report(root, t, h.seq[root], &h.permits, demand, refused));
+                    pending.push(h.report_to(root, t));
                     let (d, id) = (half(&mut rng), pending.len() - 1);
                     push(&mut q, t + d, Event::AtRoot { host, root, sent: t, id });
                 }
@@ -313,10 +321,7 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
                 if !hosts[host].alive {
                     continue;
                 }
-                let h = &mut hosts[host];
-                h.seq[root] += 1;
-                let (demand, refused) = h.last;
-                pending.push(h.book.report(root, t, h.seq[root], &h.permits, demand, refused));
+                pending.push(hosts[host].report_to(root, t));
                 let (d, id) = (half(&mut rng), pending.len() - 1);
                 push(&mut q, t + d, Event::AtRoot { host, root, sent: t, id });
             }
@@ -335,9 +340,9 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
                 if !h.alive {
                     continue;
                 }
-                let in_flight = h.permits.in_flight();
+                let in_flight = h.permits.view().in_flight();
                 let shrank = h.book.apply(root, Grant { share, lease_ns }, sent, t, in_flight);
-                h.book.poll(t, &h.permits, u64::MAX);
+                h.book.poll(t, h.permits.view(), u64::MAX);
                 if shrank && mode == (Mode::Escrow { early_ack: true }) {
                     push(&mut q, t, Event::Ack { host, root });
                 }
@@ -345,7 +350,7 @@ pub fn run_concurrency(s: &ConcScenario, mode: Mode) -> ConcResult {
             Event::Poll { host } => {
                 let h = &mut hosts[host];
                 if h.alive {
-                    let due = h.book.poll(t, &h.permits, early_gap);
+                    let due = h.book.poll(t, h.permits.view(), early_gap);
                     if mode == (Mode::Escrow { early_ack: true }) {
                         match due {
                             Due::Release => {

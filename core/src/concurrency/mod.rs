@@ -55,10 +55,10 @@
 //! cluster makes a host wait).
 
 mod escrow;
-mod permits;
+pub(crate) mod permits;
 
 pub use escrow::{Escrow, EscrowStats, HolderId};
-pub use permits::{Due, HostShares, Permits};
+pub use permits::{Due, HostShares, PermitWords, Permits, PERMIT_WORDS};
 
 /// What a limiter tells one root, at each sync, about one concurrency counter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

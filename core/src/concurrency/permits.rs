@@ -2,7 +2,7 @@
 //! root granted.
 
 use super::{lease_margin, Grant, Report};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Shares are at most this (24 bits), so a share and its lease end fit one atomic word and a
 /// request never reads a share with another share's lease.
@@ -10,39 +10,67 @@ pub const MAX_SHARE: u32 = (1 << 24) - 1;
 
 const NS_PER_MS: u64 = 1_000_000;
 
-/// One concurrency counter's permits on one host: plain words (atomics, no pointers), so
-/// they can live in a memory block shared by processes. Acquire and release are lock-free
-/// and wait for no one: the agent publishes shares with one store.
+/// Words of one counter's permits.
+pub const PERMIT_WORDS: usize = 3;
+/// Requests in flight.
+pub(crate) const IN_FLIGHT: usize = 0;
+/// `share | lease end in ms << 24`: the share counts while `now` is before the end.
+pub(crate) const SHARE: usize = 1;
+/// Acquires admitted (low 32 bits) and refused (high 32 bits) since the agent last took
+/// them: one word, one cache line with the others. Four billion acquires within one round
+/// would carry into the refusals.
+pub(crate) const ROUND: usize = 2;
+const REFUSED_ONE: u64 = 1 << 32;
+
+/// One concurrency counter's permits on one host: [`PERMIT_WORDS`] plain words (atomics,
+/// no pointers), so they can live in a memory block shared by processes, which hands out
+/// this view of them. Acquire and release are lock-free and wait for no one: the agent
+/// publishes shares with one store.
+#[derive(Debug, Clone, Copy)]
+pub struct Permits<'a>(&'a [AtomicU64; PERMIT_WORDS]);
+
+/// Permits of one's own (a test, a simulation, a process that shares no memory).
 #[derive(Debug, Default)]
-pub struct Permits {
-    in_flight: AtomicU32,
-    /// `share | lease end in ms << 24`: the share counts while `now` is before the end.
-    share: AtomicU64,
-    /// Acquires admitted since the agent last took them.
-    admitted: AtomicU32,
-    /// Acquires refused since the agent last took them.
-    refused: AtomicU32,
+pub struct PermitWords([AtomicU64; PERMIT_WORDS]);
+
+impl PermitWords {
+    /// The view that acquires, releases and reports.
+    pub fn view(&self) -> Permits<'_> {
+        Permits(&self.0)
+    }
+
+    /// The share word as stored (for the zone layout's golden test).
+    #[cfg(test)]
+    pub(crate) fn share_word(&self) -> u64 {
+        self.0[SHARE].load(Ordering::Relaxed)
+    }
 }
 
-impl Permits {
+impl<'a> Permits<'a> {
+    /// The permits held in `words`.
+    pub fn new(words: &'a [AtomicU64; PERMIT_WORDS]) -> Self {
+        Permits(words)
+    }
+
+    fn w(&self, i: usize) -> &AtomicU64 {
+        &self.0[i]
+    }
+
     /// Admits one more request in flight if the host's share, unexpired at `now` (ns on the
     /// limiter's monotonic clock), has room; counts a refusal otherwise.
     pub fn acquire(&self, now: u64) -> bool {
-        let share = self.share(now);
-        let mut cur = self.in_flight.load(Ordering::Relaxed);
+        let share = u64::from(self.share(now));
+        let in_flight = self.w(IN_FLIGHT);
+        let mut cur = in_flight.load(Ordering::Relaxed);
         loop {
             if cur >= share {
-                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.w(ROUND).fetch_add(REFUSED_ONE, Ordering::Relaxed);
                 return false;
             }
-            match self.in_flight.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
+            match in_flight.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => {
-                    self.admitted.fetch_add(1, Ordering::Relaxed);
+                    self.w(ROUND).fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
                 Err(seen) => cur = seen,
@@ -53,25 +81,26 @@ impl Permits {
     /// Ends one request admitted by [`acquire`](Self::acquire). Never goes below zero: a
     /// release without its acquire (a bug elsewhere) must not open a slot for free.
     pub fn release(&self) {
-        let _ =
-            self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| v.checked_sub(1));
+        let _ = self
+            .w(IN_FLIGHT)
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| v.checked_sub(1));
     }
 
     /// Releases `n` at once: what a worker that died held, from its ledger.
     pub fn release_many(&self, n: u32) {
-        let _ = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| Some(v.saturating_sub(n)));
+        let _ = self.w(IN_FLIGHT).fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(u64::from(n)))
+        });
     }
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        u32::try_from(self.w(IN_FLIGHT).load(Ordering::Relaxed)).unwrap_or(u32::MAX)
     }
 
     /// The share in force at `now`.
     pub fn share(&self, now: u64) -> u32 {
-        let word = self.share.load(Ordering::Acquire);
+        let word = self.w(SHARE).load(Ordering::Acquire);
         if now / NS_PER_MS < word >> 24 {
             (word as u32) & MAX_SHARE
         } else {
@@ -83,12 +112,18 @@ impl Permits {
     /// the millisecond so it ends no later.
     pub fn publish(&self, share: u32, until: u64) {
         let word = ((until / NS_PER_MS) << 24) | u64::from(share.min(MAX_SHARE));
-        self.share.store(word, Ordering::Release);
+        self.w(SHARE).store(word, Ordering::Release);
     }
 
     /// The acquires admitted and refused since the last call.
     pub fn take_round(&self) -> (u32, u32) {
-        (self.admitted.swap(0, Ordering::Relaxed), self.refused.swap(0, Ordering::Relaxed))
+        let word = self.w(ROUND).swap(0, Ordering::Relaxed);
+        (word as u32, (word >> 32) as u32)
+    }
+
+    /// Acquires refused since the agent last took them, without taking them.
+    pub fn refused(&self) -> u32 {
+        (self.w(ROUND).load(Ordering::Relaxed) >> 32) as u32
     }
 }
 
@@ -183,7 +218,7 @@ impl HostShares {
     /// agent that stalls lets the share lapse, never overstay). Says whether the host
     /// should report before its next round ([`Due`]); `early_gap` (ns) is the least time
     /// between a round and an early one.
-    pub fn poll(&mut self, now: u64, permits: &Permits, early_gap: u64) -> Due {
+    pub fn poll(&mut self, now: u64, permits: Permits<'_>, early_gap: u64) -> Due {
         let dt = now.saturating_sub(self.last_poll);
         let in_flight = permits.in_flight();
         self.busy += u128::from(in_flight) * u128::from(dt);
@@ -194,9 +229,7 @@ impl HostShares {
             self.over = false;
             return Due::Release;
         }
-        if permits.refused.load(Ordering::Relaxed) > 0
-            && now.saturating_sub(self.round_start) >= early_gap
-        {
+        if permits.refused() > 0 && now.saturating_sub(self.round_start) >= early_gap {
             return Due::Starving;
         }
         Due::No
@@ -207,7 +240,7 @@ impl HostShares {
     /// (Little's law: arrivals times how long each holds its slot) plus the refused
     /// arrivals times how long a request holds its slot (a host that has never admitted
     /// one counts a slot per refusal, so it is heard).
-    pub fn round(&mut self, now: u64, permits: &Permits) -> (u32, u32) {
+    pub fn round(&mut self, now: u64, permits: Permits<'_>) -> (u32, u32) {
         self.poll(now, permits, u64::MAX);
         let span = u128::from(now.saturating_sub(self.round_start).max(1));
         let (admitted, refused) = permits.take_round();
@@ -231,7 +264,7 @@ impl HostShares {
         root: usize,
         now: u64,
         seq: u64,
-        permits: &Permits,
+        permits: Permits<'_>,
         demand: u32,
         refused: u32,
     ) -> Report {

@@ -112,7 +112,8 @@ fn claims_above_what_was_granted_are_not_believed_and_holders_are_bounded() {
 
 #[test]
 fn permits_admit_under_the_share_until_its_lease_ends() {
-    let p = Permits::default();
+    let words = PermitWords::default();
+    let p = words.view();
     assert!(!p.acquire(0), "nothing granted yet");
     p.publish(2, 100 * MS);
     assert!(p.acquire(MS) && p.acquire(MS));
@@ -139,8 +140,9 @@ fn a_host_stops_using_a_share_before_its_root_frees_it() {
     assert_eq!(book.total(end0 - 1), (7, end0 - 1 + 1));
     assert_eq!(book.held(0, end0), 0);
     assert_eq!(book.total(end0).0, 4);
-    let p = Permits::default();
-    book.poll(MS * 11, &p, LEASE);
+    let words = PermitWords::default();
+    let p = words.view();
+    book.poll(MS * 11, p, LEASE);
     assert_eq!(p.share(end0 - MS), 7);
     assert_eq!(p.share(end0), 0, "published until the first share ends");
 }
@@ -168,7 +170,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 struct Host {
-    permits: Permits,
+    permits: PermitWords,
     book: HostShares,
     seq: Vec<u64>,
     last: Vec<Option<Report>>,
@@ -186,7 +188,7 @@ proptest! {
             (0..replicas).map(|i| Escrow::new(c, replica_part(c, i, replicas), LEASE, 16)).collect();
         let mut hs: Vec<Host> = (0..hosts)
             .map(|_| Host {
-                permits: Permits::default(),
+                permits: PermitWords::default(),
                 book: HostShares::new(replicas as usize, 0),
                 seq: vec![0; replicas as usize],
                 last: vec![None; replicas as usize],
@@ -199,7 +201,7 @@ proptest! {
                 Op::Advance(d) => now += d,
                 Op::Acquire { host, ms } => {
                     let h = &mut hs[host % hosts];
-                    if h.permits.acquire(now) {
+                    if h.permits.view().acquire(now) {
                         h.ends.push(now + ms * MS);
                     }
                 }
@@ -207,17 +209,17 @@ proptest! {
                     let (hid, root) = (host % hosts, root % replicas as usize);
                     let h = &mut hs[hid];
                     h.seq[root] += 1;
-                    let (demand, refused) = h.book.round(now, &h.permits);
-                    let r = h.book.report(root, now, h.seq[root], &h.permits, demand, refused);
+                    let (demand, refused) = h.book.round(now, h.permits.view());
+                    let r = h.book.report(root, now, h.seq[root], h.permits.view(), demand, refused);
                     h.last[root] = Some(r);
                     if !lose_report {
                         let g = roots[root].report(hid as u64, now, &r);
                         if !lose_answer {
-                            let in_flight = h.permits.in_flight();
+                            let in_flight = h.permits.view().in_flight();
                             h.book.apply(root, g, now, now, in_flight);
                         }
                     }
-                    h.book.poll(now, &h.permits, LEASE);
+                    h.book.poll(now, h.permits.view(), LEASE);
                 }
                 Op::Replay { host, root } => {
                     let (hid, root) = (host % hosts, root % replicas as usize);
@@ -229,14 +231,14 @@ proptest! {
             for h in &mut hs {
                 h.ends.retain(|&end| {
                     if end <= now {
-                        h.permits.release();
+                        h.permits.view().release();
                         false
                     } else {
                         true
                     }
                 });
             }
-            let running: u32 = hs.iter().map(|h| h.permits.in_flight()).sum();
+            let running: u32 = hs.iter().map(|h| h.permits.view().in_flight()).sum();
             prop_assert!(running <= c, "{running} in flight, C {c}");
         }
     }

@@ -45,11 +45,13 @@ mod counters;
 mod decide;
 mod inspect;
 mod keys;
+mod permits;
 mod section;
 mod writer;
 
 pub(crate) use counters::no_pace;
 pub use inspect::{AgentLease, ZoneStatus};
+pub use permits::{Acquired, Permit};
 pub use section::{WriteSection, SECTION_STALE_NS};
 
 use crate::clock::{Clock, MonotonicClock};

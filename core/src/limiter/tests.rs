@@ -692,6 +692,7 @@ fn huge_charges_never_wrap_the_count() {
 }
 
 mod keys;
+mod permits;
 
 fn shadow(u: QuotaUpdate) -> QuotaUpdate {
     QuotaUpdate { limits: u.limits.with_dry_run(true), ..u }

@@ -198,6 +198,7 @@ impl Limiter {
             } else {
                 self.apply_new(w, &mut a, u);
             }
+            self.set_permit_entry(u.id, !u.deleted && u.limits.max_in_flight() > 0);
         }
         // Links are made once every update is in: a child may come before its parent.
         self.unlink_children_of(w, &a.deleted);

@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 10;
+pub const LAYOUT_VERSION: u64 = 11;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -67,6 +67,15 @@ pub const MAX_QUOTAS: u32 = (1 << 24) - 2;
 /// Entries of the ring of recent rejections (which quota, when): enough to rank the quotas
 /// that reject most right now without a per-quota time series.
 pub(crate) const RECENT_REJECTIONS: usize = 2048;
+/// Most entries of the permit table: one per concurrency counter (a quota with
+/// `max_in_flight`) the block serves, open-addressed by id (see `limiter/permits.rs`). A
+/// block has one per eight quota slots, a power of two from 64 to this (32 KiB).
+pub const PERMIT_ENTRIES: usize = 1024;
+/// Fewest entries of the permit table.
+pub(crate) const MIN_PERMIT_ENTRIES: usize = 64;
+/// Words of one permit entry: the counter's id (0 empty, all ones a deleted entry), then
+/// its [`PERMIT_WORDS`](crate::concurrency::PERMIT_WORDS) permit words.
+pub(crate) const PERMIT_ENTRY_WORDS: usize = 1 + crate::concurrency::PERMIT_WORDS;
 /// Arena words reserved per slot (name tails and unresolved parents).
 const ARENA_WORDS_PER_SLOT: u64 = 2;
 /// Most keys a block can hold (slots of the key table, see `keys.rs`): slot numbers stay
@@ -166,6 +175,9 @@ pub(crate) mod hdr {
         /// Keys that took what the roots had reported of them on their first sight here
         /// (`SyncEngine::adopt_keys`). Zero in blocks made before it: a count from then.
         pub const KEYS_ADOPTED = 118;
+        /// Permit entries in use, and concurrency quotas refused one (the table was full).
+        pub const PERMITS_LIVE = 119;
+        pub const PERMITS_REFUSED = 120;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
         /// `TEMPLATE_STATS` words: the template slot + 1 each entry of the counts below
@@ -204,6 +216,8 @@ pub(crate) struct Layout {
     pub arena_words: u32,
     pub roots: usize,
     pub recent: usize,
+    pub permits: usize,
+    pub permit_cap: usize,
     pub dir: usize,
     pub dirty: usize,
     pub dirty_sum: usize,
@@ -239,6 +253,10 @@ impl Layout {
         at += MAX_ROOTS * ROOT_WORDS;
         let recent = at;
         at += RECENT_REJECTIONS;
+        let permits = at;
+        let permit_cap =
+            (slot_cap as usize / 8).next_power_of_two().clamp(MIN_PERMIT_ENTRIES, PERMIT_ENTRIES);
+        at += permit_cap * PERMIT_ENTRY_WORDS;
         let dir = at;
         at += MAX_SHARDS;
         let dirty = at;
@@ -274,6 +292,8 @@ impl Layout {
             arena_words,
             roots,
             recent,
+            permits,
+            permit_cap,
             dir,
             dirty,
             dirty_sum,
@@ -479,6 +499,9 @@ mod tests {
             ("aux_counters", AUX_COUNTERS),
             ("aux_lanes", AUX_LANES),
             ("recent_rejections", RECENT_REJECTIONS),
+            ("permit_entries", PERMIT_ENTRIES),
+            ("min_permit_entries", MIN_PERMIT_ENTRIES),
+            ("permit_entry_words", PERMIT_ENTRY_WORDS),
             ("arena_words_per_slot", ARENA_WORDS_PER_SLOT as usize),
             ("min_quotas", MIN_QUOTAS as usize),
             ("max_quotas", MAX_QUOTAS as usize),
@@ -508,6 +531,13 @@ mod tests {
         line("slot.rates", format!("{:#018x}", rates.pack()));
         line("slot.ms32", format!("{:#010x}", slot::to_ms32(86_400_000_000_123)));
         line("slot.shadow", format!("{:#018x}", slot::SHADOW));
+        {
+            use crate::concurrency::permits::{IN_FLIGHT, ROUND, SHARE};
+            line("permit.words", format!("in_flight={IN_FLIGHT} share={SHARE} round={ROUND}"));
+            let w = crate::concurrency::PermitWords::default();
+            w.view().publish(7, 86_400_000_000_123);
+            line("permit.share", format!("{:#018x}", w.share_word()));
+        }
         s
     }
 

@@ -1,0 +1,192 @@
+//! Concurrency quotas in the zone: the permit table, one entry per counter with a
+//! `max_in_flight`, and the request path's acquire and release (the rules are in
+//! [`crate::concurrency`]).
+//!
+//! The table is open-addressed by counter id, with linear probing, in a region of the
+//! block (`Layout::permits`, 64 to 1,024 entries). The writer (the sync agent, applying
+//! quotas) makes an entry when a quota gains a cap and frees it (a deleted mark, so probes
+//! pass over it) when the cap or the quota goes; request paths only read ids and work on
+//! the permit words, with atomics. A quota with a cap and no entry (the table full) is not
+//! capped on this host, and counted (`PERMITS_REFUSED`): the operator sees it in
+//! `yarl_stats`, and a larger zone has more entries.
+//!
+//! An acquire walks the quota's chain and takes a slot at every level that has a cap,
+//! all or nothing: a refusal at a parent gives back what the levels below took. A
+//! [`Permit`] remembers the entries it took (and their ids, so a release after the entry
+//! was freed and reused for another counter touches nothing).
+
+use super::Limiter;
+use crate::concurrency::{Permits, PERMIT_WORDS};
+use crate::quota::QuotaId;
+use crate::zone::{hdr, PERMIT_ENTRY_WORDS};
+use crate::MAX_CHAIN;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+const EMPTY: u64 = 0;
+const DELETED: u64 = u64::MAX;
+
+/// Slots taken by [`Limiter::acquire`] at every capped level of a quota's chain; give them
+/// back with [`Limiter::release`] when the request ends, however it ends. Plain data (no
+/// pointers), so a request can keep it wherever it keeps its state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Permit {
+    /// (entry, counter id) of each slot taken, leaf first.
+    taken: [(u16, QuotaId); MAX_CHAIN],
+    len: u8,
+}
+
+impl Permit {
+    /// Whether it holds no slot (no level of the chain has a cap on this host).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn taken(&self) -> &[(u16, QuotaId)] {
+        &self.taken[..usize::from(self.len)]
+    }
+}
+
+/// What [`Limiter::acquire`] decided.
+// A permit is plain data a request keeps in its own state; boxing it would allocate once
+// per request.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// Admitted: release the permit when the request ends (an empty one when nothing in
+    /// the chain has a cap here, or the name has no quota).
+    Admitted(Permit),
+    /// Refused: the counter of this id is at its share on this host.
+    Refused(QuotaId),
+}
+
+fn hash_id(id: QuotaId) -> u64 {
+    id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl Limiter {
+    fn permit_region(&self) -> &[AtomicU64] {
+        let l = &self.layout;
+        &self.words()[l.permits..l.permits + l.permit_cap * PERMIT_ENTRY_WORDS]
+    }
+
+    fn entry_id(&self, e: usize) -> &AtomicU64 {
+        &self.permit_region()[e * PERMIT_ENTRY_WORDS]
+    }
+
+    fn entry_permits(&self, e: usize) -> Permits<'_> {
+        let at = e * PERMIT_ENTRY_WORDS + 1;
+        let words: &[AtomicU64; PERMIT_WORDS] = self.permit_region()[at..at + PERMIT_WORDS]
+            .try_into()
+            .expect("a permit entry holds PERMIT_WORDS words after its id");
+        Permits::new(words)
+    }
+
+    /// The entry of counter `id`: `Ok(entry)`, or `Err(first free or deleted entry seen)`
+    /// when it has none (`Err(None)`: the table is full).
+    fn find_entry(&self, id: QuotaId) -> Result<usize, Option<usize>> {
+        let cap = self.layout.permit_cap;
+        let start = (hash_id(id) % cap as u64) as usize;
+        let mut free = None;
+        for k in 0..cap {
+            let e = (start + k) % cap;
+            match self.entry_id(e).load(Acquire) {
+                w if w == id => return Ok(e),
+                EMPTY => return Err(free.or(Some(e))),
+                DELETED => free = free.or(Some(e)),
+                _ => {}
+            }
+        }
+        Err(free)
+    }
+
+    /// The permits of counter `id` on this host, if it has a cap here: for the sync agent
+    /// (publishing shares, taking a round's figures) and for inspection.
+    pub fn permits(&self, id: QuotaId) -> Option<Permits<'_>> {
+        self.find_entry(id).ok().map(|e| self.entry_permits(e))
+    }
+
+    /// Every counter with a permit entry, and its permits.
+    pub fn permit_entries(&self) -> Vec<(QuotaId, Permits<'_>)> {
+        (0..self.layout.permit_cap)
+            .filter_map(|e| match self.entry_id(e).load(Acquire) {
+                EMPTY | DELETED => None,
+                id => Some((id, self.entry_permits(e))),
+            })
+            .collect()
+    }
+
+    /// Gives counter `id` an entry if `capped`, or frees its entry if not. Writer only
+    /// (the sync agent applying quotas, under the writer lock).
+    pub(super) fn set_permit_entry(&self, id: QuotaId, capped: bool) {
+        if id == EMPTY || id == DELETED {
+            return;
+        }
+        match (self.find_entry(id), capped) {
+            (Ok(_), true) | (Err(_), false) => {}
+            (Ok(e), false) => {
+                // Requests that hold slots release by (entry, id): against a deleted
+                // entry, or one reused for another id, they change nothing.
+                self.entry_id(e).store(DELETED, Release);
+                self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
+            }
+            (Err(Some(e)), true) => {
+                let p = self.entry_permits(e);
+                p.release_many(u32::MAX);
+                p.publish(0, 0);
+                p.take_round();
+                self.entry_id(e).store(id, Release);
+                self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
+            }
+            (Err(None), true) => {
+                self.hdr(hdr::PERMITS_REFUSED).fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Takes a slot of every capped level of `name`'s chain for a request starting now, all
+    /// or nothing, on the shares this host holds (no I/O, no lock: one compare-and-swap per
+    /// capped level). A name without a quota, or whose chain has no cap here, is admitted
+    /// with an empty permit.
+    ///
+    /// Shares come from the roots' grants, which the sync agent publishes into the permits
+    /// ([`Limiter::permits`]); the [`SyncEngine`](crate::SyncEngine) does not do it yet, so
+    /// until it does a capped quota refuses every acquire.
+    pub fn acquire<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> Acquired {
+        let now = self.clock.now_nanos();
+        let mut permit = Permit::default();
+        if self.hdr(hdr::PERMITS_LIVE).load(Relaxed) == 0 {
+            return Acquired::Admitted(permit);
+        }
+        let Some((_, mut slot)) = self.resolve(name.as_ref(), now) else {
+            return Acquired::Admitted(permit);
+        };
+        for _ in 0..MAX_CHAIN {
+            let id = slot.id();
+            if let Ok(e) = self.find_entry(id) {
+                if !self.entry_permits(e).acquire(now) {
+                    self.release(&permit);
+                    return Acquired::Refused(id);
+                }
+                permit.taken[usize::from(permit.len)] = (e as u16, id);
+                permit.len += 1;
+            }
+            let p = slot.parent();
+            match (p != 0).then(|| self.live_slot(p - 1)).flatten() {
+                Some(next) => slot = next,
+                None => break,
+            }
+        }
+        Acquired::Admitted(permit)
+    }
+
+    /// Gives back the slots of `permit` (a request ended). Idempotent only in the sense
+    /// that a slot never goes below zero: release each permit once.
+    pub fn release(&self, permit: &Permit) {
+        for &(e, id) in permit.taken() {
+            let e = usize::from(e);
+            if e < self.layout.permit_cap && self.entry_id(e).load(Acquire) == id {
+                self.entry_permits(e).release();
+            }
+        }
+    }
+}

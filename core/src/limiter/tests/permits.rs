@@ -1,0 +1,107 @@
+//! The permit table and acquire/release on the request path.
+
+use super::*;
+use crate::limiter::{Acquired, Permit};
+
+fn capped(id: u64, name: &str, epoch: u64, cap: u32, parent: Option<&str>) -> QuotaUpdate {
+    QuotaUpdate {
+        limits: Limits::in_flight_only(cap).unwrap(),
+        ..q(id, name, epoch, 1.0, 0.0, 0.0, parent)
+    }
+}
+
+fn admitted(a: Acquired) -> Permit {
+    match a {
+        Acquired::Admitted(p) => p,
+        Acquired::Refused(id) => panic!("refused at {id}"),
+    }
+}
+
+#[test]
+fn acquire_up_to_the_share_and_release_gives_back() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[capped(1, "db", 1, 50, None), q(2, "plain", 2, 1.0, 1.0, 1.0, None)]);
+    // No share yet: the roots have granted nothing.
+    assert_eq!(l.acquire("db"), Acquired::Refused(1));
+    let now = clock.now_nanos();
+    l.permits(1).unwrap().publish(2, now + 3 * S);
+    let a = admitted(l.acquire("db"));
+    let b = admitted(l.acquire("db"));
+    assert!(!a.is_empty() && !b.is_empty());
+    assert_eq!(l.acquire("db"), Acquired::Refused(1), "two of two in flight");
+    assert_eq!(l.permits(1).unwrap().in_flight(), 2);
+    l.release(&a);
+    let c = admitted(l.acquire("db"));
+    assert_eq!(l.permits(1).unwrap().take_round(), (3, 2));
+    l.release(&b);
+    l.release(&c);
+    assert_eq!(l.permits(1).unwrap().in_flight(), 0);
+    // Names without a cap, or without a quota, pass with nothing to give back.
+    assert!(admitted(l.acquire("plain")).is_empty());
+    assert!(admitted(l.acquire("nobody")).is_empty());
+    assert!(l.permits(2).is_none());
+    // The lease ends: nothing more until the next grant.
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(l.acquire("db"), Acquired::Refused(1));
+}
+
+#[test]
+fn a_chain_takes_a_slot_at_every_capped_level_or_none() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[
+        capped(1, "svc", 1, 10, None),
+        q(2, "mid", 2, 1.0, 1.0, 1.0, Some("svc")),
+        capped(3, "leaf", 3, 5, Some("mid")),
+    ]);
+    let until = clock.now_nanos() + 3 * S;
+    l.permits(1).unwrap().publish(1, until);
+    l.permits(3).unwrap().publish(5, until);
+    let p = admitted(l.acquire("leaf"));
+    assert_eq!((l.permits(1).unwrap().in_flight(), l.permits(3).unwrap().in_flight()), (1, 1));
+    // The parent is full: the leaf's slot is given back.
+    assert_eq!(l.acquire("leaf"), Acquired::Refused(1));
+    assert_eq!(l.permits(3).unwrap().in_flight(), 1, "all or nothing");
+    l.release(&p);
+    assert_eq!((l.permits(1).unwrap().in_flight(), l.permits(3).unwrap().in_flight()), (0, 0));
+}
+
+#[test]
+fn entries_follow_the_quotas_and_a_stale_permit_releases_nothing() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[capped(1, "db", 1, 5, None)]);
+    let until = clock.now_nanos() + 3 * S;
+    l.permits(1).unwrap().publish(5, until);
+    let p = admitted(l.acquire("db"));
+    assert_eq!(l.permit_entries().len(), 1);
+    // The cap removed: the entry goes, and the name passes.
+    l.apply_quotas(&[q(1, "db", 2, 1.0, 1.0, 1.0, None)]);
+    assert!(l.permits(1).is_none() && l.permit_entries().is_empty());
+    assert!(admitted(l.acquire("db")).is_empty());
+    // Another counter takes entries; the old permit's release touches none of them.
+    l.apply_quotas(&[capped(9, "other", 3, 5, None), capped(1, "db", 4, 5, None)]);
+    l.permits(9).unwrap().publish(5, until);
+    let o = admitted(l.acquire("other"));
+    l.release(&p);
+    assert_eq!(l.permits(9).unwrap().in_flight(), 1);
+    assert_eq!(l.permits(1).unwrap().in_flight(), 0, "a fresh entry starts empty");
+    l.release(&o);
+    // Deleted with the quota.
+    l.apply_quotas(&[tomb(9, "other", 5)]);
+    assert!(l.permits(9).is_none());
+}
+
+#[test]
+fn a_full_table_leaves_further_caps_unenforced_and_counted() {
+    let (l, _) = setup();
+    let cap = l.layout.permit_cap as u64;
+    let quotas: Vec<QuotaUpdate> =
+        (1..=cap + 3).map(|i| capped(i, &format!("c{i}"), i, 2, None)).collect();
+    l.apply_quotas(&quotas);
+    assert_eq!(l.permit_entries().len() as u64, cap);
+    assert_eq!(l.hdr(hdr::PERMITS_REFUSED).load(Relaxed), 3);
+    // Every capped quota found where it is: probing passes deleted entries.
+    l.apply_quotas(&[tomb(1, "c1", cap + 10)]);
+    for i in 2..=cap {
+        assert!(l.permits(i).is_some(), "{i}");
+    }
+}
