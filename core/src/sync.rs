@@ -176,6 +176,10 @@ pub struct SyncEngine {
     /// The block's count of keys inserted when [`Self::adopt_keys`] last looked
     /// (`u64::MAX`: look at the next call).
     keys_seen: u64,
+    /// Concurrency counters: the roots' grants, the reports (`sync/in_flight.rs`).
+    in_flight: in_flight::InFlight,
+    /// A share shrank in an answer: report again at the next poll.
+    in_flight_ack: bool,
 }
 
 /// A key a root reported while this limiter did not hold it ([`SyncEngine::adopt_keys`]).
@@ -289,6 +293,8 @@ impl SyncEngine {
             root_epochs: Vec::new(),
             reported_keys: HashMap::new(),
             keys_seen: u64::MAX,
+            in_flight: in_flight::InFlight::default(),
+            in_flight_ack: false,
         })
     }
 
@@ -374,7 +380,9 @@ impl SyncEngine {
         for w in &mut watch {
             w.sort_unstable();
         }
-        self.root_calls(now, &batches, &watch)
+        let shards: Vec<u32> = self.roots.iter().map(|l| l.shard).collect();
+        let reports = self.in_flight.reports(&self.limiter, &shards, self.shards, now);
+        self.root_calls(now, &batches, &watch, reports)
     }
 
     /// Takes what was counted since the last round out of the dirty slots: the batch, in
@@ -426,6 +434,7 @@ impl SyncEngine {
         now: u64,
         batches: &[Option<Arc<DeltaBatch>>],
         watch: &[Vec<QuotaId>],
+        mut reports: Vec<Vec<crate::proto::InFlightReport>>,
     ) -> Vec<RootCall> {
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
@@ -500,7 +509,7 @@ impl SyncEngine {
                     // skips these batches (see `SyncRequest::hinted_seq`).
                     hinted_seq,
                     key_templates,
-                    in_flight: Vec::new(),
+                    in_flight: std::mem::take(&mut reports[i]),
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));
@@ -552,6 +561,9 @@ impl SyncEngine {
             self.limiter.raise_epoch(resp.epoch);
         }
         self.merge_counters(&resp.counters, resp.root_epoch, shard, now);
+        if !resp.grants.is_empty() {
+            self.in_flight_ack |= self.in_flight.apply(&self.limiter, root, &resp.grants, now);
+        }
         self.round.answered(shard, resp.more);
     }
 
@@ -833,6 +845,15 @@ impl SyncEngine {
     /// Poll it every few milliseconds.
     pub fn wants_early_round(&mut self, now: u64) -> bool {
         let interval = self.interval_ns();
+        // Concurrency shares are published at every poll, so a lapsed lease stops
+        // admissions on time; a host refusing requests on them (at most once in half an
+        // interval), or one that applied a smaller share, reports now: shares move a round
+        // sooner. Not from the early-round budget: these are bounded by the shares' moves.
+        let due = self.in_flight.poll(&self.limiter, now, interval / 2);
+        if std::mem::take(&mut self.in_flight_ack) || due {
+            self.early_next = true;
+            return true;
+        }
         if !self.config.early {
             return false;
         }
@@ -876,6 +897,7 @@ impl SyncEngine {
     }
 }
 
+mod in_flight;
 mod inflow;
 mod round;
 mod session;

@@ -1059,3 +1059,64 @@ fn a_root_back_from_the_dead_counts_pending_batches_once() {
     let f = lone.counter(1, clock.now_nanos()).unwrap().fill;
     assert!((f - 57.0).abs() < 0.01, "the hint (50) and the batch it lacks (7): {f}");
 }
+
+fn capped(id: u64, name: &str, cap: u32) -> QuotaUpdate {
+    QuotaUpdate { limits: Limits::in_flight_only(cap).unwrap(), ..quota(id, name, 1.0, 1.0, 1.0) }
+}
+
+fn acquired(l: &Limiter, name: &str) -> Option<crate::limiter::Permit> {
+    match l.acquire(name) {
+        crate::limiter::Acquired::Admitted(p) => Some(p),
+        crate::limiter::Acquired::Refused(_) => None,
+    }
+}
+
+#[test]
+fn concurrency_shares_flow_from_the_roots_into_the_zone() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[capped(1, "db", 10)]);
+    let (mut a, mut b) = (node(&clock, 1), node(&clock, 1));
+    // The first round brings the quota (and its permit entry); nothing is granted yet.
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    assert!(a.limiter.permits(1).is_some());
+    assert!(acquired(&a.limiter, "db").is_none(), "no share before a grant");
+    // The next reports get grants: A, first, the whole cap; B nothing free.
+    clock.advance(Duration::from_secs(1));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    let mut held: Vec<_> = (0..10).map_while(|_| acquired(&a.limiter, "db")).collect();
+    assert_eq!(held.len(), 10, "A runs the cap");
+    assert!(acquired(&a.limiter, "db").is_none() && acquired(&b.limiter, "db").is_none());
+    // A gives back half; B keeps asking. Within a few seconds (rounds each second, polls
+    // every 100 ms that start early reports), the shares move to B and never sum past 10.
+    for p in held.drain(..5) {
+        a.limiter.release(&p);
+    }
+    let mut b_held = Vec::new();
+    for _ in 0..50 {
+        clock.advance(Duration::from_millis(100));
+        let now = clock.now_nanos();
+        for n in [&mut a, &mut b] {
+            let regular = now % S == 0;
+            if regular || n.engine.wants_early_round(now) {
+                round(n, &mut [Some(&mut root)], now);
+            }
+        }
+        b_held.extend(acquired(&b.limiter, "db"));
+        let total =
+            a.limiter.permits(1).unwrap().in_flight() + b.limiter.permits(1).unwrap().in_flight();
+        assert!(total <= 10, "{total} in flight");
+    }
+    assert_eq!(b_held.len(), 5, "B got the slots A gave back");
+    assert!(acquired(&b.limiter, "db").is_none());
+    // The cap removed: the entries go and everything passes.
+    root.apply_quotas(
+        [QuotaUpdate { epoch: 9, ..quota(1, "db", 1.0, 100.0, 100.0) }],
+        clock.now_nanos(),
+    );
+    clock.advance(Duration::from_secs(1));
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    assert!(b.limiter.permits(1).is_none());
+    assert!(acquired(&b.limiter, "db").unwrap().is_empty());
+}
