@@ -79,6 +79,9 @@ is(admin('POST', '/v1/quotas:batch', [
 	{ name => 'ok', limit => 10000, low_burst => 10000, high_burst => 10000 },
 	# Keys that never drain in the test: the key table fills and stays full.
 	{ name => 'k_*', limit => 0.001, low_burst => 1, high_burst => 1 },
+	# A cap on requests in flight: nginx's agent reports on it every round, so the root
+	# exports its escrow (yarl_root_in_flight_*).
+	{ name => 'uploads', max_in_flight => 5 },
 ]), 200, 'quotas created');
 # One refused token before the first scrape, so that the root's refusal counter has a series.
 is(admin('GET', '/v1/quotas', undef, 'a-wrong-token'), 401, 'a wrong admin token is refused');
@@ -221,8 +224,10 @@ my %expect = (
 	'yarl_sync_root_up' => '== 1',
 	'yarl_root_db_up' => '== 1',
 	'yarl_root_limiters' => '== 1',
-	'yarl_quotas' => '== 3',
-	'yarl_root_quotas' => '== 3',
+	'yarl_quotas' => '== 4',
+	'yarl_root_quotas' => '== 4',
+	'yarl_root_in_flight_part{quota="uploads"}' => '== 5',
+	'yarl_root_in_flight_holders{quota="uploads"}' => '== 1',
 	'yarl_templates' => '== 1',
 	'yarl_epoch - on() yarl_root_epoch' => '== 0',
 	'yarl_zone_used_bytes - yarl_zone_size_bytes' => '<= 0',
