@@ -90,6 +90,8 @@ pub enum RuleKind {
     Check,
     /// `yarl_account`
     Account,
+    /// `yarl_concurrency`: a slot of the quota's `max_in_flight` for the request's life.
+    Concurrency,
 }
 
 /// The weight of a `yarl_account` rule.

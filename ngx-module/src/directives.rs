@@ -30,7 +30,7 @@ const HTTP_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF
 
 /// The command table of `ngx_http_yarl_module` (lib.rs), ended by an empty entry. `static
 /// mut` because nginx takes it as `*mut`; it only reads it.
-pub(crate) static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 19] = [
+pub(crate) static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 20] = [
     command(
         ngx_string!("yarl_roots"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -89,6 +89,12 @@ pub(crate) static mut NGX_HTTP_YARL_COMMANDS: [ngx_command_t; 19] = [
         ngx_string!("yarl_account"),
         HTTP_ANY | NGX_CONF_TAKE12,
         set_account,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("yarl_concurrency"),
+        HTTP_ANY | NGX_CONF_TAKE1,
+        set_concurrency,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     command(
@@ -289,6 +295,7 @@ setter!(set_sync_timeout, sync_timeout);
 setter!(set_sync_token, sync_token);
 setter!(set_check, check);
 setter!(set_account, account);
+setter!(set_concurrency, concurrency);
 setter!(set_status, status);
 setter!(set_dry_run, dry_run);
 setter!(set_log_level, log_level);
@@ -502,6 +509,16 @@ fn check(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
     let args = unsafe { args(cf) };
     let name = quota_name(cf, args)?;
     lc.rules.push(Rule { kind: RuleKind::Check, name, weight: Weight::Fixed(0) });
+    mark_used(cf)
+}
+
+fn concurrency(cf: *mut ngx_conf_t, conf: *mut c_void) -> ConfResult {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET, so `conf` is our LocConf.
+    let lc = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called from a setter with nginx's `cf`.
+    let args = unsafe { args(cf) };
+    let name = quota_name(cf, args)?;
+    lc.rules.push(Rule { kind: RuleKind::Concurrency, name, weight: Weight::Fixed(0) });
     mark_used(cf)
 }
 

@@ -18,6 +18,14 @@
 //! an internal redirect (`error_page`, `try_files`) zeroes module contexts and runs the phases
 //! again, and must neither count the request twice nor reject its error page. The entry is
 //! found again by its cleanup handler, the pattern `ngx_http_realip_module` uses.
+//!
+//! # Requests in flight
+//! `yarl_concurrency` lines take a slot of their quota's `max_in_flight` first (one
+//! compare-and-swap per capped level, on the shares this nginx holds), all of them or none;
+//! the rate rules decide after, and a rejection gives the slots back at once. A request
+//! that passes keeps them in its [`Ctx`], which the request pool's cleanup drops when the
+//! request ends, however it ends (a normal end, a client abort, an upstream error; an
+//! internal redirect keeps the pool and the slots): dropping it gives them back.
 
 use crate::conf::{LocConf, RuleKind, Weight};
 use crate::parse::{self, RuntimeWeight};
@@ -33,7 +41,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
 use ngx::ngx_log_error;
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use yarl_core::{display_name, Limiter, Outcome};
+use yarl_core::{display_name, Acquired, Limiter, Outcome, Permit};
 
 /// The value of `$yarl_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +77,21 @@ pub struct Ctx {
     /// `yarl_account` lines whose weight was empty when the request was decided, charged
     /// once it is done (see [`Deferred`]); empty for nearly every request.
     deferred: Vec<Deferred>,
+    /// Slots of `yarl_concurrency` quotas this request holds until it ends.
+    permits: Vec<Permit>,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if self.permits.is_empty() {
+            return;
+        }
+        if let Some(limiter) = worker::limiter() {
+            for p in &self.permits {
+                limiter.release(p);
+            }
+        }
+    }
 }
 
 /// A `yarl_account` line whose weight variable was empty at the access phase, such as
@@ -116,8 +139,13 @@ impl QuotaName {
 /// The pool cleanup that owns a [`Ctx`]: drops it with the request pool. Its address also
 /// identifies our entry among the pool's cleanups.
 unsafe extern "C" fn ctx_cleanup(data: *mut c_void) {
-    // SAFETY: `data` is the Ctx written by `store_ctx`; the pool runs each cleanup once.
-    unsafe { core::ptr::drop_in_place(data.cast::<Ctx>()) };
+    // Dropping a Ctx gives back its slots (`Limiter::release`): nothing may unwind into
+    // nginx, so a panic there is caught and the slots stay taken.
+    let drop = AssertUnwindSafe(|| {
+        // SAFETY: `data` is the Ctx written by `store_ctx`; the pool runs each cleanup once.
+        unsafe { core::ptr::drop_in_place(data.cast::<Ctx>()) };
+    });
+    let _ = catch_unwind(drop);
 }
 
 fn is_ctx_cleanup(h: Option<unsafe extern "C" fn(*mut c_void)>) -> bool {
@@ -210,7 +238,27 @@ fn access(r: &mut Request) -> Status {
         return Status::NGX_DECLINED;
     };
     let dry = lc.dry_run();
-    let v = decide(r, lc, limiter, dry);
+    let (v, permits) = match acquire(r, lc, limiter, dry) {
+        Ok(permits) => {
+            let v = decide(r, lc, limiter, dry);
+            (v, permits)
+        }
+        Err(v) => (v, Vec::new()),
+    };
+    // A request that holds a slot was limited, if only by its concurrency quota.
+    let mut v = v;
+    if v.status == YarlStatus::Unlimited && !permits.is_empty() {
+        v.status = YarlStatus::Passed;
+    }
+    // Slots are held only by a request that goes on.
+    let permits = if v.status == YarlStatus::Rejected {
+        for p in &permits {
+            limiter.release(p);
+        }
+        Vec::new()
+    } else {
+        permits
+    };
     let log = r.log();
     if let (YarlStatus::Rejected | YarlStatus::RejectedDryRun, Some(q)) = (v.status, &v.quota) {
         ngx_log_error!(
@@ -251,7 +299,8 @@ fn access(r: &mut Request) -> Status {
             ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot add the RateLimit header fields");
         }
     }
-    if !store_ctx(r, Ctx { status, quota, deferred }) {
+    if !store_ctx(r, Ctx { status, quota, deferred, permits }) {
+        // The Ctx was dropped with its slots, so they are given back.
         ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot store the request state, request passed");
         return Status::NGX_DECLINED;
     }
@@ -265,6 +314,45 @@ fn access(r: &mut Request) -> Status {
         }
     }
     Status(lc.status() as ngx_int_t)
+}
+
+/// Takes a slot of every `yarl_concurrency` line's quota, all or none: the slots, or the
+/// verdict of the refusal (with `yarl_dry_run on`, a refusal lets the request on without
+/// the slot, reported as `REJECTED_DRY_RUN` unless a rate rule rejects it).
+fn acquire<'a>(
+    r: &'a Request,
+    lc: &LocConf,
+    limiter: &Limiter,
+    dry: bool,
+) -> Result<Vec<Permit>, Verdict<'a>> {
+    let mut permits = Vec::new();
+    for rule in lc.rules.iter().filter(|rule| rule.kind == RuleKind::Concurrency) {
+        // SAFETY: as in `decide`.
+        let Some(name) = r.get_complex_value(unsafe { &*rule.name }) else { continue };
+        let name = name.as_bytes();
+        if name.is_empty() {
+            continue;
+        }
+        match limiter.acquire(name) {
+            Acquired::Admitted(p) if p.is_empty() => {}
+            Acquired::Admitted(p) => permits.push(p),
+            Acquired::Refused(_) if dry => {}
+            Acquired::Refused(_) => {
+                for p in &permits {
+                    limiter.release(p);
+                }
+                return Err(Verdict {
+                    status: YarlStatus::Rejected,
+                    quota: Some(display_name(name)),
+                    fill: 0.0,
+                    retry_after: Some(1),
+                    chain: None,
+                    deferred: Vec::new(),
+                });
+            }
+        }
+    }
+    Ok(permits)
 }
 
 fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict<'a> {
@@ -300,6 +388,8 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
             continue;
         }
         match (rule.kind, rule.weight) {
+            // Taken before the rate rules (`acquire`).
+            (RuleKind::Concurrency, _) => {}
             (RuleKind::Check, _) => {
                 let d = limiter.check(name);
                 match d.outcome {

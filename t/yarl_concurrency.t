@@ -1,0 +1,96 @@
+#!/usr/bin/perl
+
+# yarl_concurrency: a slot of the quota's max_in_flight for each request's life, on the
+# share the roots grant this nginx. Two slow requests (proxied to a backend that sends a
+# file at 8 KiB/s) hold both slots of a cap of 2 across both workers, a third request is
+# rejected; a client that goes away gives its slot back, so does a request that ends; rate
+# rules still apply, and a request they reject takes no slot.
+
+use warnings;
+use strict;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use IO::Socket::INET;
+use Test::More;
+use Test::Yarl qw(http_get status_of header_of);
+use Time::HiRes qw(time);
+
+my $t = Test::Yarl->new();
+$t->write_file('small.html', "hello\n");
+$t->write_file('big.html', 'x' x (64 * 1024));
+$t->write_http_conf(<<'EOF2', workers => 2);
+    yarl_zone 8m;
+    yarl_roots %%ROOT_A%%;
+    yarl_sync_interval 200ms;
+    server {
+        listen 127.0.0.1:%%PORT_8080%% reuseport;
+        root %%TESTDIR%%;
+        add_header X-Yarl-Status $yarl_status always;
+        add_header X-Yarl-Quota $yarl_quota always;
+        location /slow/ {
+            yarl_concurrency uploads;
+            proxy_pass http://127.0.0.1:%%PORT_8081%%/;
+            proxy_buffering off;
+        }
+        location /fast/ { alias %%TESTDIR%%/; yarl_concurrency uploads; }
+        location /rated/ { alias %%TESTDIR%%/; yarl_account rated; yarl_concurrency uploads; }
+        location = /stats { yarl_stats; }
+    }
+    server {
+        listen 127.0.0.1:%%PORT_8081%%;
+        root %%TESTDIR%%;
+        limit_rate 8k;
+    }
+EOF2
+$t->run_root('A');
+$t->run();
+my $p = $t->port(8080);
+my ($st) = $t->admin('POST', '/v1/quotas:batch', [
+	{ name => 'uploads', max_in_flight => 2 },
+	{ name => 'rated', limit => 0.01, low_burst => 0, high_burst => 0 },
+]);
+is($st, 200, 'quotas created');
+
+ok($t->wait_quota($p, 'uploads', 10) && $t->wait_quota($p, 'rated', 10), 'nginx holds the quotas');
+# The share comes with the round after the one that brought the quota: until then,
+# refusals.
+ok($t->wait_for(sub { status_of(http_get($p, '/fast/small.html')) == 200 }, 10),
+	'a slot once the root granted a share');
+is(header_of(http_get($p, '/fast/small.html'), 'X-Yarl-Status'), 'PASSED',
+	'$yarl_status PASSED for a request that holds a slot');
+
+sub slow_client {
+	my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $p, Proto => 'tcp')
+		or die "connect: $!\n";
+	print $s "GET /slow/big.html HTTP/1.0\r\nHost: localhost\r\n\r\n";
+	# The status line comes at once; the body takes 8 s.
+	my $line = <$s>;
+	return ($s, $line);
+}
+
+my ($c1, $l1) = slow_client();
+my ($c2, $l2) = slow_client();
+like($l1 . $l2, qr/ 200 .* 200 /s, 'two slow requests run');
+my $r = http_get($p, '/fast/small.html');
+is(status_of($r), 429, 'a third is rejected while two are in flight');
+is(header_of($r, 'X-Yarl-Quota'), 'uploads', '$yarl_quota names the quota');
+is(header_of($r, 'X-Yarl-Status'), 'REJECTED', '$yarl_status REJECTED');
+
+# A client that goes away gives its slot back (nginx notices at its next write).
+close($c1);
+ok($t->wait_for(sub { status_of(http_get($p, '/fast/small.html')) == 200 }, 5),
+	'a client abort frees its slot');
+# The rate rule passes once (a hard cutoff at 0) and takes the slot; the next is rejected by the rate
+# rule, and takes no slot: the fast location still gets the free one.
+is(status_of(http_get($p, '/rated/small.html')), 200, 'rate and slot: passed');
+is(status_of(http_get($p, '/rated/small.html')), 429, 'rate rule rejects');
+is(status_of(http_get($p, '/fast/small.html')), 200, 'the rejected request took no slot');
+close($c2);
+ok($t->wait_for(sub {
+	my @r = map { http_get($p, '/fast/small.html') } 1 .. 2;
+	return 2 == grep { status_of($_) == 200 } @r;
+}, 5), 'every slot back once the slow requests ended');
+
+$t->finish();
+done_testing();
