@@ -11,6 +11,8 @@
 #   limit_req 1M   limit_req, a random key per request across 1M keys
 #   check 1        yarl_check, one quota (a leaf with its 2 ancestors)
 #   check 1M       yarl_check, a random leaf across the million
+#   concurrency 1  yarl_concurrency, one quota with max_in_flight (a slot taken and given
+#                  back per request, on the share the root granted)
 #   account 1M     yarl_account, a random leaf across the million
 #   template 1M    yarl_account key_$arg_q under the template key_* (no quota per key): a
 #                  random key of a million, each a bucket made on its first request (every
@@ -97,6 +99,8 @@ load_bench_quotas "$ROOT_URL" "$DIR" "$TENANTS" "$BUCKETS" "$LEAVES"
 # The template of the key variants, as large as the quotas: a bucket per key, no quota each.
 curl -sf -X PUT "$ROOT_URL/v1/quotas/key_*" \
     -d '{"limit":1000000,"low_burst":1000000000,"high_burst":1000000000,"parent":null}' >/dev/null
+# The concurrency variant's cap: far above what wrk keeps in flight, so it never refuses.
+curl -sf -X PUT "$ROOT_URL/v1/quotas/conc_all" -d '{"max_in_flight":1000000}' >/dev/null
 
 cat >"$DIR/bench.lua" <<EOF
 local leaves = $LEAVES
@@ -186,9 +190,10 @@ pss_kb() {
     echo "$total"
 }
 
-VARIANTS="plain lr1 lr1m check1 check1m account1m tmpl1m churn lrchurn"
+VARIANTS="plain lr1 lr1m check1 conc1 check1m account1m tmpl1m churn lrchurn"
 declare -A LABEL=([plain]="plain nginx (static file)" [lr1]="limit_req, one key"
     [lr1m]="limit_req, a key per request across 1M keys" [check1]="yarl_check, one quota"
+    [conc1]="yarl_concurrency, one quota"
     [check1m]="yarl_check, random quota across 1M" [account1m]="yarl_account, random quota across 1M"
     [tmpl1m]="yarl_account, template, random key across 1M" [churn]="yarl_account, template, a new key every request"
     [lrchurn]="limit_req, a new key every request")
@@ -196,6 +201,8 @@ declare -A LABEL=([plain]="plain nginx (static file)" [lr1]="limit_req, one key"
 declare -A UNIQUE=([churn]=1 [lrchurn]=1)
 # Each variant's nginx (port and directory): the churn variants have one of their own.
 declare -A VPORT VDIR
+# Non-2xx answers per variant over every round: a variant that refused measured refusals.
+declare -A NON2XX
 
 # CPU time (ns) of the nginx's workers, every thread (the sync agent's too), so far.
 workers_cpu_ns() {
@@ -262,6 +269,7 @@ for workers in $WORKER_SET; do
         location = /lr1 { limit_req zone=one burst=1000000 nodelay; alias $DIR/index.html; }
         location = /lr1m { limit_req zone=many burst=1000000 nodelay; alias $DIR/index.html; }
         location = /check1 { yarl_check s3_bucket-0123456_read; alias $DIR/index.html; }
+        location = /conc1 { yarl_concurrency conc_all; alias $DIR/index.html; }
         location = /check1m { yarl_check \$arg_q; alias $DIR/index.html; }
         location = /account1m { yarl_account \$arg_q; alias $DIR/index.html; }
         location = /tmpl1m { yarl_account key_\$arg_q; alias $DIR/index.html; }
@@ -293,6 +301,7 @@ for workers in $WORKER_SET; do
             echo "${CPR[$v]}" >>"$d/$v.cpr"
             wrk_figures "$v" "$out"
             rps=$WRK_RPS p99=$WRK_P99
+            NON2XX[$v]=$(( ${NON2XX[$v]:-0} + WRK_NON2XX ))
             echo "$rps" >>"$d/$v.rps"
             echo "$p99" >>"$d/$v.p99"
             RPS[$v]=$rps
@@ -305,6 +314,7 @@ for workers in $WORKER_SET; do
             echo "${CPR[$v]} / ${CPR[plain]}" | bc -l >>"$d/$v.cratio"
         done
         echo "${RPS[check1m]} / ${RPS[lr1m]}" | bc -l >>"$d/check_vs_lr.rratio"
+        echo "${RPS[conc1]} / ${RPS[check1]}" | bc -l >>"$d/conc_vs_check.rratio"
         echo "${RPS[tmpl1m]} / ${RPS[lr1m]}" | bc -l >>"$d/tmpl_vs_lr.rratio"
         echo "${RPS[churn]} / ${RPS[lrchurn]}" | bc -l >>"$d/churn_vs_lr.rratio"
     done
@@ -362,6 +372,7 @@ for workers in $WORKER_SET; do
     done
     eval "C_${workers}=\"$(median <"$d/check_vs_lr.rratio") $(median_ci <"$d/check_vs_lr.rratio")\""
     eval "T_${workers}=\"$(median <"$d/tmpl_vs_lr.rratio") $(median_ci <"$d/tmpl_vs_lr.rratio")\""
+    eval "K_${workers}=\"$(median <"$d/conc_vs_check.rratio") $(median_ci <"$d/conc_vs_check.rratio")\""
     eval "H_${workers}=\"$(median <"$d/churn_vs_lr.rratio") $(median_ci <"$d/churn_vs_lr.rratio")\""
     eval "N_${workers}=$(median <"$d/churn.rps")"
 done
@@ -398,6 +409,11 @@ check() { # name "value [lo hi]" op target
 if [[ " $WORKER_SET " == *" 1 "* ]]; then
     check "yarl_check one quota vs plain" "$R_1_check1" ">=" 0.97
     check "yarl_check random 1M vs limit_req per key" "$C_1" ">=" 1.1
+    if [ "${NON2XX[conc1]:-0}" -gt 0 ]; then
+        echo "- yarl_concurrency one quota vs yarl_check one quota: not measured (${NON2XX[conc1]} refusals: the requests found no share)"
+    else
+        check "yarl_concurrency one quota vs yarl_check one quota" "$K_1" ">=" 0.95
+    fi
     check "yarl_account random 1M vs plain" "$R_1_account1m" ">=" 0.90
     check "yarl_account random 1M p99 vs plain" "$P_1_account1m" "<=" 1.5
     check "yarl_account template random key of 1M vs limit_req per key" "$T_1" ">=" 1.1

@@ -90,12 +90,13 @@ rotated() {
 }
 
 # wrk_figures VARIANT OUT: from OUT, a report of `wrk --latency`, sets WRK_RPS (requests per
-# second) and WRK_P99 (ms), empty where OUT lacks them; warns on stderr, naming VARIANT, of
-# non-2xx answers.
+# second) and WRK_P99 (ms), empty where OUT lacks them, and WRK_NON2XX (0 if none); warns
+# on stderr, naming VARIANT, of non-2xx answers.
 wrk_figures() {
     local non2xx
     WRK_RPS=$(echo "$2" | awk '/^Requests\/sec:/ {print $2}')
     WRK_P99=$(echo "$2" | awk '$1 == "99%" {print $2}' | to_ms)
     non2xx=$(echo "$2" | awk '/Non-2xx/ {print $NF}')
+    WRK_NON2XX=${non2xx:-0}
     [ -z "$non2xx" ] || echo "  warning: $1 had $non2xx non-2xx answers" >&2
 }
