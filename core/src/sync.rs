@@ -77,6 +77,12 @@ pub struct SyncConfig {
     /// [`LimiterBuilder::watch_checks`](crate::LimiterBuilder::watch_checks) for the
     /// engine's limiter handle.
     pub interest: bool,
+    /// Most entries (deltas, batches, hints, watched ids) one call carries (default
+    /// 1,000,000, half what a root takes by default). Batches that root has not taken go
+    /// oldest first up to it, the rest at the next rounds: after an outage a busy limiter's
+    /// backlog (30 batches of every quota it serves) would otherwise make every call larger
+    /// than a root accepts (`413`), and the limiter would never catch up.
+    pub max_call_entries: usize,
 }
 
 impl Default for SyncConfig {
@@ -88,6 +94,7 @@ impl Default for SyncConfig {
             max_backoff_intervals: 1,
             early: true,
             interest: false,
+            max_call_entries: 1_000_000,
         }
     }
 }
@@ -482,8 +489,20 @@ impl SyncEngine {
             };
             let hinted_seq =
                 (!hints.is_empty() && acked_elsewhere[i] > 0).then_some(acked_elsewhere[i]);
-            let batches: Vec<DeltaBatch> = link.pending().map(|b| (**b).clone()).collect();
             let watch = watch[link.shard as usize].clone();
+            // The oldest batches first, within the call's budget (at least one batch).
+            let mut budget = self.config.max_call_entries.saturating_sub(hints.len() + watch.len());
+            let batches: Vec<DeltaBatch> = link
+                .pending()
+                .enumerate()
+                .take_while(|(k, b)| {
+                    let n = b.deltas.len() + 1;
+                    let fits = *k == 0 || n <= budget;
+                    budget = budget.saturating_sub(n);
+                    fits
+                })
+                .map(|(_, b)| (**b).clone())
+                .collect();
             let key_templates = self.limiter.key_templates(
                 batches
                     .iter()

@@ -1120,3 +1120,51 @@ fn concurrency_shares_flow_from_the_roots_into_the_zone() {
     assert!(b.limiter.permits(1).is_none());
     assert!(acquired(&b.limiter, "db").unwrap().is_empty());
 }
+
+/// After an outage a busy limiter's backlog is larger than a root takes in one call: it
+/// goes over several calls, oldest first, instead of being refused whole at every round.
+#[test]
+fn a_backlog_larger_than_a_call_goes_over_several_rounds() {
+    let clock = ManualClock::at(S);
+    let quotas: Vec<QuotaUpdate> =
+        (1..=6).map(|i| quota(i, &format!("q{i}"), 0.001, 1e6, 1e6)).collect();
+    // A root that takes 20 entries a call, a limiter that sends at most 15.
+    let mut root = RootState::new(RootConfig { max_entries: 20, ..RootConfig::default() });
+    root.apply_quotas(quotas.iter().cloned(), 0);
+    let limiter = Arc::new(
+        Limiter::builder().clock(Arc::new(clock.clone())).random(SeededRandom::new(1)).build(),
+    );
+    let config = SyncConfig { max_call_entries: 15, ..SyncConfig::default() };
+    let mut n = Node {
+        engine: SyncEngine::new(limiter.clone(), vec!["http://root0".into()], config).unwrap(),
+        limiter,
+    };
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    // Eight rounds with the root down, each counting one unit on every quota: eight
+    // batches of six deltas, 56 entries in all.
+    for _ in 0..8 {
+        clock.advance(Duration::from_secs(1));
+        for i in 1..=6 {
+            n.limiter.account(&format!("q{i}"), 1).unwrap();
+        }
+        round(&mut n, &mut [None], clock.now_nanos());
+    }
+    let sent =
+        |root: &RootState| (1..=6).map(|i| root.counter(i, 0).map_or(0.0, |c| c.fill)).sum::<f64>();
+    // The root is back: every call within its limit, the backlog over a few rounds.
+    let mut refused = 0;
+    for _ in 0..8 {
+        clock.advance(Duration::from_secs(1));
+        let now = clock.now_nanos();
+        for call in n.engine.begin_round(now) {
+            let result = root.sync(&call.request, now).map_err(|e| {
+                refused += 1;
+                e.to_string()
+            });
+            n.engine.on_response(call.root, result, Duration::from_millis(1), now);
+        }
+        n.engine.end_round(now);
+    }
+    assert_eq!(refused, 0, "no call above the root's limit");
+    assert!((sent(&root) - 48.0).abs() < 0.1, "every unit reached the root: {}", sent(&root));
+}
