@@ -4,7 +4,8 @@
 # share the roots grant this nginx. Two slow requests (proxied to a backend that sends a
 # file at 8 KiB/s) hold both slots of a cap of 2 across both workers, a third request is
 # rejected; a client that goes away gives its slot back, so does a request that ends; rate
-# rules still apply, and a request they reject takes no slot.
+# rules still apply, and a request they reject takes no slot; the slots of workers killed
+# with -9 come back.
 
 use warnings;
 use strict;
@@ -91,6 +92,30 @@ ok($t->wait_for(sub {
 	my @r = map { http_get($p, '/fast/small.html') } 1 .. 2;
 	return 2 == grep { status_of($_) == 200 } @r;
 }, 5), 'every slot back once the slow requests ended');
+
+# A worker killed with -9 ends no request: the slots its requests held come back through
+# the zone's ledger (the surviving or respawned workers reap its row), not one more.
+($c1, $l1) = slow_client();
+($c2, $l2) = slow_client();
+like($l1 . $l2, qr/ 200 .* 200 /s, 'two slow requests hold both slots');
+is(status_of(http_get($p, '/fast/small.html')), 429, 'no third');
+my @killed = $t->worker_pids();
+$t->allow_alerts(qr/exited on signal 9/);
+kill 'KILL', @killed;
+close($c1);
+close($c2);
+ok($t->wait_for(sub {
+	my @now = $t->worker_pids();
+	return @now == 2 && !grep { my $k = $_; grep { $_ == $k } @killed } @now;
+}, 10), 'the master respawned the killed workers');
+ok($t->wait_for(sub { status_of(http_get($p, '/fast/small.html')) == 200 }, 10),
+	'the killed workers\' slots came back');
+($c1, $l1) = slow_client();
+($c2, $l2) = slow_client();
+like($l1 . $l2, qr/ 200 .* 200 /s, 'both slots usable again');
+is(status_of(http_get($p, '/fast/small.html')), 429, 'and no more than both');
+close($c1);
+close($c2);
 
 $t->finish();
 done_testing();

@@ -18,7 +18,7 @@ use crate::report::RequestCounters;
 use core::ptr::addr_of_mut;
 use ngx::ffi::{
     ngx_add_timer, ngx_cycle_t, ngx_del_timer, ngx_event_t, ngx_exiting, ngx_log_t, ngx_msec_t,
-    ngx_process, ngx_quit, ngx_terminate, ngx_worker, NGX_LOG_ALERT, NGX_LOG_NOTICE,
+    ngx_process, ngx_quit, ngx_terminate, ngx_worker, NGX_LOG_ALERT, NGX_LOG_NOTICE, NGX_LOG_WARN,
     NGX_PROCESS_WORKER,
 };
 use ngx::ngx_log_error;
@@ -207,9 +207,21 @@ pub fn start(mc: &MainConf, cycle: *mut ngx_cycle_t) -> Result<(), String> {
         // SAFETY: ngx_process is set by the master before forking and read-only here.
         agent_cpus: agent_cpus(unsafe { ngx_process } as u32 == NGX_PROCESS_WORKER),
     };
+    let pid = w.pid;
     let _ = WORKER.set(w);
     // SAFETY: the cycle and its log live as long as this worker.
     let log = unsafe { (*cycle).log };
+    if let Some(w) = WORKER.get() {
+        if !w.limiter.join_ledger(pid, alive) {
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                log,
+                "yarl: no free ledger row in zone \"yarl\" ({} processes hold one): the \
+                 concurrency slots of this worker are lost if it is killed",
+                yarl_core::zone::LEDGER_ROWS
+            );
+        }
+    }
     arm(log);
     tick_now(log);
     Ok(())
@@ -229,6 +241,11 @@ pub fn stop() -> bool {
     let had = thread.is_some();
     if let Some(t) = thread {
         t.stop();
+    }
+    // The worker's requests are over (or cut, on a fast shutdown): what they still hold
+    // goes back, and the row to the next worker.
+    if let Some(w) = WORKER.get() {
+        w.limiter.leave_ledger();
     }
     had
 }
@@ -330,10 +347,21 @@ fn stale_ns(w: &Worker) -> u64 {
     u64::try_from((w.interval * 2 + w.timeout).as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// One tick: join a stopped agent; become the agent if the lease is free; alert about a full
-/// zone (agent only).
+/// One tick: give back the concurrency slots of workers that died; join a stopped agent;
+/// become the agent if the lease is free; alert about a full zone (agent only).
 fn tick(log: *mut ngx_log_t) {
     let Some(w) = WORKER.get() else { return };
+    // Every worker reaps (a `kill(pid, 0)` per live row): the slots come back within half
+    // an interval of the death, whichever worker died, the agent's included.
+    let given = w.limiter.reap_ledger(w.pid, alive);
+    if given > 0 {
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "yarl: gave back {} concurrency slots held by a worker that died",
+            given
+        );
+    }
     let now = w.limiter.clock().now_nanos();
     let mut agent = AGENT.lock().unwrap_or_else(|e| e.into_inner());
     if agent.as_ref().is_some_and(SyncThread::is_finished) {

@@ -40,11 +40,13 @@
 //! * `writer.rs`: quota changes (`apply_quotas`), slot and name allocation, parent links.
 //! * `counters.rs`: what the sync engine reads and writes (dirty slots, bases, rates).
 //! * `inspect.rs`: read-only views (one quota, statistics, roots, the agent lease).
+//! * `permits.rs`, `ledger.rs`: concurrency slots (acquire, release) and who holds them.
 
 mod counters;
 mod decide;
 mod inspect;
 mod keys;
+mod ledger;
 mod permits;
 mod section;
 mod writer;
@@ -62,7 +64,7 @@ use crate::zone::index::Index;
 use crate::zone::slot::Slot;
 use crate::zone::{self, hdr, Block, Layout, NameHasher, ZoneError, COLD_WORDS, SLOT_WORDS};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
 use writer::Writer;
@@ -321,6 +323,7 @@ impl LimiterBuilder {
             watch_checks: AtomicBool::new(self.watch_checks),
             horizon_ns: AtomicU64::new(u64::try_from(self.horizon.as_nanos()).unwrap_or(u64::MAX)),
             engine_attached: AtomicBool::new(false),
+            ledger_row: AtomicUsize::new(0),
         }
     }
 }
@@ -344,6 +347,8 @@ pub struct Limiter {
     pub(crate) watch_checks: AtomicBool,
     horizon_ns: AtomicU64,
     pub(crate) engine_attached: AtomicBool,
+    /// This handle's ledger row + 1 (0: none), see `ledger.rs`.
+    ledger_row: AtomicUsize,
 }
 
 impl std::fmt::Debug for Limiter {

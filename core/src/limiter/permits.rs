@@ -99,6 +99,14 @@ impl Limiter {
         Err(free)
     }
 
+    pub(super) fn permit_entry_live(&self, e: usize) -> bool {
+        !matches!(self.entry_id(e).load(Acquire), EMPTY | DELETED)
+    }
+
+    pub(super) fn permit_entry_release_many(&self, e: usize, n: u32) {
+        self.entry_permits(e).release_many(n);
+    }
+
     /// The permits of counter `id` on this host, if it has a cap here: for the sync agent
     /// (publishing shares, taking a round's figures) and for inspection.
     pub fn permits(&self, id: QuotaId) -> Option<Permits<'_>> {
@@ -134,6 +142,7 @@ impl Limiter {
                 p.release_many(u32::MAX);
                 p.publish(0, 0);
                 p.take_round();
+                self.ledger_clear_column(e);
                 self.entry_id(e).store(id, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
             }
@@ -148,9 +157,11 @@ impl Limiter {
     /// capped level). A name without a quota, or whose chain has no cap here, is admitted
     /// with an empty permit.
     ///
-    /// Shares come from the roots' grants, which the sync agent publishes into the permits
-    /// ([`Limiter::permits`]); the [`SyncEngine`](crate::SyncEngine) does not do it yet, so
-    /// until it does a capped quota refuses every acquire.
+    /// Shares come from the roots' grants, which the [`SyncEngine`](crate::SyncEngine)
+    /// publishes into the permits ([`Limiter::permits`]): until the first grant (or once
+    /// the grants lapsed) a capped quota refuses every acquire. A process that joined the
+    /// ledger ([`Limiter::join_ledger`]) counts the slots there too, so they come back if it
+    /// dies holding them.
     pub fn acquire<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> Acquired {
         let now = self.clock.now_nanos();
         let mut permit = Permit::default();
@@ -167,6 +178,7 @@ impl Limiter {
                     self.release(&permit);
                     return Acquired::Refused(id);
                 }
+                self.ledger_taken(e);
                 permit.taken[usize::from(permit.len)] = (e as u16, id);
                 permit.len += 1;
             }
@@ -185,6 +197,7 @@ impl Limiter {
         for &(e, id) in permit.taken() {
             let e = usize::from(e);
             if e < self.layout.permit_cap && self.entry_id(e).load(Acquire) == id {
+                self.ledger_released(e);
                 self.entry_permits(e).release();
             }
         }

@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 11;
+pub const LAYOUT_VERSION: u64 = 12;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -76,6 +76,16 @@ pub(crate) const MIN_PERMIT_ENTRIES: usize = 64;
 /// Words of one permit entry: the counter's id (0 empty, all ones a deleted entry), then
 /// its [`PERMIT_WORDS`](crate::concurrency::PERMIT_WORDS) permit words.
 pub(crate) const PERMIT_ENTRY_WORDS: usize = 1 + crate::concurrency::PERMIT_WORDS;
+/// Rows of the ledger of who holds the permits: one per process that acquires (an nginx
+/// worker), so a process that dies without releasing (`kill -9`) gives its slots back
+/// through its row (see `limiter/ledger.rs`). A process beyond these takes no row: what it
+/// holds when killed stays taken until the zone is made again.
+pub const LEDGER_ROWS: usize = 64;
+/// Words of one ledger row with `permit_cap` permit entries: the owner, then a 32-bit count
+/// per entry, two to a word.
+pub(crate) const fn ledger_row_words(permit_cap: usize) -> usize {
+    1 + permit_cap / 2
+}
 /// Arena words reserved per slot (name tails and unresolved parents).
 const ARENA_WORDS_PER_SLOT: u64 = 2;
 /// Most keys a block can hold (slots of the key table, see `keys.rs`): slot numbers stay
@@ -178,6 +188,10 @@ pub(crate) mod hdr {
         /// Permit entries in use, and concurrency quotas refused one (the table was full).
         pub const PERMITS_LIVE = 119;
         pub const PERMITS_REFUSED = 120;
+        /// Processes that found no free ledger row, and slots given back from the rows of
+        /// processes that died holding them.
+        pub const LEDGER_FULL = 121;
+        pub const LEDGER_REAPED = 122;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
         /// `TEMPLATE_STATS` words: the template slot + 1 each entry of the counts below
@@ -218,6 +232,7 @@ pub(crate) struct Layout {
     pub recent: usize,
     pub permits: usize,
     pub permit_cap: usize,
+    pub ledger: usize,
     pub dir: usize,
     pub dirty: usize,
     pub dirty_sum: usize,
@@ -257,6 +272,8 @@ impl Layout {
         let permit_cap =
             (slot_cap as usize / 8).next_power_of_two().clamp(MIN_PERMIT_ENTRIES, PERMIT_ENTRIES);
         at += permit_cap * PERMIT_ENTRY_WORDS;
+        let ledger = at;
+        at += LEDGER_ROWS * ledger_row_words(permit_cap);
         let dir = at;
         at += MAX_SHARDS;
         let dirty = at;
@@ -294,6 +311,7 @@ impl Layout {
             recent,
             permits,
             permit_cap,
+            ledger,
             dir,
             dirty,
             dirty_sum,
@@ -502,6 +520,8 @@ mod tests {
             ("permit_entries", PERMIT_ENTRIES),
             ("min_permit_entries", MIN_PERMIT_ENTRIES),
             ("permit_entry_words", PERMIT_ENTRY_WORDS),
+            ("ledger_rows", LEDGER_ROWS),
+            ("ledger_row_words_min", ledger_row_words(MIN_PERMIT_ENTRIES)),
             ("arena_words_per_slot", ARENA_WORDS_PER_SLOT as usize),
             ("min_quotas", MIN_QUOTAS as usize),
             ("max_quotas", MAX_QUOTAS as usize),

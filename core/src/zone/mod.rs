@@ -20,6 +20,7 @@
 //! | roots | 64 × 64 | per root: instance, `since`, acknowledged `seq`, health (see [`roots`]) |
 //! | recent rejections | 2048 | a ring of (slot, second) of the latest rejections |
 //! | permits | 4 per entry, one entry per 8 slots (64 to 1,024) | concurrency counters: id, requests in flight, share and lease, the round's acquires |
+//! | ledger | 64 rows of 1 + entries / 2 | per process: its pid, then what it holds of each permit entry (32 bits each) |
 //! | shard directory | 1024 | per index shard: its current area, live and deleted entry counts |
 //! | dirty bitmap | 1 bit per slot | slots with counts not yet taken by a sync round |
 //! | cold | 2 per slot | epoch; parent name while the parent is unknown (or, when free, the next free slot) |
@@ -48,12 +49,13 @@ pub(crate) mod slot;
 
 use layout::{addr_of, format};
 pub use layout::{
-    bytes_for, quotas_for_bytes, AUX_COUNTERS, AUX_LANES, BYTES_PER_KEY, LAYOUT_VERSION, MAGIC,
-    MAX_KEYS, MAX_QUOTAS, MAX_ROOTS, MIN_QUOTAS, PERMIT_ENTRIES, TEMPLATE_STATS,
+    bytes_for, quotas_for_bytes, AUX_COUNTERS, AUX_LANES, BYTES_PER_KEY, LAYOUT_VERSION,
+    LEDGER_ROWS, MAGIC, MAX_KEYS, MAX_QUOTAS, MAX_ROOTS, MIN_QUOTAS, PERMIT_ENTRIES,
+    TEMPLATE_STATS,
 };
 pub(crate) use layout::{
-    hdr, validate, Layout, NameHasher, COLD_WORDS, PERMIT_ENTRY_WORDS, RECENT_REJECTIONS,
-    ROOT_WORDS, SLOT_WORDS, SPARE_AREAS, TSTAT_WORDS,
+    hdr, ledger_row_words, validate, Layout, NameHasher, COLD_WORDS, PERMIT_ENTRY_WORDS,
+    RECENT_REJECTIONS, ROOT_WORDS, SLOT_WORDS, SPARE_AREAS, TSTAT_WORDS,
 };
 
 use std::fmt;

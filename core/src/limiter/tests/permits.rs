@@ -105,3 +105,87 @@ fn a_full_table_leaves_further_caps_unenforced_and_counted() {
         assert!(l.permits(i).is_some(), "{i}");
     }
 }
+
+/// Three processes over one block: `a` and `b` hold slots, `b` dies without releasing.
+#[test]
+fn a_dead_processs_slots_come_back_through_the_ledger_and_no_one_elses() {
+    let clock = ManualClock::at(1_000 * S);
+    let (a, b) = shared_pair(&clock, 256);
+    a.apply_quotas(&[capped(1, "db", 1, 10, None)]);
+    a.permits(1).unwrap().publish(10, clock.now_nanos() + 3 * S);
+    assert!(a.join_ledger(100, |_| true) && b.join_ledger(200, |_| true));
+    let held_a: Vec<Permit> = (0..3).map(|_| admitted(a.acquire("db"))).collect();
+    let held_b: Vec<Permit> = (0..4).map(|_| admitted(b.acquire("db"))).collect();
+    l_in_flight(&a, 7);
+    // `b` releases one, then dies with three.
+    b.release(&held_b[0]);
+    let dead = |p: u32| p != 200;
+    // Nobody reaps while it lives.
+    assert_eq!(a.reap_ledger(100, |_| true), 0);
+    l_in_flight(&a, 6);
+    assert_eq!(a.reap_ledger(100, dead), 3);
+    l_in_flight(&a, 3);
+    assert_eq!(a.reap_ledger(100, dead), 0, "a row is given back once");
+    assert_eq!(a.ledger_figures(), (0, 3));
+    // The survivor's own slots are still counted and still released normally.
+    for p in &held_a {
+        a.release(p);
+    }
+    l_in_flight(&a, 0);
+    // Its row is free again: a new process takes it and is reaped in turn.
+    let c = Limiter::builder().clock(Arc::new(clock.clone())).open(a.block.clone()).unwrap();
+    assert!(c.join_ledger(300, |_| true));
+    let _held_c = admitted(c.acquire("db"));
+    a.leave_ledger();
+    assert_eq!(b.reap_ledger(400, |p| p != 300), 1);
+    l_in_flight(&a, 0);
+}
+
+fn l_in_flight(l: &Limiter, n: u32) {
+    assert_eq!(l.permits(1).unwrap().in_flight(), n);
+}
+
+#[test]
+fn a_process_leaving_gives_back_what_it_still_holds_and_its_row() {
+    let clock = ManualClock::at(1_000 * S);
+    let (a, b) = shared_pair(&clock, 256);
+    a.apply_quotas(&[capped(1, "db", 1, 5, None)]);
+    a.permits(1).unwrap().publish(5, clock.now_nanos() + 3 * S);
+    assert!(a.join_ledger(1, |_| true));
+    let _p = admitted(a.acquire("db"));
+    a.leave_ledger();
+    l_in_flight(&a, 0);
+    // Every row taken by a live process: one more joins without a ledger, counted.
+    let others: Vec<Limiter> = (0..crate::zone::LEDGER_ROWS)
+        .map(|_| Limiter::builder().clock(Arc::new(clock.clone())).open(a.block.clone()).unwrap())
+        .collect();
+    for (i, o) in others.iter().enumerate() {
+        assert!(o.join_ledger(10 + i as u32, |_| true), "row {i}");
+    }
+    assert!(!b.join_ledger(2, |_| true));
+    assert_eq!(b.ledger_figures().0, 1);
+    // A process that finds a row under its own pid (a dead one's, pid reused) reaps it.
+    let held = admitted(others[5].acquire("db"));
+    assert!(!held.is_empty());
+    let again = Limiter::builder().clock(Arc::new(clock.clone())).open(a.block.clone()).unwrap();
+    assert!(again.join_ledger(15, |_| true));
+    l_in_flight(&a, 0);
+}
+
+/// A counter made in an entry that held a deleted one's slots starts from zero in the
+/// ledger too: reaping the old holder gives back none of the new counter's.
+#[test]
+fn a_reused_entry_does_not_inherit_ledger_counts() {
+    let clock = ManualClock::at(1_000 * S);
+    let (a, b) = shared_pair(&clock, 256);
+    a.apply_quotas(&[capped(1, "db", 1, 5, None)]);
+    let until = clock.now_nanos() + 3 * S;
+    a.permits(1).unwrap().publish(5, until);
+    assert!(b.join_ledger(7, |_| true));
+    let _old = admitted(b.acquire("db"));
+    a.apply_quotas(&[tomb(1, "db", 2), capped(2, "db2", 3, 5, None)]);
+    a.permits(2).unwrap().publish(5, until);
+    let _new = admitted(a.acquire("db2"));
+    assert_eq!(a.reap_ledger(1, |p| p != 7), 0);
+    assert_eq!(a.permits(2).unwrap().in_flight(), 1);
+}
