@@ -77,6 +77,10 @@ my $r = http_get($p, '/fast/small.html');
 is(status_of($r), 429, 'a third is rejected while two are in flight');
 is(header_of($r, 'X-Yarl-Quota'), 'uploads', '$yarl_quota names the quota');
 is(header_of($r, 'X-Yarl-Status'), 'REJECTED', '$yarl_status REJECTED');
+my $c = ($t->stats($p) // {})->{concurrency}{quotas}[0] // {};
+is(join(' ', map { $_ // '-' } @$c{qw(quota in_flight share)}), 'uploads 2 2',
+	'yarl_stats: the quota, 2 in flight, a share of 2');
+cmp_ok($c->{refused} // 0, '>=', 1, 'yarl_stats: the refusals counted');
 
 # A client that goes away gives its slot back (nginx notices at its next write).
 close($c1);
@@ -113,6 +117,7 @@ ok($t->wait_for(sub { status_of(http_get($p, '/fast/small.html')) == 200 }, 10),
 ($c1, $l1) = slow_client();
 ($c2, $l2) = slow_client();
 like($l1 . $l2, qr/ 200 .* 200 /s, 'both slots usable again');
+is(($t->stats($p) // {})->{concurrency}{reaped}, 2, 'yarl_stats: 2 slots reaped');
 is(status_of(http_get($p, '/fast/small.html')), 429, 'and no more than both');
 close($c1);
 close($c2);

@@ -98,7 +98,7 @@ like($page, qr/^yarl_cluster_fresh 1$/m, 'the cluster view is fresh');
 like($page, qr/^yarl_sync_agent_up 1$/m, 'the agent runs');
 my $lines = () = $page =~ /\n/g;
 diag("$lines lines for 62 quotas, 60 rejecting, 2 roots");
-cmp_ok($lines, '<', 150, 'bounded');
+cmp_ok($lines, '<', 165, 'bounded');
 
 $t->finish();
 done_testing();

@@ -30,7 +30,9 @@ fn render() -> String {
     let top = w.map_or_else(Vec::new, |w| w.limiter.top_rejections(TOP_QUOTAS, TOP_WINDOW_SECS));
     let roots = worker::root_statuses();
     let templates = w.map_or_else(Vec::new, |w| w.limiter.template_keys());
+    let concurrency = w.map(|w| w.limiter.concurrency_status());
     prom::render(&Input {
+        concurrency: concurrency.as_ref(),
         templates: &templates,
         requests: worker::counters(),
         zone: zone.as_ref(),

@@ -8,7 +8,7 @@
 use crate::report::RequestCounters;
 use std::fmt::Write;
 use yarl_core::sync::RootStatus;
-use yarl_core::{TemplateKeys, ZoneStatus};
+use yarl_core::{ConcurrencyInfo, ConcurrencyStatus, TemplateKeys, ZoneStatus};
 
 /// Quotas named in `yarl_quota_rejections_total`.
 pub const TOP_QUOTAS: usize = 20;
@@ -34,6 +34,8 @@ pub struct Input<'a> {
     pub agent_alive: bool,
     /// Clock time now, ns (the zone's clock).
     pub now_ns: u64,
+    /// Concurrency caps ([`yarl_core::Limiter::concurrency_status`]); `None`: no limiter.
+    pub concurrency: Option<&'a ConcurrencyStatus>,
 }
 
 /// A label value, escaped as the text format requires.
@@ -53,6 +55,49 @@ fn label(v: &str) -> String {
 fn head(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Per concurrency quota: the [`TOP_QUOTAS`] with most requests in flight by name, the
+/// others summed as `quota="_other"`.
+fn concurrency_series(o: &mut String, c: Option<&ConcurrencyStatus>) {
+    let empty = ConcurrencyStatus::default();
+    let c = c.unwrap_or(&empty);
+    let mut rows: Vec<&ConcurrencyInfo> = c.quotas.iter().collect();
+    rows.sort_by(|a, b| b.in_flight.cmp(&a.in_flight).then_with(|| a.name.cmp(&b.name)));
+    let rest = rows.split_off(rows.len().min(TOP_QUOTAS));
+    let named: Vec<(String, &ConcurrencyInfo)> =
+        rows.into_iter().map(|q| (label(&q.name), q)).collect();
+    let series: [Series<ConcurrencyInfo>; 3] = [
+        (
+            "yarl_concurrency_in_flight",
+            "gauge",
+            "Requests holding a slot of the quota's max_in_flight on this host.",
+            |q| u64::from(q.in_flight),
+        ),
+        (
+            "yarl_concurrency_share",
+            "gauge",
+            "The share of the quota's max_in_flight the roots grant this host now (0 when the grants lapsed).",
+            |q| u64::from(q.share),
+        ),
+        (
+            "yarl_concurrency_refused_total",
+            "counter",
+            "Requests refused a slot on this host since the quota's cap arrived.",
+            |q| q.refused,
+        ),
+    ];
+    let scope = format!(
+        "The {TOP_QUOTAS} concurrency quotas with most in flight; quota=\"_other\" is the rest."
+    );
+    ranked(o, "quota", &scope, &series, &named, &rest);
+    head(
+        o,
+        "yarl_concurrency_reaped_total",
+        "counter",
+        "Slots given back from workers that died holding them (killed with -9, crashed).",
+    );
+    let _ = writeln!(o, "yarl_concurrency_reaped_total {}", c.reaped);
 }
 
 /// Renders the page.
@@ -103,6 +148,7 @@ pub fn render(i: &Input<'_>) -> String {
     }
 
     template_series(&mut o, i.templates);
+    concurrency_series(&mut o, i.concurrency);
 
     head(
         &mut o,
@@ -261,22 +307,39 @@ pub fn render(i: &Input<'_>) -> String {
     o
 }
 
-/// A per-template family: name, type, help, and its value in a row.
-type TemplateSeries = (&'static str, &'static str, &'static str, fn(&TemplateKeys) -> u64);
+/// A family of series ranked by one label: name, type, help, and its value in a row.
+type Series<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+/// Each family of `series`: a sample per row of `named` (its label value, escaped), then
+/// the sum of the `rest` as `_other`; `scope` ends the help (which rows are named).
+fn ranked<T>(
+    o: &mut String,
+    label_name: &str,
+    scope: &str,
+    series: &[Series<T>],
+    named: &[(String, &T)],
+    rest: &[&T],
+) {
+    for (name, kind, help, get) in series {
+        head(o, name, kind, &format!("{help} {scope}"));
+        for (l, r) in named {
+            let _ = writeln!(o, "{name}{{{label_name}=\"{l}\"}} {}", get(r));
+        }
+        let other: u64 = rest.iter().map(|r| get(r)).sum();
+        let _ = writeln!(o, "{name}{{{label_name}=\"_other\"}} {other}");
+    }
+}
 
 /// Keys held, evicted and refused per template: the [`TOP_TEMPLATES`] holding most keys by
 /// name, every other (and those the zone counts together) as `template="_other"`.
 fn template_series(o: &mut String, rows: &[TemplateKeys]) {
     let mut named: Vec<&TemplateKeys> = rows.iter().filter(|r| r.template.is_some()).collect();
     named.sort_by(|a, b| b.keys.cmp(&a.keys).then_with(|| a.template.cmp(&b.template)));
-    let rest = named.split_off(named.len().min(TOP_TEMPLATES));
-    let mut other = TemplateKeys { template: None, keys: 0, evictions: 0, refused: 0 };
-    for r in rest.into_iter().chain(rows.iter().filter(|r| r.template.is_none())) {
-        other.keys += r.keys;
-        other.evictions += r.evictions;
-        other.refused += r.refused;
-    }
-    let series: [TemplateSeries; 3] = [
+    let mut rest = named.split_off(named.len().min(TOP_TEMPLATES));
+    rest.extend(rows.iter().filter(|r| r.template.is_none()));
+    let named: Vec<(String, &TemplateKeys)> =
+        named.into_iter().map(|r| (label(r.template.as_deref().unwrap_or_default()), r)).collect();
+    let series: [Series<TemplateKeys>; 3] = [
         ("yarl_template_keys", "gauge", "Keys held in the zone per template.", |r| r.keys),
         (
             "yarl_template_key_evictions_total",
@@ -291,15 +354,8 @@ fn template_series(o: &mut String, rows: &[TemplateKeys]) {
             |r| r.refused,
         ),
     ];
-    for (name, kind, help, get) in series {
-        let help = format!(
-            "{help} The {TOP_TEMPLATES} templates holding most keys; template=\"_other\" is the rest."
-        );
-        head(o, name, kind, &help);
-        for r in &named {
-            let t = label(r.template.as_deref().unwrap_or_default());
-            let _ = writeln!(o, "{name}{{template=\"{t}\"}} {}", get(r));
-        }
-        let _ = writeln!(o, "{name}{{template=\"_other\"}} {}", get(&other));
-    }
+    let scope = format!(
+        "The {TOP_TEMPLATES} templates holding most keys; template=\"_other\" is the rest."
+    );
+    ranked(o, "template", &scope, &series, &named, &rest);
 }

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 use yarl_core::sync::RootStatus;
-use yarl_core::{QuotaInfo, TemplateKeys, ZoneStatus};
+use yarl_core::{ConcurrencyStatus, QuotaInfo, TemplateKeys, ZoneStatus};
 
 /// What the access handlers of all workers decided so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -142,8 +142,29 @@ struct Page<'a> {
     zone: Zone<'a>,
     requests: RequestCounters,
     roots: Vec<Root<'a>>,
+    concurrency: Concurrency<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     quota: Option<Option<Quota<'a>>>,
+}
+
+/// The host's concurrency caps (`yarl_concurrency`).
+#[derive(Serialize)]
+struct Concurrency<'a> {
+    /// Times a capped quota found no permit entry (not capped on this host).
+    entries_refused: u64,
+    /// Workers that found no ledger row.
+    ledger_full: u64,
+    /// Slots given back from workers that died holding them.
+    reaped: u64,
+    quotas: Vec<ConcurrencyRow<'a>>,
+}
+
+#[derive(Serialize)]
+struct ConcurrencyRow<'a> {
+    quota: &'a str,
+    in_flight: u32,
+    share: u32,
+    refused: u64,
 }
 
 fn age_ms(now_ns: u64, at: Option<u64>) -> Option<u64> {
@@ -188,6 +209,8 @@ pub struct Input<'a> {
     pub quota: Option<(&'a str, Option<&'a QuotaInfo>)>,
     /// Keys per template ([`yarl_core::Limiter::template_keys`]).
     pub templates: &'a [TemplateKeys],
+    /// Concurrency caps ([`yarl_core::Limiter::concurrency_status`]); `None`: no limiter.
+    pub concurrency: Option<&'a ConcurrencyStatus>,
 }
 
 /// Renders the page (one JSON object and a newline).
@@ -248,6 +271,25 @@ pub fn render(input: &Input<'_>) -> String {
         },
         requests: input.requests,
         roots: input.roots.iter().map(|r| root(now, r)).collect(),
+        concurrency: {
+            let c = input.concurrency;
+            Concurrency {
+                entries_refused: c.map_or(0, |c| c.entries_refused),
+                ledger_full: c.map_or(0, |c| c.ledger_full),
+                reaped: c.map_or(0, |c| c.reaped),
+                quotas: c.map_or_else(Vec::new, |c| {
+                    c.quotas
+                        .iter()
+                        .map(|q| ConcurrencyRow {
+                            quota: &q.name,
+                            in_flight: q.in_flight,
+                            share: q.share,
+                            refused: q.refused,
+                        })
+                        .collect()
+                }),
+            }
+        },
         quota: input.quota.map(|(name, q)| {
             q.map(|q| Quota {
                 name,

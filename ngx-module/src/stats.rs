@@ -96,7 +96,9 @@ fn render(r: &mut Request) -> String {
     };
     let quota_name = quota_name.as_deref().map(yarl_core::display_name);
     let templates = w.map_or_else(Vec::new, |w| w.limiter.template_keys());
+    let concurrency = w.map(|w| w.limiter.concurrency_status());
     report::render(&Input {
+        concurrency: concurrency.as_ref(),
         templates: &templates,
         pid: std::process::id(),
         zone: status.as_ref(),

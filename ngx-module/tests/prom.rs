@@ -12,7 +12,7 @@ use prom::*;
 use report::RequestCounters;
 use yarl_core::sync::RootStatus;
 use yarl_core::zone::roots::LATENCY_BUCKETS_US;
-use yarl_core::{TemplateKeys, ZoneStatus, ZoneUsage};
+use yarl_core::{ConcurrencyInfo, ConcurrencyStatus, TemplateKeys, ZoneStatus, ZoneUsage};
 
 fn zone() -> ZoneStatus {
     ZoneStatus {
@@ -96,6 +96,7 @@ fn every_family_is_typed_and_values_add_up() {
         roots: &roots,
         agent_alive: true,
         now_ns: 10_000_000_000,
+        concurrency: Some(&concurrency(25)),
     });
     // Every sample belongs to a family declared just before with HELP and TYPE.
     let mut declared = Vec::new();
@@ -143,6 +144,32 @@ fn every_family_is_typed_and_values_add_up() {
     assert!(page.contains("yarl_quotas_missing 2\n"));
     assert!(page.contains("yarl_sync_last_round_age_seconds 0.500\n"));
     assert!(page.contains("yarl_sync_agent_up 1\n"));
+    // 20 concurrency quotas by name, most in flight first, the rest summed.
+    let c = lines_of(&page, "yarl_concurrency_in_flight{");
+    assert_eq!(c.len(), TOP_QUOTAS + 1, "{c:?}");
+    assert_eq!(c[0], "yarl_concurrency_in_flight{quota=\"c24\"} 24");
+    assert_eq!(c.last().unwrap(), &"yarl_concurrency_in_flight{quota=\"_other\"} 10");
+    assert!(page.contains("yarl_concurrency_share{quota=\"c24\"} 25\n"));
+    assert!(page.contains("yarl_concurrency_refused_total{quota=\"_other\"} 15\n"));
+    assert!(page.contains("yarl_concurrency_reaped_total 3\n"));
+}
+
+/// `n` concurrency quotas: `c{i}` with `i` in flight, a share of `i + 1`, 3 refused.
+fn concurrency(n: u32) -> ConcurrencyStatus {
+    ConcurrencyStatus {
+        quotas: (0..n)
+            .map(|i| ConcurrencyInfo {
+                name: format!("c{i}"),
+                id: u64::from(i) + 1,
+                in_flight: i,
+                share: i + 1,
+                refused: 3,
+            })
+            .collect(),
+        entries_refused: 0,
+        ledger_full: 0,
+        reaped: 3,
+    }
 }
 
 #[test]
@@ -159,7 +186,8 @@ fn the_page_is_bounded_whatever_the_quotas() {
         roots: &roots,
         agent_alive: false,
         now_ns: 0,
+        concurrency: Some(&concurrency(1024)),
     });
     let lines = page.lines().count();
-    assert!(lines < 250, "{lines} lines");
+    assert!(lines < 320, "{lines} lines");
 }

@@ -7,7 +7,9 @@ mod report;
 use report::*;
 use serde_json::Value;
 use yarl_core::sync::RootStatus;
-use yarl_core::{QuotaInfo, TemplateKeys, ZoneStatus, ZoneUsage};
+use yarl_core::{
+    ConcurrencyInfo, ConcurrencyStatus, QuotaInfo, TemplateKeys, ZoneStatus, ZoneUsage,
+};
 
 fn roots() -> Vec<RootStatus> {
     vec![
@@ -73,6 +75,18 @@ fn the_host_state_with_ages_relative_to_render_time() {
             TemplateKeys { template: Some("api_key_*".into()), keys: 7, evictions: 1, refused: 0 },
             TemplateKeys { template: None, keys: 3, evictions: 0, refused: 2 },
         ],
+        concurrency: Some(&ConcurrencyStatus {
+            quotas: vec![ConcurrencyInfo {
+                name: "uploads".into(),
+                id: 4,
+                in_flight: 3,
+                share: 5,
+                refused: 11,
+            }],
+            entries_refused: 0,
+            ledger_full: 1,
+            reaped: 2,
+        }),
     }));
     assert_eq!(page["pid"], 42);
     assert_eq!(page["limiter_id"], "00000000000000ab");
@@ -106,6 +120,14 @@ fn the_host_state_with_ages_relative_to_render_time() {
     assert_eq!(t[0]["template"], "api_key_*");
     assert_eq!((t[0]["keys"].as_u64(), t[0]["evictions"].as_u64()), (Some(7), Some(1)));
     assert_eq!((&t[1]["template"], t[1]["refused"].as_u64()), (&Value::Null, Some(2)));
+    let c = &page["concurrency"];
+    assert_eq!((c["ledger_full"].as_u64(), c["reaped"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(c["quotas"][0]["quota"], "uploads");
+    assert_eq!(
+        (c["quotas"][0]["in_flight"].as_u64(), c["quotas"][0]["share"].as_u64()),
+        (Some(3), Some(5))
+    );
+    assert_eq!(c["quotas"][0]["refused"], 11);
 }
 
 #[test]
@@ -133,6 +155,7 @@ fn without_a_zone_and_with_a_quota_query() {
         requests: RequestCounters::default(),
         quota: Some(("q", Some(&info))),
         templates: &[],
+        concurrency: None,
     }));
     assert_eq!(page["sync_running"], false);
     assert_eq!(page["agent"]["pid"], Value::Null);
@@ -157,6 +180,7 @@ fn without_a_zone_and_with_a_quota_query() {
         requests: RequestCounters::default(),
         quota: Some(("nope", None)),
         templates: &[],
+        concurrency: None,
     }));
     assert_eq!(missing["quota"], Value::Null);
 }

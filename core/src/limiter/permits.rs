@@ -59,6 +59,35 @@ pub enum Acquired {
     Refused(QuotaId),
 }
 
+/// One concurrency counter as this host holds it (for `yarl_stats` and metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConcurrencyInfo {
+    /// The quota's name.
+    pub name: String,
+    /// Its id.
+    pub id: QuotaId,
+    /// Requests holding a slot of it on this host now.
+    pub in_flight: u32,
+    /// The share of its `max_in_flight` this host holds now (0: none, or the grants lapsed).
+    pub share: u32,
+    /// Acquires it refused on this host since its cap arrived.
+    pub refused: u64,
+}
+
+/// The host's concurrency counters and their bookkeeping.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConcurrencyStatus {
+    /// Every counter with a permit entry, by name.
+    pub quotas: Vec<ConcurrencyInfo>,
+    /// Times a capped quota found no permit entry (the table was full): it is not capped
+    /// on this host; a larger zone has more entries.
+    pub entries_refused: u64,
+    /// Processes that found no ledger row (their slots leak if they are killed).
+    pub ledger_full: u64,
+    /// Slots given back from the ledger rows of processes that died holding them.
+    pub reaped: u64,
+}
+
 fn hash_id(id: QuotaId) -> u64 {
     id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
@@ -113,6 +142,39 @@ impl Limiter {
         self.find_entry(id).ok().map(|e| self.entry_permits(e))
     }
 
+    /// Every concurrency counter with its figures now, by name.
+    pub fn concurrency_status(&self) -> ConcurrencyStatus {
+        let now = self.clock.now_nanos();
+        let mut quotas: Vec<ConcurrencyInfo> = (0..self.layout.permit_cap)
+            .filter_map(|e| {
+                let id = self.entry_id(e).load(Acquire);
+                if id == EMPTY || id == DELETED {
+                    return None;
+                }
+                let slot = self.entry_slot(e).load(Acquire);
+                let p = self.entry_permits(e);
+                Some(ConcurrencyInfo {
+                    name: match u32::try_from(slot) {
+                        Ok(s) if s > 0 => self.slot_name(s - 1),
+                        _ => format!("#{id}"),
+                    },
+                    id,
+                    in_flight: p.in_flight(),
+                    share: p.share(now),
+                    refused: self.entry_refused(e).load(Relaxed),
+                })
+            })
+            .collect();
+        quotas.sort_by(|a, b| a.name.cmp(&b.name));
+        let (ledger_full, reaped) = self.ledger_figures();
+        ConcurrencyStatus {
+            quotas,
+            entries_refused: self.hdr(hdr::PERMITS_REFUSED).load(Relaxed),
+            ledger_full,
+            reaped,
+        }
+    }
+
     /// Every counter with a permit entry, and its permits.
     pub fn permit_entries(&self) -> Vec<(QuotaId, Permits<'_>)> {
         (0..self.layout.permit_cap)
@@ -123,21 +185,32 @@ impl Limiter {
             .collect()
     }
 
-    /// Gives counter `id` an entry if `capped`, or frees its entry if not. Writer only
-    /// (the sync agent applying quotas, under the writer lock).
-    pub(super) fn set_permit_entry(&self, id: QuotaId, capped: bool) {
+    fn entry_slot(&self, e: usize) -> &AtomicU64 {
+        &self.words()[self.layout.permit_slots + 2 * e]
+    }
+
+    fn entry_refused(&self, e: usize) -> &AtomicU64 {
+        &self.words()[self.layout.permit_slots + 2 * e + 1]
+    }
+
+    /// Gives counter `id` an entry if it is `capped` (in quota slot `Some(slot)`), or frees
+    /// its entry if not. Writer only (the sync agent applying quotas, under the writer lock).
+    pub(super) fn set_permit_entry(&self, id: QuotaId, capped: Option<u32>) {
         if id == EMPTY || id == DELETED {
             return;
         }
         match (self.find_entry(id), capped) {
-            (Ok(_), true) | (Err(_), false) => {}
-            (Ok(e), false) => {
+            (Err(_), None) => {}
+            (Ok(e), Some(slot)) => self.entry_slot(e).store(u64::from(slot) + 1, Release),
+            (Ok(e), None) => {
                 // Requests that hold slots release by (entry, id): against a deleted
                 // entry, or one reused for another id, they change nothing.
                 self.entry_id(e).store(DELETED, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
             }
-            (Err(Some(e)), true) => {
+            (Err(Some(e)), Some(slot)) => {
+                self.entry_slot(e).store(u64::from(slot) + 1, Release);
+                self.entry_refused(e).store(0, Relaxed);
                 let p = self.entry_permits(e);
                 p.release_many(u32::MAX);
                 p.publish(0, 0);
@@ -146,7 +219,7 @@ impl Limiter {
                 self.entry_id(e).store(id, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
             }
-            (Err(None), true) => {
+            (Err(None), Some(_)) => {
                 self.hdr(hdr::PERMITS_REFUSED).fetch_add(1, Relaxed);
             }
         }
@@ -175,6 +248,7 @@ impl Limiter {
             let id = slot.id();
             if let Ok(e) = self.find_entry(id) {
                 if !self.entry_permits(e).acquire(now) {
+                    self.entry_refused(e).fetch_add(1, Relaxed);
                     self.release(&permit);
                     return Acquired::Refused(id);
                 }

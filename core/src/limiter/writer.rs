@@ -198,7 +198,11 @@ impl Limiter {
             } else {
                 self.apply_new(w, &mut a, u);
             }
-            self.set_permit_entry(u.id, !u.deleted && u.limits.max_in_flight() > 0);
+            // A quota that did not fit in the block is not limited here at all: no entry.
+            let slot = (!u.deleted && u.limits.max_in_flight() > 0)
+                .then(|| self.find_id(w, u.id))
+                .flatten();
+            self.set_permit_entry(u.id, slot);
         }
         // Links are made once every update is in: a child may come before its parent.
         self.unlink_children_of(w, &a.deleted);

@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 12;
+pub const LAYOUT_VERSION: u64 = 13;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -233,6 +233,7 @@ pub(crate) struct Layout {
     pub permits: usize,
     pub permit_cap: usize,
     pub ledger: usize,
+    pub permit_slots: usize,
     pub dir: usize,
     pub dirty: usize,
     pub dirty_sum: usize,
@@ -274,6 +275,10 @@ impl Layout {
         at += permit_cap * PERMIT_ENTRY_WORDS;
         let ledger = at;
         at += LEDGER_ROWS * ledger_row_words(permit_cap);
+        // Per permit entry, its quota's slot + 1 (names for `yarl_stats` and metrics) and
+        // the acquires it refused since it was made.
+        let permit_slots = at;
+        at += 2 * permit_cap;
         let dir = at;
         at += MAX_SHARDS;
         let dirty = at;
@@ -312,6 +317,7 @@ impl Layout {
             permits,
             permit_cap,
             ledger,
+            permit_slots,
             dir,
             dirty,
             dirty_sum,

@@ -1,7 +1,7 @@
 //! The permit table and acquire/release on the request path.
 
 use super::*;
-use crate::limiter::{Acquired, Permit};
+use crate::limiter::{Acquired, ConcurrencyInfo, Permit};
 
 fn capped(id: u64, name: &str, epoch: u64, cap: u32, parent: Option<&str>) -> QuotaUpdate {
     QuotaUpdate {
@@ -188,4 +188,25 @@ fn a_reused_entry_does_not_inherit_ledger_counts() {
     let _new = admitted(a.acquire("db2"));
     assert_eq!(a.reap_ledger(1, |p| p != 7), 0);
     assert_eq!(a.permits(2).unwrap().in_flight(), 1);
+}
+
+#[test]
+fn the_status_names_each_capped_quota_with_its_figures() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[capped(1, "db", 1, 5, None), q(2, "plain", 2, 1.0, 1.0, 1.0, None)]);
+    l.permits(1).unwrap().publish(1, clock.now_nanos() + 3 * S);
+    let p = admitted(l.acquire("db"));
+    assert_eq!(l.acquire("db"), Acquired::Refused(1));
+    assert_eq!(l.acquire("db"), Acquired::Refused(1));
+    let s = l.concurrency_status();
+    assert_eq!(
+        s.quotas,
+        vec![ConcurrencyInfo { name: "db".into(), id: 1, in_flight: 1, share: 1, refused: 2 }]
+    );
+    // The refusals stay counted across rounds (the round word is the agent's).
+    l.permits(1).unwrap().take_round();
+    l.release(&p);
+    let s = l.concurrency_status();
+    assert_eq!((s.quotas[0].in_flight, s.quotas[0].refused), (0, 2));
+    assert_eq!((s.entries_refused, s.ledger_full, s.reaped), (0, 0, 0));
 }
