@@ -27,7 +27,7 @@ S3_APP_BIN := $(OUT)/yarl-s3-app
 # The nginx the `ngx` crate builds from its bundled source (vendored feature).
 NGINX_BIN = $(shell ls -t $(OUT)/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n 1)
 
-.PHONY: all deps build lint unit-test hostile-test schemathesis-deps schemathesis-test prove alert-rules-test chaos chaos-short test run bench bench-nginx bench-root \
+.PHONY: all deps build lint unit-test hostile-test schemathesis-deps schemathesis-test prove alert-rules-test chaos chaos-short measure-concurrency test run bench bench-nginx bench-root \
 	bench-tower clean distro-deps distro-module distro-test packaging-test install \
 	docker-deps docker-image docker-test docker-cluster docker-cluster-down sim
 
@@ -155,6 +155,13 @@ chaos: build
 
 chaos-short: build
 	$(CHAOS) --short
+
+# A cluster-wide cap on requests in flight on real processes (2 nginx x 2 workers, 2 roots,
+# max_in_flight 50, a slow upstream counting what it runs): cap, utilisation, shares moving
+# with the traffic, a killed nginx's share coming back (docs/concurrency.md). About 2 minutes.
+measure-concurrency: build
+	scripts/with-postgres.sh python3 scripts/measure-concurrency.py --nginx $(NGINX_BIN) \
+		--module $(MODULE_SO) --root $(ROOT_BIN)
 
 test: lint unit-test alert-rules-test schemathesis-test prove chaos-short distro-test packaging-test
 

@@ -268,6 +268,22 @@ async def read_response(reader):
     return status
 
 
+def watch_shares(path):
+    """Every 100 ms, each nginx's share and in flight (yarl_stats), for diagnosis."""
+    import json
+    with open(path, "w", buffering=1) as f:
+        while True:
+            row = [f"{time.time():.3f}"]
+            for port in NGINX_PORTS:
+                try:
+                    q = json.loads(call("GET", port, "/stats", timeout=1)[1])["concurrency"]["quotas"][0]
+                    row.append(f"{q['share']} {q['in_flight']} {q['refused']}")
+                except (OSError, ValueError, KeyError, IndexError):
+                    row.append("- - -")
+            f.write(" ".join(row) + "\n")
+            time.sleep(0.1)
+
+
 def read_samples(path, t0, t1):
     out = []
     with open(path) as f:
@@ -333,6 +349,8 @@ def main():
         c.start_nginx(1)
         load = Load(n)
         load.run_in_thread()
+        if os.environ.get("DEBUG"):
+            threading.Thread(target=watch_shares, args=(f"{d}/shares.txt",), daemon=True).start()
         print(f"C = {cap}, {n} clients, requests of {HOLD * 1000:.0f} ms, sync interval "
               f"{INTERVAL:.0f} s, lease {LEASE:.0f} s, 2 nginx x 2 workers, 2 roots")
 

@@ -388,7 +388,9 @@ impl SyncEngine {
             w.sort_unstable();
         }
         let shards: Vec<u32> = self.roots.iter().map(|l| l.shard).collect();
-        let reports = self.in_flight.reports(&self.limiter, &shards, self.shards, now);
+        // Half an interval: what an early round for a starving host waits at least.
+        let min_span = self.interval_ns() / 2;
+        let reports = self.in_flight.reports(&self.limiter, &shards, self.shards, now, min_span);
         self.root_calls(now, &batches, &watch, reports)
     }
 

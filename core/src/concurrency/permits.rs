@@ -155,6 +155,8 @@ pub struct HostShares {
     hold: u64,
     /// A report went out (or a smaller share came in) while more ran than the shares.
     over: bool,
+    /// The last round's demand and refusals, once one was measured.
+    last: Option<(u32, u32)>,
 }
 
 impl HostShares {
@@ -167,6 +169,7 @@ impl HostShares {
             round_start: now,
             hold: 0,
             over: false,
+            last: None,
         }
     }
 
@@ -235,6 +238,21 @@ impl HostShares {
         Due::No
     }
 
+    /// [`round`](Self::round), unless the round began less than `min_span` ago and a
+    /// demand was measured before: then that demand again, and the measuring goes on. A
+    /// report that acknowledges a shrunk share goes out a few milliseconds after the last
+    /// one, and a demand measured over so little time is mostly noise (a clump of retries,
+    /// or none), which would move slots back and forth and leave them idle on the way.
+    pub fn round_at_least(&mut self, now: u64, permits: Permits<'_>, min_span: u64) -> (u32, u32) {
+        match self.last {
+            Some(last) if now.saturating_sub(self.round_start) < min_span => {
+                self.poll(now, permits, u64::MAX);
+                last
+            }
+            _ => self.round(now, permits),
+        }
+    }
+
     /// Ends a measuring round at `now`: the concurrency offered since the last one in
     /// thousandths of a slot, and the acquires refused. Offered is what ran on average
     /// (Little's law: arrivals times how long each holds its slot) plus the refused
@@ -254,7 +272,9 @@ impl HostShares {
         let milli = (self.busy * 1000 + u128::from(refused) * hold * 1000) / span;
         self.busy = 0;
         self.round_start = now;
-        (milli.min(u128::from(u32::MAX)) as u32, refused)
+        let measured = (milli.min(u128::from(u32::MAX)) as u32, refused);
+        self.last = Some(measured);
+        measured
     }
 
     /// The report for root `root`, with the round's `demand` and `refused` from

@@ -147,6 +147,31 @@ fn a_host_stops_using_a_share_before_its_root_frees_it() {
     assert_eq!(p.share(end0), 0, "published until the first share ends");
 }
 
+#[test]
+fn a_report_soon_after_a_round_repeats_its_demand_and_the_next_round_counts_all() {
+    let mut book = HostShares::new(1, 0);
+    let words = PermitWords::default();
+    let p = words.view();
+    book.apply(0, Grant { share: 1, lease_ns: 10_000 * MS }, 0, 0, 0);
+    book.poll(0, p, u64::MAX);
+    // One slot held all round, 10 refusals: 1 + 10 x (hold = the round) slots.
+    assert!(p.acquire(0));
+    for _ in 0..10 {
+        assert!(!p.acquire(MS));
+    }
+    let first = book.round_at_least(500 * MS, p, 500 * MS);
+    assert_eq!(first.1, 10);
+    // 20 ms later (an acknowledgement): the same demand, however the 20 ms looked.
+    for _ in 0..30 {
+        assert!(!p.acquire(510 * MS));
+    }
+    assert_eq!(book.round_at_least(520 * MS, p, 500 * MS), first);
+    // Half a round on: measured again, the 30 refusals since included.
+    let next = book.round_at_least(1_000 * MS, p, 500 * MS);
+    assert_eq!(next.1, 30);
+    assert_ne!(next, first);
+}
+
 /// A cluster of hosts and root replicas under random requests, rounds, lost messages and
 /// replays. Requests last at most the lease margin, so none outlives the lease it was
 /// admitted under and the cluster must never run more than `C` at once.

@@ -25,13 +25,16 @@ pub(super) struct InFlight {
 impl InFlight {
     /// The reports of a round starting at `now`, per root (by index among `shards`, the
     /// shard of each root; a counter goes to the roots of its own shard). Each counter's
-    /// demand is measured over the time since its last report.
+    /// demand is measured over the time since it was last measured, when that is at least
+    /// `min_span` (else the last demand is sent again: see
+    /// [`HostShares::round_at_least`]).
     pub(super) fn reports(
         &mut self,
         limiter: &Limiter,
         shards: &[u32],
         count: u32,
         now: u64,
+        min_span: u64,
     ) -> Vec<Vec<InFlightReport>> {
         let mut out = vec![Vec::new(); shards.len()];
         let entries = limiter.permit_entries();
@@ -46,7 +49,7 @@ impl InFlight {
         sorted.sort_unstable_by_key(|e| e.0);
         for (id, permits) in sorted {
             let book = self.books.entry(id).or_insert_with(|| HostShares::new(shards.len(), now));
-            let (demand, refused) = book.round(now, permits);
+            let (demand, refused) = book.round_at_least(now, permits, min_span);
             let shard = Shard::of(id, count);
             for (r, &s) in shards.iter().enumerate() {
                 if s == shard {
