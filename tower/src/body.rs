@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use yarl_core::units::MAX_WEIGHT_UNITS;
-use yarl_core::Limiter;
+use yarl_core::{Acquired, Limiter, Permit};
 
 /// Adds `weight` to `name`'s chain, clamped to the largest weight a limiter takes.
 pub(crate) fn charge(limiter: &Limiter, name: &str, weight: u64) {
@@ -40,6 +40,48 @@ impl Drop for BodyCharge {
     }
 }
 
+/// A slot of a quota's `max_in_flight` was refused (the limiter runs its whole share).
+#[derive(Debug)]
+pub(crate) struct Refused;
+
+/// The concurrency slots one request holds, given back when dropped: when its response
+/// body ends or is dropped, or with the response future (the inner service failed, the
+/// client went away before the answer) or the rejection.
+pub(crate) struct Slots {
+    limiter: Arc<Limiter>,
+    permits: Vec<Permit>,
+}
+
+impl Slots {
+    /// Takes a slot of each name's chain, all of them or none (what was taken before a
+    /// refusal is given back). `None` when no name has a cap here.
+    pub(crate) fn acquire(
+        limiter: &Arc<Limiter>,
+        names: &[Cow<'static, str>],
+    ) -> Result<Option<Slots>, Refused> {
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let mut slots = Slots { limiter: limiter.clone(), permits: Vec::new() };
+        for name in names {
+            match limiter.acquire(&**name) {
+                Acquired::Admitted(p) if !p.is_empty() => slots.permits.push(p),
+                Acquired::Admitted(_) => {}
+                Acquired::Refused(_) => return Err(Refused),
+            }
+        }
+        Ok((!slots.permits.is_empty()).then_some(slots))
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for p in &self.permits {
+            self.limiter.release(p);
+        }
+    }
+}
+
 pin_project! {
     /// The body of [`YarlService`](crate::YarlService)'s responses: the inner service's
     /// body (counted when a quota is charged its bytes), or the rejection's.
@@ -56,6 +98,7 @@ pin_project! {
             #[pin]
             body: B,
             charge: Option<BodyCharge>,
+            slots: Option<Slots>,
         },
         Rejected {
             data: Option<Bytes>,
@@ -64,8 +107,8 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn new(body: B, charge: Option<BodyCharge>) -> Self {
-        ResponseBody { kind: Kind::Inner { body, charge } }
+    pub(crate) fn new(body: B, charge: Option<BodyCharge>, slots: Option<Slots>) -> Self {
+        ResponseBody { kind: Kind::Inner { body, charge, slots } }
     }
 
     pub(crate) fn rejected(data: Bytes) -> Self {
@@ -103,7 +146,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, charge } => {
+            KindProj::Inner { body, charge, slots } => {
                 let frame = ready!(body.poll_frame(cx));
                 match (&frame, charge.as_mut()) {
                     (Some(Ok(f)), Some(c)) => {
@@ -114,6 +157,11 @@ where
                     // The end: charge now rather than whenever the body is dropped.
                     (None, Some(_)) => drop(charge.take()),
                     _ => {}
+                }
+                if frame.is_none() {
+                    // The request is over: its slots go back now, not when a server gets
+                    // round to dropping the body.
+                    drop(slots.take());
                 }
                 Poll::Ready(frame)
             }

@@ -1,7 +1,7 @@
 //! The response future: the inner service's answer, with the `RateLimit` fields and the
 //! charges made after the response; or the rejection, ready at once.
 
-use crate::body::{BodyCharge, ResponseBody};
+use crate::body::{BodyCharge, ResponseBody, Slots};
 use crate::layer::{Cost, RATELIMIT, RATELIMIT_POLICY};
 use http::header::HeaderValue;
 use http::Response;
@@ -22,6 +22,9 @@ pub(crate) struct After {
     pub(crate) reported: Vec<Cow<'static, str>>,
     /// Quotas charged the response body's bytes.
     pub(crate) body: Option<BodyCharge>,
+    /// Concurrency slots, given back when the body ends or is dropped (or with this, if
+    /// the inner service fails or the future is dropped).
+    pub(crate) slots: Option<Slots>,
 }
 
 impl After {
@@ -38,7 +41,7 @@ impl After {
                 }
             }
         }
-        response.map(|b| ResponseBody::new(b, self.body))
+        response.map(|b| ResponseBody::new(b, self.body, self.slots))
     }
 }
 
@@ -86,7 +89,7 @@ where
                 let response = ready!(future.poll(cx))?;
                 Poll::Ready(Ok(match after.take() {
                     Some(after) => after.apply(response),
-                    None => response.map(|b| ResponseBody::new(b, None)),
+                    None => response.map(|b| ResponseBody::new(b, None, None)),
                 }))
             }
             KindProj::Rejected { response } => {

@@ -1,6 +1,6 @@
 //! The layer, its service, and what a rule says about one request.
 
-use crate::body::{BodyCharge, ResponseBody};
+use crate::body::{BodyCharge, ResponseBody, Slots};
 use crate::future::{After, ResponseFuture};
 use crate::Yarl;
 use bytes::Bytes;
@@ -57,6 +57,7 @@ pub struct Quotas {
     first: Option<(Cow<'static, str>, u64)>,
     more: Vec<(Cow<'static, str>, u64)>,
     charges: Vec<(Cow<'static, str>, ChargeFrom)>,
+    slots: Vec<Cow<'static, str>>,
 }
 
 impl Quotas {
@@ -106,6 +107,21 @@ impl Quotas {
         self.charge(name.into(), ChargeFrom::Reported)
     }
 
+    /// Takes a slot of `name`'s `max_in_flight`, and of every capped ancestor's, for the
+    /// request's life, on the share of the cap the roots grant this limiter (the module's
+    /// `yarl_concurrency`): no I/O, one compare-and-swap per capped level. The slots are
+    /// given back when the response body ends or is dropped, when the inner service fails,
+    /// and when the request is rejected. A request refused a slot is rejected with
+    /// `Retry-After: 1` before any rate is decided (in dry-run mode it goes on without the
+    /// slot); several names take their slots all or none. Names without a cap pass.
+    pub fn concurrency(&mut self, name: impl Into<Cow<'static, str>>) -> &mut Self {
+        let name = name.into();
+        if !name.is_empty() {
+            self.slots.push(name);
+        }
+        self
+    }
+
     fn charge(&mut self, name: Cow<'static, str>, from: ChargeFrom) -> &mut Self {
         if !name.is_empty() {
             self.charges.push((name, from));
@@ -115,7 +131,7 @@ impl Quotas {
 
     /// Whether the rule named nothing.
     pub fn is_empty(&self) -> bool {
-        self.first.is_none() && self.charges.is_empty()
+        self.first.is_none() && self.charges.is_empty() && self.slots.is_empty()
     }
 }
 
@@ -315,6 +331,13 @@ where
         }
         let cfg = &*self.config;
         let limiter = &cfg.limiter;
+        // Slots first, as the module does: a request refused one is not counted by the
+        // rates, and one the rates reject gives its slots back (dropped on return).
+        let slots = match Slots::acquire(limiter, &quotas.slots) {
+            Ok(slots) => slots,
+            Err(_) if cfg.settings.dry_run => None,
+            Err(_) => return ResponseFuture::rejected(rejection(&cfg.settings, 1, None)),
+        };
         let (decision, matched) = decide(limiter, &quotas);
         let chain = matched.and_then(|k| quotas.name(k));
         let rejected = decision.as_ref().is_some_and(|d| d.outcome == Outcome::Rejected);
@@ -326,7 +349,7 @@ where
             let retry = decision.as_ref().and_then(|d| d.retry_after).unwrap_or(1);
             return ResponseFuture::rejected(rejection(&cfg.settings, retry, fields));
         }
-        let after = After::new(limiter, fields, quotas.charges);
+        let after = After::new(limiter, fields, quotas.charges, slots);
         ResponseFuture::passed(self.inner.call(request), after)
     }
 }
@@ -405,8 +428,9 @@ impl After {
         limiter: &Arc<Limiter>,
         fields: Option<(HeaderValue, HeaderValue)>,
         charges: Vec<(Cow<'static, str>, ChargeFrom)>,
+        slots: Option<Slots>,
     ) -> Option<Box<After>> {
-        if fields.is_none() && charges.is_empty() {
+        if fields.is_none() && charges.is_empty() && slots.is_none() {
             return None;
         }
         let (body, reported): (Vec<_>, Vec<_>) =
@@ -418,6 +442,7 @@ impl After {
             body: (!body.is_empty()).then(|| {
                 BodyCharge::new(limiter.clone(), body.into_iter().map(|(n, _)| n).collect())
             }),
+            slots,
         }))
     }
 }

@@ -17,6 +17,8 @@
 //! * [`Quotas::charge_body`] and [`Quotas::charge_reported`]: after the response, add a
 //!   cost only the response knows (its body's bytes; a [`Cost`] the handler reports)
 //!   without deciding (`yarl_charge`): it limits the next requests.
+//! * [`Quotas::concurrency`]: hold a slot of a quota's `max_in_flight` (requests in flight
+//!   across the cluster) until the response body ends or is dropped (`yarl_concurrency`).
 //!
 //! Rejections answer `429` (configurable) with `Retry-After`, and with
 //! [`YarlLayer::headers`] the same IETF `RateLimit-Policy` / `RateLimit` fields as the

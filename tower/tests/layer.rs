@@ -470,3 +470,95 @@ async fn a_daily_quota_counts_its_window_and_says_so() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// A body that yields nothing until it is dropped (a slow download).
+struct Pending;
+
+impl http_body::Body for Pending {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Pending
+    }
+}
+
+#[tokio::test]
+async fn concurrency_slots_are_held_until_the_body_ends_or_is_dropped() {
+    let (yarl, clock) = limiter(&[("rated", 1.0, 0.0, 0.0, None)]);
+    let l = yarl.limiter();
+    l.apply_quotas(&[QuotaUpdate {
+        reset_epoch: 0,
+        id: 9,
+        name: "uploads".into(),
+        epoch: 9,
+        deleted: false,
+        limits: Limits::in_flight_only(2).unwrap(),
+        parent: None,
+    }]);
+    // The share a root would grant.
+    l.permits(9).unwrap().publish(2, clock.now_nanos() + 60_000_000_000);
+    let in_flight = || yarl.limiter().permits(9).unwrap().in_flight();
+    let slow = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.concurrency("uploads");
+        })
+        .layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Pending))
+        }));
+    let a = slow.clone().oneshot(get_req("/")).await.unwrap();
+    let b = slow.clone().oneshot(get_req("/")).await.unwrap();
+    assert_eq!((a.status(), b.status(), in_flight()), (StatusCode::OK, StatusCode::OK, 2));
+    let r = slow.clone().oneshot(get_req("/")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "a third while two run");
+    assert_eq!(r.headers()["retry-after"], "1");
+    // A client that goes away (the server drops the body): its slot is back.
+    drop(a);
+    assert_eq!(in_flight(), 1);
+    // A body read to its end gives the slot back at the end, before it is dropped.
+    let fast = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.concurrency("uploads");
+        })
+        .layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Chunks(2)))
+        }));
+    let r = fast.clone().oneshot(get_req("/")).await.unwrap();
+    assert_eq!(in_flight(), 2);
+    let mut body = r.into_body();
+    while body.frame().await.is_some() {}
+    assert_eq!(in_flight(), 1, "given back at the end of the body");
+    drop(body);
+    assert_eq!(in_flight(), 1);
+    // A request the rates reject gives its slot back; so does an inner error.
+    let rated = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.concurrency("uploads").account("rated", 1);
+        })
+        .layer(service_fn(hello));
+    assert_eq!(rated.clone().oneshot(get_req("/")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(rated.oneshot(get_req("/")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(in_flight(), 1);
+    let failing = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.concurrency("uploads");
+        })
+        .layer(service_fn(|_: Request<Body>| async { Err::<Response<Body>, _>("backend down") }));
+    assert!(failing.oneshot(get_req("/")).await.is_err());
+    assert_eq!(in_flight(), 1);
+    drop(b);
+    assert_eq!(in_flight(), 0);
+    // Dry run: a refused request goes on without a slot.
+    l.permits(9).unwrap().publish(0, clock.now_nanos() + 60_000_000_000);
+    let dry = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.concurrency("uploads");
+        })
+        .dry_run(true)
+        .layer(service_fn(hello));
+    assert_eq!(dry.oneshot(get_req("/")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(in_flight(), 0);
+}
