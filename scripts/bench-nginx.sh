@@ -169,7 +169,7 @@ wait_quotas() {
     local port=$1
     for _ in $(seq 1 1200); do
         local n
-        n=$(curl -sf "http://127.0.0.1:$port/stats" | sed -n 's/.*"quotas":\([0-9]*\).*/\1/p' | head -n 1)
+        n=$(curl -sf "http://127.0.0.1:$port/stats" | grep -o '"quotas":[0-9]*' | head -n 1 | cut -d: -f2)
         [ "${n:-0}" -ge "$QUOTAS" ] && return 0
         sleep 0.25
     done
