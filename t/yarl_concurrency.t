@@ -35,6 +35,7 @@ $t->write_http_conf(<<'EOF2', workers => 2);
             proxy_buffering off;
         }
         location /fast/ { alias %%TESTDIR%%/; yarl_concurrency uploads; }
+        location /hdr/ { alias %%TESTDIR%%/; yarl_concurrency uploads; yarl_headers on; }
         location /rated/ { alias %%TESTDIR%%/; yarl_account rated; yarl_concurrency uploads; }
         location = /stats { yarl_stats; }
     }
@@ -60,6 +61,10 @@ ok($t->wait_for(sub { status_of(http_get($p, '/fast/small.html')) == 200 }, 10),
 	'a slot once the root granted a share');
 is(header_of(http_get($p, '/fast/small.html'), 'X-Yarl-Status'), 'PASSED',
 	'$yarl_status PASSED for a request that holds a slot');
+my $h = http_get($p, '/hdr/small.html');
+is(header_of($h, 'RateLimit-Policy'), '"uploads";q=2;qu="concurrent-requests"',
+	'RateLimit-Policy: the cap, in concurrent requests');
+is(header_of($h, 'RateLimit'), '"uploads";r=1', 'RateLimit: one more slot free besides ours');
 
 sub slow_client {
 	my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $p, Proto => 'tcp')
@@ -77,6 +82,8 @@ my $r = http_get($p, '/fast/small.html');
 is(status_of($r), 429, 'a third is rejected while two are in flight');
 is(header_of($r, 'X-Yarl-Quota'), 'uploads', '$yarl_quota names the quota');
 is(header_of($r, 'X-Yarl-Status'), 'REJECTED', '$yarl_status REJECTED');
+is(header_of(http_get($p, '/hdr/small.html'), 'RateLimit'), '"uploads";r=0;t=1',
+	'RateLimit of a refusal: nothing left, a second to wait');
 my $c = ($t->stats($p) // {})->{concurrency}{quotas}[0] // {};
 is(join(' ', map { $_ // '-' } @$c{qw(quota in_flight share)}), 'uploads 2 2',
 	'yarl_stats: the quota, 2 in flight, a share of 2');

@@ -54,8 +54,8 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{Decision, Outcome, Random, SeededRandom, ThreadRandom};
 pub use limiter::{
     Acquired, AgentLease, ApplyReport, ConcurrencyInfo, ConcurrencyStatus, Estimator, Limiter,
-    LimiterBuilder, Permit, QuotaInfo, TemplateKeys, WeightError, WriteSection, ZoneStatus,
-    DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN, SECTION_STALE_NS,
+    LimiterBuilder, Permit, QuotaInfo, SlotLevel, TemplateKeys, WeightError, WriteSection,
+    ZoneStatus, DEFAULT_CAPACITY, DEFAULT_KEYS, MAX_CHAIN, SECTION_STALE_NS,
 };
 pub use quota::{
     display_name, escape_name, in_flight_from_number, is_template, raw_name, validate_name, Epoch,

@@ -142,6 +142,31 @@ pub fn fields(levels: &[Level], rejected: Option<(usize, u32)>) -> Option<(Strin
     Some((policy, state))
 }
 
+/// Items of the same two fields for concurrency caps (the draft's `qu="concurrent-requests"`):
+/// each level's cluster-wide `max_in_flight` as `q`, no window, and as `r` what this host can
+/// still admit on it now; a level that `refused` the request has `r=0;t=1` (it was refused
+/// with `Retry-After: 1`). `None` when there is no level. Appended to the rates' items.
+pub fn concurrency_fields(levels: &[crate::SlotLevel], refused: bool) -> Option<(String, String)> {
+    if levels.is_empty() {
+        return None;
+    }
+    let mut policy = String::with_capacity(levels.len() * 48);
+    let mut state = String::with_capacity(levels.len() * 24);
+    for (i, l) in levels.iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        policy.push_str(&format!("\"{}\";q={};qu=\"concurrent-requests\"", l.name, l.cap));
+        if refused {
+            state.push_str(&format!("\"{}\";r=0;t=1", l.name));
+        } else {
+            state.push_str(&format!("\"{}\";r={}", l.name, l.remaining));
+        }
+    }
+    Some((policy, state))
+}
+
 /// Standard base64 with padding (RFC 4648 §4), as a structured-field Byte Sequence wants.
 fn base64(bytes: &[u8]) -> String {
     const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -246,5 +271,20 @@ mod tests {
         let (_, s) = fields(&chain[..1], Some((0, 1))).unwrap();
         assert_eq!(s, "\"s3_photos_read\";r=0;t=1");
         assert_eq!(fields(&[], None), None);
+    }
+
+    #[test]
+    fn concurrency_items_give_the_cap_and_what_this_host_can_still_admit() {
+        let up =
+            |name: &str, cap, remaining| crate::SlotLevel { name: name.into(), cap, remaining };
+        let (p, s) = concurrency_fields(&[up("uploads", 50, 3), up("db", 500, 0)], false).unwrap();
+        assert_eq!(
+            p,
+            "\"uploads\";q=50;qu=\"concurrent-requests\", \"db\";q=500;qu=\"concurrent-requests\""
+        );
+        assert_eq!(s, "\"uploads\";r=3, \"db\";r=0");
+        let (_, s) = concurrency_fields(&[up("uploads", 50, 7)], true).unwrap();
+        assert_eq!(s, "\"uploads\";r=0;t=1", "refused: nothing left, try in a second");
+        assert_eq!(concurrency_fields(&[], false), None);
     }
 }

@@ -41,7 +41,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
 use ngx::ngx_log_error;
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use yarl_core::{display_name, Acquired, Limiter, Outcome, Permit};
+use yarl_core::{display_name, Acquired, Limiter, Outcome, Permit, QuotaId};
 
 /// The value of `$yarl_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,6 +223,8 @@ struct Verdict<'a> {
     chain: Option<&'a [u8]>,
     /// Account lines to charge after the response (see [`Deferred`]).
     deferred: Vec<Deferred>,
+    /// The concurrency counter that refused the request a slot.
+    refused_slot: Option<QuotaId>,
 }
 
 fn access(r: &mut Request) -> Status {
@@ -290,6 +292,11 @@ fn access(r: &mut Request) -> Status {
         }
         _ => None,
     };
+    let fields = if lc.headers() {
+        with_slot_fields(fields, limiter, &permits, v.refused_slot)
+    } else {
+        fields
+    };
     let quota = v.quota.map(QuotaName::of);
     let deferred = if status == YarlStatus::Passed { v.deferred } else { Vec::new() };
     if let Some((policy, state)) = fields {
@@ -337,7 +344,7 @@ fn acquire<'a>(
             Acquired::Admitted(p) if p.is_empty() => {}
             Acquired::Admitted(p) => permits.push(p),
             Acquired::Refused(_) if dry => {}
-            Acquired::Refused(_) => {
+            Acquired::Refused(id) => {
                 for p in &permits {
                     limiter.release(p);
                 }
@@ -348,6 +355,7 @@ fn acquire<'a>(
                     retry_after: Some(1),
                     chain: None,
                     deferred: Vec::new(),
+                    refused_slot: Some(id),
                 });
             }
         }
@@ -367,6 +375,7 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
         retry_after: d.retry_after,
         chain: Some(name),
         deferred: Vec::new(),
+        refused_slot: None,
     };
     let mut matched: Option<&[u8]> = None;
     // The first rejection of a quota in shadow mode: the request goes on, and is reported as
@@ -452,6 +461,7 @@ fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Ver
         fill: 0.0,
         retry_after: None,
         deferred,
+        refused_slot: None,
     }
 }
 
@@ -473,6 +483,31 @@ fn ratelimit_fields(
         }
     }
     yarl_core::ratelimit::fields(&levels, rejected)
+}
+
+/// `fields` with the concurrency caps' items appended (`qu="concurrent-requests"`): every
+/// capped level the request holds a slot of, or the one that refused it.
+fn with_slot_fields(
+    fields: Option<(String, String)>,
+    limiter: &Limiter,
+    permits: &[Permit],
+    refused: Option<QuotaId>,
+) -> Option<(String, String)> {
+    let slots = match refused {
+        Some(id) => {
+            let levels: Vec<_> = limiter.slot_level(id).into_iter().collect();
+            yarl_core::ratelimit::concurrency_fields(&levels, true)
+        }
+        None if permits.is_empty() => None,
+        None => {
+            let levels: Vec<_> = permits.iter().flat_map(|p| limiter.permit_levels(p)).collect();
+            yarl_core::ratelimit::concurrency_fields(&levels, false)
+        }
+    };
+    match (fields, slots) {
+        (Some((p, s)), Some((cp, cs))) => Some((format!("{p}, {cp}"), format!("{s}, {cs}"))),
+        (fields, slots) => fields.or(slots),
+    }
 }
 
 /// The LOG-phase handler: `yarl_charge` adds each line's weight to its quota's chain once

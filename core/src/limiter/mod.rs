@@ -53,7 +53,7 @@ mod writer;
 
 pub(crate) use counters::no_pace;
 pub use inspect::{AgentLease, ZoneStatus};
-pub use permits::{Acquired, ConcurrencyInfo, ConcurrencyStatus, Permit};
+pub use permits::{Acquired, ConcurrencyInfo, ConcurrencyStatus, Permit, SlotLevel};
 pub use section::{WriteSection, SECTION_STALE_NS};
 
 use crate::clock::{Clock, MonotonicClock};

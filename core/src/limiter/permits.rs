@@ -88,6 +88,21 @@ pub struct ConcurrencyStatus {
     pub reaped: u64,
 }
 
+/// A capped quota as the RateLimit fields describe it (`qu="concurrent-requests"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotLevel {
+    /// The quota's name.
+    pub name: String,
+    /// Its `max_in_flight` (cluster-wide).
+    pub cap: u32,
+    /// Requests this host can still admit on it now: its share less what it runs.
+    pub remaining: u32,
+}
+
+fn slot_word((slot, cap): (u32, u32)) -> u64 {
+    (u64::from(slot) + 1) | (u64::from(cap) << 32)
+}
+
 fn hash_id(id: QuotaId) -> u64 {
     id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
@@ -151,13 +166,9 @@ impl Limiter {
                 if id == EMPTY || id == DELETED {
                     return None;
                 }
-                let slot = self.entry_slot(e).load(Acquire);
                 let p = self.entry_permits(e);
                 Some(ConcurrencyInfo {
-                    name: match u32::try_from(slot) {
-                        Ok(s) if s > 0 => self.slot_name(s - 1),
-                        _ => format!("#{id}"),
-                    },
+                    name: self.entry_name(e, id),
                     id,
                     in_flight: p.in_flight(),
                     share: p.share(now),
@@ -185,31 +196,67 @@ impl Limiter {
             .collect()
     }
 
+    /// `slot + 1 | max_in_flight << 32` of entry `e`'s quota (0: unknown).
     fn entry_slot(&self, e: usize) -> &AtomicU64 {
         &self.words()[self.layout.permit_slots + 2 * e]
+    }
+
+    fn entry_name(&self, e: usize, id: QuotaId) -> String {
+        match self.entry_slot(e).load(Acquire) as u32 {
+            0 => format!("#{id}"),
+            s => self.slot_name(s - 1),
+        }
+    }
+
+    /// Each capped level `permit` holds a slot of, for the RateLimit fields: its name, cap
+    /// and what this host can still admit on it now.
+    pub fn permit_levels(&self, permit: &Permit) -> Vec<SlotLevel> {
+        permit
+            .taken()
+            .iter()
+            .filter_map(|&(e, id)| self.slot_level_at(usize::from(e), id))
+            .collect()
+    }
+
+    /// The level of counter `id` (one that refused an acquire), as [`permit_levels`](Self::permit_levels).
+    pub fn slot_level(&self, id: QuotaId) -> Option<SlotLevel> {
+        self.find_entry(id).ok().and_then(|e| self.slot_level_at(e, id))
+    }
+
+    fn slot_level_at(&self, e: usize, id: QuotaId) -> Option<SlotLevel> {
+        if e >= self.layout.permit_cap || self.entry_id(e).load(Acquire) != id {
+            return None;
+        }
+        let p = self.entry_permits(e);
+        Some(SlotLevel {
+            name: self.entry_name(e, id),
+            cap: (self.entry_slot(e).load(Acquire) >> 32) as u32,
+            remaining: p.share(self.clock.now_nanos()).saturating_sub(p.in_flight()),
+        })
     }
 
     fn entry_refused(&self, e: usize) -> &AtomicU64 {
         &self.words()[self.layout.permit_slots + 2 * e + 1]
     }
 
-    /// Gives counter `id` an entry if it is `capped` (in quota slot `Some(slot)`), or frees
-    /// its entry if not. Writer only (the sync agent applying quotas, under the writer lock).
-    pub(super) fn set_permit_entry(&self, id: QuotaId, capped: Option<u32>) {
+    /// Gives counter `id` an entry if it is `capped` (`Some((quota slot, max_in_flight))`),
+    /// or frees its entry if not. Writer only (the sync agent applying quotas, under the
+    /// writer lock).
+    pub(super) fn set_permit_entry(&self, id: QuotaId, capped: Option<(u32, u32)>) {
         if id == EMPTY || id == DELETED {
             return;
         }
         match (self.find_entry(id), capped) {
             (Err(_), None) => {}
-            (Ok(e), Some(slot)) => self.entry_slot(e).store(u64::from(slot) + 1, Release),
+            (Ok(e), Some(at)) => self.entry_slot(e).store(slot_word(at), Release),
             (Ok(e), None) => {
                 // Requests that hold slots release by (entry, id): against a deleted
                 // entry, or one reused for another id, they change nothing.
                 self.entry_id(e).store(DELETED, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
             }
-            (Err(Some(e)), Some(slot)) => {
-                self.entry_slot(e).store(u64::from(slot) + 1, Release);
+            (Err(Some(e)), Some(at)) => {
+                self.entry_slot(e).store(slot_word(at), Release);
                 self.entry_refused(e).store(0, Relaxed);
                 let p = self.entry_permits(e);
                 p.release_many(u32::MAX);

@@ -199,10 +199,9 @@ impl Limiter {
                 self.apply_new(w, &mut a, u);
             }
             // A quota that did not fit in the block is not limited here at all: no entry.
-            let slot = (!u.deleted && u.limits.max_in_flight() > 0)
-                .then(|| self.find_id(w, u.id))
-                .flatten();
-            self.set_permit_entry(u.id, slot);
+            let cap = u.limits.max_in_flight();
+            let slot = (!u.deleted && cap > 0).then(|| self.find_id(w, u.id)).flatten();
+            self.set_permit_entry(u.id, slot.map(|s| (s, cap)));
         }
         // Links are made once every update is in: a child may come before its parent.
         self.unlink_children_of(w, &a.deleted);

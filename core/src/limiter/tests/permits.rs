@@ -1,7 +1,7 @@
 //! The permit table and acquire/release on the request path.
 
 use super::*;
-use crate::limiter::{Acquired, ConcurrencyInfo, Permit};
+use crate::limiter::{Acquired, ConcurrencyInfo, Permit, SlotLevel};
 
 fn capped(id: u64, name: &str, epoch: u64, cap: u32, parent: Option<&str>) -> QuotaUpdate {
     QuotaUpdate {
@@ -209,4 +209,22 @@ fn the_status_names_each_capped_quota_with_its_figures() {
     let s = l.concurrency_status();
     assert_eq!((s.quotas[0].in_flight, s.quotas[0].refused), (0, 2));
     assert_eq!((s.entries_refused, s.ledger_full, s.reaped), (0, 0, 0));
+}
+
+#[test]
+fn levels_give_each_capped_level_its_cap_and_what_is_left() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[
+        capped(1, "svc", 1, 10, None),
+        q(2, "mid", 2, 1.0, 1.0, 1.0, Some("svc")),
+        capped(3, "leaf", 3, 5, Some("mid")),
+    ]);
+    let until = clock.now_nanos() + 3 * S;
+    l.permits(1).unwrap().publish(4, until);
+    l.permits(3).unwrap().publish(1, until);
+    let p = admitted(l.acquire("leaf"));
+    let level = |name: &str, cap, remaining| SlotLevel { name: name.into(), cap, remaining };
+    assert_eq!(l.permit_levels(&p), vec![level("leaf", 5, 0), level("svc", 10, 3)]);
+    assert_eq!(l.slot_level(3), Some(level("leaf", 5, 0)));
+    assert_eq!(l.slot_level(2), None, "no cap");
 }
