@@ -45,8 +45,9 @@ fn acquire_up_to_the_share_and_release_gives_back() {
     assert_eq!(l.acquire("db"), Acquired::Refused(1));
 }
 
-#[test]
-fn a_chain_takes_a_slot_at_every_capped_level_or_none() {
+/// `leaf` (cap 5) under `mid` (no cap) under `svc` (cap 10), with shares of `svc` and
+/// `leaf` on this host.
+fn chain(svc_share: u32, leaf_share: u32) -> Limiter {
     let (l, clock) = setup();
     l.apply_quotas(&[
         capped(1, "svc", 1, 10, None),
@@ -54,8 +55,14 @@ fn a_chain_takes_a_slot_at_every_capped_level_or_none() {
         capped(3, "leaf", 3, 5, Some("mid")),
     ]);
     let until = clock.now_nanos() + 3 * S;
-    l.permits(1).unwrap().publish(1, until);
-    l.permits(3).unwrap().publish(5, until);
+    l.permits(1).unwrap().publish(svc_share, until);
+    l.permits(3).unwrap().publish(leaf_share, until);
+    l
+}
+
+#[test]
+fn a_chain_takes_a_slot_at_every_capped_level_or_none() {
+    let l = chain(1, 5);
     let p = admitted(l.acquire("leaf"));
     assert_eq!((l.permits(1).unwrap().in_flight(), l.permits(3).unwrap().in_flight()), (1, 1));
     // The parent is full: the leaf's slot is given back.
@@ -213,15 +220,7 @@ fn the_status_names_each_capped_quota_with_its_figures() {
 
 #[test]
 fn levels_give_each_capped_level_its_cap_and_what_is_left() {
-    let (l, clock) = setup();
-    l.apply_quotas(&[
-        capped(1, "svc", 1, 10, None),
-        q(2, "mid", 2, 1.0, 1.0, 1.0, Some("svc")),
-        capped(3, "leaf", 3, 5, Some("mid")),
-    ]);
-    let until = clock.now_nanos() + 3 * S;
-    l.permits(1).unwrap().publish(4, until);
-    l.permits(3).unwrap().publish(1, until);
+    let l = chain(4, 1);
     let p = admitted(l.acquire("leaf"));
     let level = |name: &str, cap, remaining| SlotLevel { name: name.into(), cap, remaining };
     assert_eq!(l.permit_levels(&p), vec![level("leaf", 5, 0), level("svc", 10, 3)]);
