@@ -221,13 +221,20 @@ impl HostShares {
     /// agent that stalls lets the share lapse, never overstay). Says whether the host
     /// should report before its next round ([`Due`]); `early_gap` (ns) is the least time
     /// between a round and an early one.
+    ///
+    /// A book that has taken no grant yet publishes nothing: an agent taking over from one
+    /// that died leaves its predecessor's shares in force (they end with their own leases,
+    /// which the roots still count) until its first answer, rather than refusing every
+    /// request for a round trip.
     pub fn poll(&mut self, now: u64, permits: Permits<'_>, early_gap: u64) -> Due {
         let dt = now.saturating_sub(self.last_poll);
         let in_flight = permits.in_flight();
         self.busy += u128::from(in_flight) * u128::from(dt);
         self.last_poll = self.last_poll.max(now);
         let (total, until) = self.total(now);
-        permits.publish(total, until);
+        if self.roots.iter().any(|&(_, until)| until != 0) {
+            permits.publish(total, until);
+        }
         if self.over && in_flight <= total {
             self.over = false;
             return Due::Release;

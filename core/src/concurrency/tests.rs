@@ -148,6 +148,21 @@ fn a_host_stops_using_a_share_before_its_root_frees_it() {
 }
 
 #[test]
+fn a_new_book_leaves_the_shares_in_force_until_its_first_grant() {
+    let words = PermitWords::default();
+    let p = words.view();
+    // Published by an agent that died.
+    p.publish(5, 900 * MS);
+    let mut book = HostShares::new(2, 100 * MS);
+    book.poll(110 * MS, p, u64::MAX);
+    assert_eq!(p.share(120 * MS), 5, "the predecessor's shares hold");
+    book.apply(0, Grant { share: 2, lease_ns: LEASE }, 110 * MS, 112 * MS, 0);
+    book.poll(113 * MS, p, u64::MAX);
+    assert_eq!(p.share(120 * MS), 2, "then this agent's");
+    assert_eq!(p.share(900 * MS), 2, "until its own lease ends");
+}
+
+#[test]
 fn a_report_soon_after_a_round_repeats_its_demand_and_the_next_round_counts_all() {
     let mut book = HostShares::new(1, 0);
     let words = PermitWords::default();

@@ -15,6 +15,7 @@
 //! [`Permit`] remembers the entries it took (and their ids, so a release after the entry
 //! was freed and reused for another counter touches nothing).
 
+use super::writer::hash_id;
 use super::Limiter;
 use crate::concurrency::{Permits, PERMIT_WORDS};
 use crate::quota::QuotaId;
@@ -101,10 +102,6 @@ pub struct SlotLevel {
 
 fn slot_word((slot, cap): (u32, u32)) -> u64 {
     (u64::from(slot) + 1) | (u64::from(cap) << 32)
-}
-
-fn hash_id(id: QuotaId) -> u64 {
-    id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 impl Limiter {

@@ -73,7 +73,7 @@ struct Applying<'u> {
     templates: bool,
 }
 
-fn hash_id(id: QuotaId) -> u64 {
+pub(super) fn hash_id(id: QuotaId) -> u64 {
     // Ids are sequential; spread them over the table with a multiplicative hash.
     id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
