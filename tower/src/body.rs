@@ -54,10 +54,12 @@ pub(crate) struct Slots {
 
 impl Slots {
     /// Takes a slot of each name's chain, all of them or none (what was taken before a
-    /// refusal is given back). `None` when no name has a cap here.
+    /// refusal is given back); in a `dry` run a refused name is passed over and the others
+    /// keep their slots. `None` when no name has a cap here.
     pub(crate) fn acquire(
         limiter: &Arc<Limiter>,
         names: &[Cow<'static, str>],
+        dry: bool,
     ) -> Result<Option<Slots>, Refused> {
         if names.is_empty() {
             return Ok(None);
@@ -67,6 +69,7 @@ impl Slots {
             match limiter.acquire(&**name) {
                 Acquired::Admitted(p) if !p.is_empty() => slots.permits.push(p),
                 Acquired::Admitted(_) => {}
+                Acquired::Refused(_) if dry => {}
                 Acquired::Refused(_) => return Err(Refused),
             }
         }

@@ -333,9 +333,8 @@ where
         let limiter = &cfg.limiter;
         // Slots first, as the module does: a request refused one is not counted by the
         // rates, and one the rates reject gives its slots back (dropped on return).
-        let slots = match Slots::acquire(limiter, &quotas.slots) {
+        let slots = match Slots::acquire(limiter, &quotas.slots, cfg.settings.dry_run) {
             Ok(slots) => slots,
-            Err(_) if cfg.settings.dry_run => None,
             Err(_) => return ResponseFuture::rejected(rejection(&cfg.settings, 1, None)),
         };
         let (decision, matched) = decide(limiter, &quotas);

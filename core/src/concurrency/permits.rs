@@ -232,7 +232,7 @@ impl HostShares {
         self.busy += u128::from(in_flight) * u128::from(dt);
         self.last_poll = self.last_poll.max(now);
         let (total, until) = self.total(now);
-        if self.roots.iter().any(|&(_, until)| until != 0) {
+        if self.granted_any() {
             permits.publish(total, until);
         }
         if self.over && in_flight <= total {
@@ -295,11 +295,24 @@ impl HostShares {
         demand: u32,
         refused: u32,
     ) -> Report {
-        let held_total = self.total(now).0;
         let in_flight = permits.in_flight();
+        let (held, held_total) = if self.granted_any() {
+            (self.held(root, now), self.total(now).0)
+        } else {
+            // Shares a predecessor published are still in force (see `poll`): claim them
+            // whole to every root, which believes no more than it granted, so none hands
+            // them to another host while this one may still admit on them.
+            let inherited = permits.share(now);
+            (inherited, inherited)
+        };
         if in_flight > held_total {
             self.over = true;
         }
-        Report { seq, held: self.held(root, now), held_total, in_flight, demand, refused }
+        Report { seq, held, held_total, in_flight, demand, refused }
+    }
+
+    /// Whether any root's grant was applied to this book yet.
+    fn granted_any(&self) -> bool {
+        self.roots.iter().any(|&(_, until)| until != 0)
     }
 }

@@ -156,7 +156,12 @@ fn a_new_book_leaves_the_shares_in_force_until_its_first_grant() {
     let mut book = HostShares::new(2, 100 * MS);
     book.poll(110 * MS, p, u64::MAX);
     assert_eq!(p.share(120 * MS), 5, "the predecessor's shares hold");
+    // Its first report claims them whole, so no root frees them while they are used.
+    let r = book.report(1, 110 * MS, 1, p, 0, 0);
+    assert_eq!((r.held, r.held_total), (5, 5));
     book.apply(0, Grant { share: 2, lease_ns: LEASE }, 110 * MS, 112 * MS, 0);
+    let r = book.report(1, 112 * MS, 2, p, 0, 0);
+    assert_eq!((r.held, r.held_total), (0, 2), "then what the roots granted");
     book.poll(113 * MS, p, u64::MAX);
     assert_eq!(p.share(120 * MS), 2, "then this agent's");
     assert_eq!(p.share(900 * MS), 2, "until its own lease ends");

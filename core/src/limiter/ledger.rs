@@ -8,7 +8,11 @@
 //! ([`Limiter::reap_ledger`], with a liveness test the embedder supplies: `core` makes no
 //! system call). A row's owner word says who it belongs to; reaping first swaps it to "being
 //! reaped by me", so two reapers never give the same slots back twice, and a reaper that
-//! dies half way leaves a row the next one finishes (the counts are taken with swaps).
+//! dies half way leaves a row the next one finishes (the counts are taken with swaps, so
+//! the ones it had taken and not yet given back are lost: a leak, never a double give).
+//!
+//! One ledger row per process: a second handle in the same process must not join (it
+//! would reap the first one's row as a previous life of its pid).
 //!
 //! The order of the steps makes every race err towards a slot held too long, never one
 //! given back too soon (which could admit more than the cap): an acquire counts in the
@@ -100,7 +104,10 @@ impl Limiter {
         if row != 0 {
             let owner = &self.ledger_row_at(row - 1)[0];
             let held = owner.load(Acquire);
-            if owner.compare_exchange(held, REAPING | (held & HALF), AcqRel, Relaxed).is_ok() {
+            // Only a row still this process's: one reaped and taken by another is not.
+            if held & STATE == OWNED
+                && owner.compare_exchange(held, REAPING | (held & HALF), AcqRel, Relaxed).is_ok()
+            {
                 self.give_back(row - 1);
                 owner.store(FREE, Release);
             }
@@ -135,10 +142,16 @@ impl Limiter {
     fn give_back(&self, r: usize) -> u64 {
         let mut given = 0;
         for (i, w) in self.ledger_row_at(r)[1..].iter().enumerate() {
+            if w.load(Relaxed) == 0 {
+                continue;
+            }
+            // The counters the counts belong to, read before the counts are taken: an entry
+            // the writer gives to another counter meanwhile (its column cleared) must not
+            // get them.
+            let ids = [self.permit_entry_owner(2 * i), self.permit_entry_owner(2 * i + 1)];
             let v = w.swap(0, AcqRel);
-            for (e, n) in [(2 * i, v & HALF), (2 * i + 1, v >> 32)] {
-                if n != 0 && self.permit_entry_live(e) {
-                    self.permit_entry_release_many(e, n as u32);
+            for (k, n) in [(0, v & HALF), (1, v >> 32)] {
+                if n != 0 && self.permit_entry_release_many(2 * i + k, ids[k], n as u32) {
                     given += n;
                 }
             }

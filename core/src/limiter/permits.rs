@@ -140,12 +140,18 @@ impl Limiter {
         Err(free)
     }
 
-    pub(super) fn permit_entry_live(&self, e: usize) -> bool {
-        !matches!(self.entry_id(e).load(Acquire), EMPTY | DELETED)
+    /// Entry `e`'s counter id now (0 or all ones: none).
+    pub(super) fn permit_entry_owner(&self, e: usize) -> u64 {
+        self.entry_id(e).load(Acquire)
     }
 
-    pub(super) fn permit_entry_release_many(&self, e: usize, n: u32) {
-        self.entry_permits(e).release_many(n);
+    /// Gives back `n` slots of entry `e` if it still belongs to `id`; whether it did.
+    pub(super) fn permit_entry_release_many(&self, e: usize, id: u64, n: u32) -> bool {
+        let ours = id != EMPTY && id != DELETED && self.entry_id(e).load(Acquire) == id;
+        if ours {
+            self.entry_permits(e).release_many(n);
+        }
+        ours
     }
 
     /// The permits of counter `id` on this host, if it has a cap here: for the sync agent
@@ -259,8 +265,12 @@ impl Limiter {
                 p.release_many(u32::MAX);
                 p.publish(0, 0);
                 p.take_round();
+                // Cleared before the id is published, and again after: an acquire of the
+                // entry's previous counter that counts in the ledger meanwhile is wiped
+                // by the second, or sees the new id and takes its count back (`acquire`).
                 self.ledger_clear_column(e);
                 self.entry_id(e).store(id, Release);
+                self.ledger_clear_column(e);
                 self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
             }
             (Err(None), Some(_)) => {
@@ -297,6 +307,11 @@ impl Limiter {
                     return Acquired::Refused(id);
                 }
                 self.ledger_taken(e);
+                if self.entry_id(e).load(Acquire) != id {
+                    // The entry went to another counter meanwhile: this slot's count must
+                    // not stay in its column.
+                    self.ledger_released(e);
+                }
                 permit.taken[usize::from(permit.len)] = (e as u16, id);
                 permit.len += 1;
             }
