@@ -133,6 +133,9 @@ impl Limiter {
             match self.entry_id(e).load(Acquire) {
                 w if w == id => return Ok(e),
                 EMPTY => return Err(free.or(Some(e))),
+                // The counter's own deleted entry comes first: made again there, it keeps
+                // counting the requests it admitted before (see `set_permit_entry`).
+                DELETED if self.entry_refused(e).load(Acquire) == id => free = Some(e),
                 DELETED => free = free.or(Some(e)),
                 _ => {}
             }
@@ -140,14 +143,31 @@ impl Limiter {
         Err(free)
     }
 
-    /// Entry `e`'s counter id now (0 or all ones: none).
+    /// The counter whose slots entry `e` counts: its id, or, deleted, the id it had (0 or
+    /// all ones: none).
     pub(super) fn permit_entry_owner(&self, e: usize) -> u64 {
-        self.entry_id(e).load(Acquire)
+        match self.entry_id(e).load(Acquire) {
+            DELETED => self.entry_refused(e).load(Acquire),
+            id => id,
+        }
     }
 
-    /// Gives back `n` slots of entry `e` if it still belongs to `id`; whether it did.
+    /// Whether entry `e` counts the slots of counter `id`: it is `id`'s, or `id`'s deleted
+    /// entry (requests admitted before a cap was removed still give their slots back, so
+    /// the count is right if the cap comes back).
+    fn holds(&self, e: usize, id: QuotaId) -> bool {
+        if id == EMPTY || id == DELETED {
+            return false;
+        }
+        match self.entry_id(e).load(Acquire) {
+            DELETED => self.entry_refused(e).load(Acquire) == id,
+            w => w == id,
+        }
+    }
+
+    /// Gives back `n` slots of entry `e` if it still counts `id`'s; whether it did.
     pub(super) fn permit_entry_release_many(&self, e: usize, id: u64, n: u32) -> bool {
-        let ours = id != EMPTY && id != DELETED && self.entry_id(e).load(Acquire) == id;
+        let ours = self.holds(e, id);
         if ours {
             self.entry_permits(e).release_many(n);
         }
@@ -253,14 +273,28 @@ impl Limiter {
             (Err(_), None) => {}
             (Ok(e), Some(at)) => self.entry_slot(e).store(slot_word(at), Release),
             (Ok(e), None) => {
-                // Requests that hold slots release by (entry, id): against a deleted
-                // entry, or one reused for another id, they change nothing.
+                // Deleted, the entry keeps the id it had in its refusals' word: requests
+                // that hold slots still give them back (by entry and id), so the count is
+                // right if the cap comes back; once the entry goes to another counter
+                // they change nothing.
+                self.entry_refused(e).store(id, Release);
                 self.entry_id(e).store(DELETED, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
             }
+            (Err(Some(e)), Some(at)) if self.holds(e, id) => {
+                // The cap is back where it was: the requests admitted under it still run
+                // and are still counted, here and in the ledger.
+                self.entry_slot(e).store(slot_word(at), Release);
+                let p = self.entry_permits(e);
+                p.publish(0, 0);
+                p.take_round();
+                self.entry_id(e).store(id, Release);
+                self.entry_refused(e).store(0, Relaxed);
+                self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
+            }
             (Err(Some(e)), Some(at)) => {
                 self.entry_slot(e).store(slot_word(at), Release);
-                self.entry_refused(e).store(0, Relaxed);
+                self.entry_refused(e).store(0, Release);
                 let p = self.entry_permits(e);
                 p.release_many(u32::MAX);
                 p.publish(0, 0);
@@ -329,7 +363,7 @@ impl Limiter {
     pub fn release(&self, permit: &Permit) {
         for &(e, id) in permit.taken() {
             let e = usize::from(e);
-            if e < self.layout.permit_cap && self.entry_id(e).load(Acquire) == id {
+            if e < self.layout.permit_cap && self.holds(e, id) {
                 self.ledger_released(e);
                 self.entry_permits(e).release();
             }

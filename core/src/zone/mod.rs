@@ -21,7 +21,7 @@
 //! | recent rejections | 2048 | a ring of (slot, second) of the latest rejections |
 //! | permits | 4 per entry, one entry per 8 slots (64 to 1,024) | concurrency counters: id, requests in flight, share and lease, the round's acquires |
 //! | ledger | 64 rows of 1 + entries / 2 | per process: its pid, then what it holds of each permit entry (32 bits each) |
-//! | permit slots | 2 per permit entry | the entry's quota slot + 1 (its name, for figures), its refusals |
+//! | permit slots | 2 per permit entry | the entry's quota slot + 1 and max_in_flight (its name and cap, for figures), its refusals (deleted: the id it had) |
 //! | shard directory | 1024 | per index shard: its current area, live and deleted entry counts |
 //! | dirty bitmap | 1 bit per slot | slots with counts not yet taken by a sync round |
 //! | cold | 2 per slot | epoch; parent name while the parent is unknown (or, when free, the next free slot) |
