@@ -91,6 +91,10 @@ fn report<'a>(
             if !lose_answer {
                 let g = answer.grants[0].grant;
                 again |= host.book.apply(r, g, now, now, host.permits.view().in_flight());
+                // Published at once, as the sync agent does: a report acknowledging a
+                // smaller share must never go out while requests are still admitted on the
+                // larger one (found by this property: 37 of 36).
+                host.book.poll(now, host.permits.view(), u64::MAX);
             }
         }
     }
@@ -224,4 +228,13 @@ proptest! {
         let (most, _) = run(cap, &load, hold_ms * MS, 12, &loss);
         prop_assert!(most <= cap, "{most} > {cap}");
     }
+}
+
+/// The property's case that found the harness applying grants without publishing them.
+#[test]
+fn a_smaller_share_is_in_force_before_it_is_acknowledged() {
+    let loss: Vec<bool> =
+        "TTFTFFFTTTFFTFFFFFFFFFFFFFFFFTFFFFFFFTFFF".bytes().map(|b| b == b'T').collect();
+    let (most, _) = run(36, &[4, 3], 2471 * MS, 12, &loss);
+    assert!(most <= 36, "{most} > 36");
 }
