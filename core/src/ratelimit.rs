@@ -157,11 +157,13 @@ pub fn concurrency_fields(levels: &[crate::SlotLevel], refused: bool) -> Option<
             policy.push_str(", ");
             state.push_str(", ");
         }
-        policy.push_str(&format!("\"{}\";q={};qu=\"concurrent-requests\"", l.name, l.cap));
+        // A key's level is its template's policy, partitioned by the key (as for rates).
+        let pk = l.key.map_or(String::new(), |k| format!(";pk=:{}:", base64(&k.to_be_bytes())));
+        policy.push_str(&format!("\"{}\";q={};qu=\"concurrent-requests\"{pk}", l.name, l.cap));
         if refused {
-            state.push_str(&format!("\"{}\";r=0;t=1", l.name));
+            state.push_str(&format!("\"{}\";r=0;t=1{pk}", l.name));
         } else {
-            state.push_str(&format!("\"{}\";r={}", l.name, l.remaining));
+            state.push_str(&format!("\"{}\";r={}{pk}", l.name, l.remaining));
         }
     }
     Some((policy, state))
@@ -275,8 +277,12 @@ mod tests {
 
     #[test]
     fn concurrency_items_give_the_cap_and_what_this_host_can_still_admit() {
-        let up =
-            |name: &str, cap, remaining| crate::SlotLevel { name: name.into(), cap, remaining };
+        let up = |name: &str, cap, remaining| crate::SlotLevel {
+            name: name.into(),
+            cap,
+            remaining,
+            key: None,
+        };
         let (p, s) = concurrency_fields(&[up("uploads", 50, 3), up("db", 500, 0)], false).unwrap();
         assert_eq!(
             p,
@@ -286,5 +292,10 @@ mod tests {
         let (_, s) = concurrency_fields(&[up("uploads", 50, 7)], true).unwrap();
         assert_eq!(s, "\"uploads\";r=0;t=1", "refused: nothing left, try in a second");
         assert_eq!(concurrency_fields(&[], false), None);
+        // A key's level: its template's policy, partitioned by the key's wire id.
+        let key = crate::SlotLevel { key: Some(0x8000_0000_0000_0001), ..up("gen_*", 8, 2) };
+        let (p, s) = concurrency_fields(&[key], false).unwrap();
+        assert_eq!(p, "\"gen_*\";q=8;qu=\"concurrent-requests\";pk=:gAAAAAAAAAE=:");
+        assert_eq!(s, "\"gen_*\";r=2;pk=:gAAAAAAAAAE=:");
     }
 }

@@ -512,6 +512,9 @@ impl SyncEngine {
                     .chain(hints.iter().map(|h| h.0))
                     .chain(watch.iter().copied()),
             );
+            // A key capped by its template may have nothing else to sync: the root learns
+            // its template from its entry to grant it shares.
+            let key_templates = self.limiter.with_permit_templates(key_templates, &reports[i]);
             calls.push(RootCall {
                 root: i,
                 url: link.url.clone(),
@@ -870,12 +873,15 @@ impl SyncEngine {
         // admissions on time; a host refusing requests on them (at most once in half an
         // interval), or one that applied a smaller share, reports now: shares move a round
         // sooner. Not from the early-round budget: these are bounded by the shares' moves.
-        let due = self.in_flight.poll(&self.limiter, now, interval / 2);
+        // A key met for the first time refuses until its first grant: a round brings it
+        // sooner, from the budget (clients choose keys).
+        let (due, fresh) =
+            self.in_flight.poll(&self.limiter, now, interval / 2, interval / EARLY_GAP);
         if std::mem::take(&mut self.in_flight_ack) || due {
             self.early_next = true;
             return true;
         }
-        if !self.config.early {
+        if !self.config.early && !fresh {
             return false;
         }
         if self.last_began.is_some_and(|b| now.saturating_sub(b) < interval / EARLY_GAP) {
@@ -891,7 +897,7 @@ impl SyncEngine {
             *tokens = (*tokens).saturating_add(earned).min(EARLY_BUDGET);
             *at = at.saturating_add(earned.saturating_mul(refill));
         }
-        if *tokens == 0 || !self.limiter.take_urgent() {
+        if *tokens == 0 || !(fresh || self.limiter.take_urgent()) {
             return false;
         }
         *tokens -= 1;

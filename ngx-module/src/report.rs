@@ -162,6 +162,9 @@ struct Concurrency<'a> {
 #[derive(Serialize)]
 struct ConcurrencyRow<'a> {
     quota: &'a str,
+    /// For a template: its keys with an entry here, whose figures the row adds up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys: Option<u32>,
     in_flight: u32,
     share: u32,
     refused: u64,
@@ -282,6 +285,7 @@ pub fn render(input: &Input<'_>) -> String {
                         .iter()
                         .map(|q| ConcurrencyRow {
                             quota: &q.name,
+                            keys: q.name.ends_with('*').then_some(q.keys),
                             in_flight: q.in_flight,
                             share: q.share,
                             refused: q.refused,

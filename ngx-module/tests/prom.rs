@@ -161,6 +161,7 @@ fn concurrency(n: u32) -> ConcurrencyStatus {
             .map(|i| ConcurrencyInfo {
                 name: format!("c{i}"),
                 id: u64::from(i) + 1,
+                keys: 0,
                 in_flight: i,
                 share: i + 1,
                 refused: 3,

@@ -76,13 +76,24 @@ fn the_host_state_with_ages_relative_to_render_time() {
             TemplateKeys { template: None, keys: 3, evictions: 0, refused: 2 },
         ],
         concurrency: Some(&ConcurrencyStatus {
-            quotas: vec![ConcurrencyInfo {
-                name: "uploads".into(),
-                id: 4,
-                in_flight: 3,
-                share: 5,
-                refused: 11,
-            }],
+            quotas: vec![
+                ConcurrencyInfo {
+                    name: "uploads".into(),
+                    id: 4,
+                    keys: 0,
+                    in_flight: 3,
+                    share: 5,
+                    refused: 11,
+                },
+                ConcurrencyInfo {
+                    name: "gen_*".into(),
+                    id: 9,
+                    keys: 40,
+                    in_flight: 12,
+                    share: 60,
+                    refused: 0,
+                },
+            ],
             entries_refused: 0,
             ledger_full: 1,
             reaped: 2,
@@ -128,6 +139,11 @@ fn the_host_state_with_ages_relative_to_render_time() {
         (Some(3), Some(5))
     );
     assert_eq!(c["quotas"][0]["refused"], 11);
+    assert!(c["quotas"][0].get("keys").is_none(), "a quota has no keys");
+    assert_eq!(
+        (&c["quotas"][1]["quota"], c["quotas"][1]["keys"].as_u64()),
+        (&"gen_*".into(), Some(40))
+    );
 }
 
 #[test]

@@ -471,6 +471,19 @@ async fn a_daily_quota_counts_its_window_and_says_so() {
     );
 }
 
+/// A quota with only `max_in_flight`.
+fn in_flight_only(id: u64, name: &str, cap: u32) -> QuotaUpdate {
+    QuotaUpdate {
+        reset_epoch: 0,
+        id,
+        name: name.into(),
+        epoch: id,
+        deleted: false,
+        limits: Limits::in_flight_only(cap).unwrap(),
+        parent: None,
+    }
+}
+
 /// A body that yields nothing until it is dropped (a slow download).
 struct Pending;
 
@@ -490,15 +503,7 @@ impl http_body::Body for Pending {
 async fn concurrency_slots_are_held_until_the_body_ends_or_is_dropped() {
     let (yarl, clock) = limiter(&[("rated", 1.0, 0.0, 0.0, None)]);
     let l = yarl.limiter();
-    l.apply_quotas(&[QuotaUpdate {
-        reset_epoch: 0,
-        id: 9,
-        name: "uploads".into(),
-        epoch: 9,
-        deleted: false,
-        limits: Limits::in_flight_only(2).unwrap(),
-        parent: None,
-    }]);
+    l.apply_quotas(&[in_flight_only(9, "uploads", 2)]);
     // The share a root would grant.
     l.permits(9).unwrap().publish(2, clock.now_nanos() + 60_000_000_000);
     let in_flight = || yarl.limiter().permits(9).unwrap().in_flight();
@@ -561,4 +566,40 @@ async fn concurrency_slots_are_held_until_the_body_ends_or_is_dropped() {
         .layer(service_fn(hello));
     assert_eq!(dry.oneshot(get_req("/")).await.unwrap().status(), StatusCode::OK);
     assert_eq!(in_flight(), 0);
+}
+
+/// A template with `max_in_flight` caps each key (here the path) on its own: a key new to
+/// the host runs on the template's own slots until a root answers for it, then on its own.
+#[tokio::test]
+async fn each_key_under_a_capped_template_has_its_own_slots() {
+    let (yarl, clock) = limiter(&[]);
+    let l = yarl.limiter();
+    l.apply_quotas(&[in_flight_only(10, "gen_*", 1)]);
+    let until = clock.now_nanos() + 60_000_000_000;
+    l.permits(10).unwrap().publish(1, until);
+    let svc = yarl
+        .layer(|p: &Parts, q: &mut Quotas| {
+            q.concurrency(format!("gen_{}", p.uri.path().trim_start_matches('/')));
+        })
+        .layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Pending))
+        }));
+    let ids =
+        || -> Vec<u64> { l.permit_entries().iter().map(|e| e.0).filter(|&i| i != 10).collect() };
+    let a = svc.clone().oneshot(get_req("/alice")).await.unwrap();
+    assert_eq!(a.status(), StatusCode::OK, "a new key runs at once, on the template's slot");
+    let alice = ids()[0];
+    let again = svc.clone().oneshot(get_req("/alice")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS, "alice is at her cap of 1");
+    let refused = svc.clone().oneshot(get_req("/bob")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "bob waits for his grant");
+    let bob = ids().into_iter().find(|&i| i != alice).unwrap();
+    // A root grants bob a slot of his own.
+    l.permits(bob).unwrap().publish(1, until);
+    let b = svc.clone().oneshot(get_req("/bob")).await.unwrap();
+    assert_eq!(b.status(), StatusCode::OK);
+    assert_eq!(l.permits(bob).unwrap().in_flight(), 1);
+    drop((a, b));
+    assert_eq!(l.permits(alice).unwrap().in_flight() + l.permits(bob).unwrap().in_flight(), 0);
+    assert_eq!(l.permits(10).unwrap().in_flight(), 0, "the template's slot is back");
 }

@@ -78,6 +78,15 @@ impl<'a> Permits<'a> {
         }
     }
 
+    /// Counts one more request in flight whatever the share: one admitted on another
+    /// counter's slot (a key new to the host, on its template's), which must still count
+    /// here so that the key's own share, once granted, covers every request of it the host
+    /// runs, and the roots hear of it.
+    pub fn add(&self) {
+        self.w(IN_FLIGHT).fetch_add(1, Ordering::AcqRel);
+        self.w(ROUND).fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Ends one request admitted by [`acquire`](Self::acquire). Never goes below zero: a
     /// release without its acquire (a bug elsewhere) must not open a slot for free.
     pub fn release(&self) {
@@ -157,6 +166,8 @@ pub struct HostShares {
     over: bool,
     /// The last round's demand and refusals, once one was measured.
     last: Option<(u32, u32)>,
+    /// Rounds in a row with nothing admitted, refused or running.
+    quiet: u32,
 }
 
 impl HostShares {
@@ -170,11 +181,14 @@ impl HostShares {
             hold: 0,
             over: false,
             last: None,
+            quiet: 0,
         }
     }
 
     /// Takes root `root`'s grant, answering a report sent at `sent_at`, received at `now`
-    /// with `in_flight` running. `true` if the share shrank: the host should report to that
+    /// with `in_flight` running. Publish it ([`poll`](Self::poll)) before the host admits
+    /// again or reports: a report acknowledging a smaller share while requests are still
+    /// admitted on the larger one lets the root hand out the difference twice. `true` if the share shrank: the host should report to that
     /// root again at once, so the root counts the slots it gave back as free without
     /// waiting a round (if requests above the new share still run, [`poll`](Self::poll)
     /// says when they have ended).
@@ -269,6 +283,8 @@ impl HostShares {
         self.poll(now, permits, u64::MAX);
         let span = u128::from(now.saturating_sub(self.round_start).max(1));
         let (admitted, refused) = permits.take_round();
+        let idle = admitted == 0 && refused == 0 && permits.in_flight() == 0;
+        self.quiet = if idle { self.quiet.saturating_add(1) } else { 0 };
         if admitted > 0 {
             let hold = (self.busy / u128::from(admitted)).min(u128::from(u64::MAX)) as u64;
             self.hold = if self.hold == 0 { hold } else { (self.hold + hold) / 2 };
@@ -309,6 +325,12 @@ impl HostShares {
             self.over = true;
         }
         Report { seq, held, held_total, in_flight, demand, refused }
+    }
+
+    /// Measured rounds in a row ([`round`](Self::round)) in which nothing was admitted,
+    /// refused or running.
+    pub fn quiet_rounds(&self) -> u32 {
+        self.quiet
     }
 
     /// Whether any root's grant was applied to this book yet.

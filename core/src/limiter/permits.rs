@@ -19,20 +19,38 @@ use super::writer::hash_id;
 use super::Limiter;
 use crate::concurrency::{Permits, PERMIT_WORDS};
 use crate::quota::QuotaId;
+use crate::zone::keys::is_key_id;
 use crate::zone::{hdr, PERMIT_ENTRY_WORDS};
 use crate::MAX_CHAIN;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 const EMPTY: u64 = 0;
 const DELETED: u64 = u64::MAX;
+/// An entry being made (its words set before its id is published): probes that meet it
+/// wait, so that two request paths meeting a new key at once make one entry, not two. No
+/// counter has this id (key ids have bit 62 clear, quota ids are small).
+const BUSY: u64 = u64::MAX - 1;
+/// Times a request path looks again for an entry another is making right now.
+const BUSY_TRIES: u32 = 256;
+/// The bit of an entry's slot word that marks a key's entry: its slot part names the
+/// key's template, not the key (names of keys are clients' data; figures fold into the
+/// template's).
+const KEY_ENTRY: u64 = 1 << 63;
+/// The bit of a key entry's slot word that says no root has answered for it yet: until one
+/// has, the key's requests that find no share of its own may take a slot of its
+/// template's own counter (see [`Limiter::acquire`]).
+const KEY_FRESH: u64 = 1 << 62;
+/// The cap's bits in a slot word (above the slot + 1).
+const CAP_MASK: u64 = (1 << 30) - 1;
 
 /// Slots taken by [`Limiter::acquire`] at every capped level of a quota's chain; give them
 /// back with [`Limiter::release`] when the request ends, however it ends. Plain data (no
 /// pointers), so a request can keep it wherever it keeps its state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Permit {
-    /// (entry, counter id) of each slot taken, leaf first.
-    taken: [(u16, QuotaId); MAX_CHAIN],
+    /// (entry, counter id) of each slot taken, leaf first (a key new to the host may hold a
+    /// slot of its template's counter beside its own count: one more than the chain).
+    taken: [(u16, QuotaId); MAX_CHAIN + 1],
     len: u8,
 }
 
@@ -60,13 +78,17 @@ pub enum Acquired {
     Refused(QuotaId),
 }
 
-/// One concurrency counter as this host holds it (for `yarl_stats` and metrics).
+/// One concurrency counter as this host holds it (for `yarl_stats` and metrics): a quota,
+/// or a template with the figures of its keys added up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConcurrencyInfo {
-    /// The quota's name.
+    /// The quota's (or template's) name.
     pub name: String,
     /// Its id.
     pub id: QuotaId,
+    /// For a template: its keys with an entry on this host now (each capped on its own),
+    /// whose figures are added into this row's.
+    pub keys: u32,
     /// Requests holding a slot of it on this host now.
     pub in_flight: u32,
     /// The share of its `max_in_flight` this host holds now (0: none, or the grants lapsed).
@@ -98,10 +120,25 @@ pub struct SlotLevel {
     pub cap: u32,
     /// Requests this host can still admit on it now: its share less what it runs.
     pub remaining: u32,
+    /// For a key under a capped template (`name` is then the template's): the key's wire
+    /// id, the RateLimit fields' partition key.
+    pub key: Option<QuotaId>,
 }
 
 fn slot_word((slot, cap): (u32, u32)) -> u64 {
     (u64::from(slot) + 1) | (u64::from(cap) << 32)
+}
+
+fn word_cap(word: u64) -> u32 {
+    ((word >> 32) & CAP_MASK) as u32
+}
+
+/// Why [`Limiter::probe_entry`] found no entry.
+enum Missing {
+    /// None: this free (or deleted) entry can take it (`None`: the table is full).
+    Free(Option<usize>),
+    /// An entry is being made on the way: look again.
+    Busy,
 }
 
 impl Limiter {
@@ -123,8 +160,20 @@ impl Limiter {
     }
 
     /// The entry of counter `id`: `Ok(entry)`, or `Err(first free or deleted entry seen)`
-    /// when it has none (`Err(None)`: the table is full).
+    /// when it has none (`Err(None)`: the table is full). An entry being made counts as
+    /// taken.
     fn find_entry(&self, id: QuotaId) -> Result<usize, Option<usize>> {
+        match self.probe_entry(id, false) {
+            Ok(e) => Ok(e),
+            Err(Missing::Free(free)) => Err(free),
+            Err(Missing::Busy) => Err(None),
+        }
+    }
+
+    /// [`find_entry`](Self::find_entry) for whoever makes entries: with `wait`, an entry
+    /// being made on the way is reported (it may be `id`'s), so the caller looks again
+    /// rather than making a second entry for the same counter.
+    fn probe_entry(&self, id: QuotaId, wait: bool) -> Result<usize, Missing> {
         let cap = self.layout.permit_cap;
         let start = (hash_id(id) % cap as u64) as usize;
         let mut free = None;
@@ -132,15 +181,16 @@ impl Limiter {
             let e = (start + k) % cap;
             match self.entry_id(e).load(Acquire) {
                 w if w == id => return Ok(e),
-                EMPTY => return Err(free.or(Some(e))),
+                EMPTY => return Err(Missing::Free(free.or(Some(e)))),
                 // The counter's own deleted entry comes first: made again there, it keeps
-                // counting the requests it admitted before (see `set_permit_entry`).
+                // counting the requests it admitted before (see `make_entry`).
                 DELETED if self.entry_refused(e).load(Acquire) == id => free = Some(e),
                 DELETED => free = free.or(Some(e)),
+                BUSY if wait => return Err(Missing::Busy),
                 _ => {}
             }
         }
-        Err(free)
+        Err(Missing::Free(free))
     }
 
     /// The counter whose slots entry `e` counts: its id, or, deleted, the id it had (0 or
@@ -183,23 +233,35 @@ impl Limiter {
     /// Every concurrency counter with its figures now, by name.
     pub fn concurrency_status(&self) -> ConcurrencyStatus {
         let now = self.clock.now_nanos();
-        let mut quotas: Vec<ConcurrencyInfo> = (0..self.layout.permit_cap)
-            .filter_map(|e| {
-                let id = self.entry_id(e).load(Acquire);
-                if id == EMPTY || id == DELETED {
-                    return None;
-                }
-                let p = self.entry_permits(e);
-                Some(ConcurrencyInfo {
-                    name: self.entry_name(e, id),
-                    id,
-                    in_flight: p.in_flight(),
-                    share: p.share(now),
-                    refused: self.entry_refused(e).load(Relaxed),
-                })
-            })
-            .collect();
-        quotas.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut rows: std::collections::BTreeMap<String, ConcurrencyInfo> = Default::default();
+        for e in 0..self.layout.permit_cap {
+            let id = self.entry_id(e).load(Acquire);
+            if id == EMPTY || id == DELETED || id == BUSY {
+                continue;
+            }
+            let p = self.entry_permits(e);
+            let key = self.entry_slot(e).load(Acquire) & KEY_ENTRY != 0;
+            let row =
+                rows.entry(self.entry_name(e, id)).or_insert_with_key(|name| ConcurrencyInfo {
+                    name: name.clone(),
+                    id: 0,
+                    keys: 0,
+                    in_flight: 0,
+                    share: 0,
+                    refused: 0,
+                });
+            // A key's row is its template's: the template's own entry (keys that found no
+            // room in the key table share it) gives the id.
+            if key {
+                row.keys += 1;
+            } else {
+                row.id = id;
+            }
+            row.in_flight = row.in_flight.saturating_add(p.in_flight());
+            row.share = row.share.saturating_add(p.share(now));
+            row.refused = row.refused.saturating_add(self.entry_refused(e).load(Relaxed));
+        }
+        let quotas: Vec<ConcurrencyInfo> = rows.into_values().collect();
         let (ledger_full, reaped) = self.ledger_figures();
         ConcurrencyStatus {
             quotas,
@@ -213,10 +275,38 @@ impl Limiter {
     pub fn permit_entries(&self) -> Vec<(QuotaId, Permits<'_>)> {
         (0..self.layout.permit_cap)
             .filter_map(|e| match self.entry_id(e).load(Acquire) {
-                EMPTY | DELETED => None,
+                EMPTY | DELETED | BUSY => None,
                 id => Some((id, self.entry_permits(e))),
             })
             .collect()
+    }
+
+    /// Whether key `id`'s entry still has a capped template behind it: the sync agent
+    /// frees the entries of keys whose template lost its cap or went.
+    pub(crate) fn key_entry_capped(&self, id: QuotaId) -> bool {
+        let Ok(e) = self.find_entry(id) else { return false };
+        let word = self.entry_slot(e).load(Acquire);
+        word & KEY_ENTRY != 0 && self.template_cap((word & 0xffff_ffff) as u32).is_some()
+    }
+
+    /// The cap of the template in `slot + 1` (`t1`), if it has one on this host: its own
+    /// entry holds it.
+    fn template_cap(&self, t1: u32) -> Option<u32> {
+        let t = t1.checked_sub(1)?;
+        let id = self.live_slot(t)?.id();
+        let e = self.find_entry(id).ok()?;
+        Some(word_cap(self.entry_slot(e).load(Acquire))).filter(|&c| c > 0)
+    }
+
+    /// Frees key `id`'s entry (the sync agent, when the key has had nothing in flight for
+    /// a while, or its template lost its cap). Requests still holding a slot of it give it
+    /// back to the tombstone, as for a quota's.
+    pub(crate) fn free_key_entry(&self, id: QuotaId) {
+        if !is_key_id(id) {
+            return;
+        }
+        let _w = self.writer();
+        self.set_permit_entry(id, None);
     }
 
     /// `slot + 1 | max_in_flight << 32` of entry `e`'s quota (0: unknown).
@@ -225,7 +315,15 @@ impl Limiter {
     }
 
     fn entry_name(&self, e: usize, id: QuotaId) -> String {
-        match self.entry_slot(e).load(Acquire) as u32 {
+        let word = self.entry_slot(e).load(Acquire);
+        if word & KEY_ENTRY != 0 {
+            // Its template's name, if the template is still there.
+            return match (word as u32).checked_sub(1).and_then(|t| self.live_slot(t)) {
+                Some(_) => self.slot_name(word as u32 - 1),
+                None => "#key".into(),
+            };
+        }
+        match word as u32 {
             0 => format!("#{id}"),
             s => self.slot_name(s - 1),
         }
@@ -251,10 +349,12 @@ impl Limiter {
             return None;
         }
         let p = self.entry_permits(e);
+        let word = self.entry_slot(e).load(Acquire);
         Some(SlotLevel {
             name: self.entry_name(e, id),
-            cap: (self.entry_slot(e).load(Acquire) >> 32) as u32,
+            cap: word_cap(word),
             remaining: p.share(self.clock.now_nanos()).saturating_sub(p.in_flight()),
+            key: (word & KEY_ENTRY != 0).then_some(id),
         })
     }
 
@@ -264,9 +364,9 @@ impl Limiter {
 
     /// Gives counter `id` an entry if it is `capped` (`Some((quota slot, max_in_flight))`),
     /// or frees its entry if not. Writer only (the sync agent applying quotas, under the
-    /// writer lock).
+    /// writer lock); request paths make keys' entries beside it ([`Limiter::acquire`]).
     pub(super) fn set_permit_entry(&self, id: QuotaId, capped: Option<(u32, u32)>) {
-        if id == EMPTY || id == DELETED {
+        if id == EMPTY || id == DELETED || id == BUSY {
             return;
         }
         match (self.find_entry(id), capped) {
@@ -281,35 +381,119 @@ impl Limiter {
                 self.entry_id(e).store(DELETED, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
             }
-            (Err(Some(e)), Some(at)) if self.holds(e, id) => {
-                // The cap is back where it was: the requests admitted under it still run
-                // and are still counted, here and in the ledger.
-                self.entry_slot(e).store(slot_word(at), Release);
-                let p = self.entry_permits(e);
-                p.publish(0, 0);
-                p.take_round();
-                self.entry_id(e).store(id, Release);
-                self.entry_refused(e).store(0, Relaxed);
-                self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
+            (Err(_), Some(at)) => {
+                if self.make_entry(id, slot_word(at)).is_none() {
+                    self.hdr(hdr::PERMITS_REFUSED).fetch_add(1, Relaxed);
+                }
             }
-            (Err(Some(e)), Some(at)) => {
-                self.entry_slot(e).store(slot_word(at), Release);
+        }
+    }
+
+    /// Makes counter `id`'s entry, its slot word `word`, unless another process makes it at
+    /// the same moment (then that one); `None` when the table is full (or another stays in
+    /// the middle of making an entry on the way for longer than it should: it died there).
+    fn make_entry(&self, id: QuotaId, word: u64) -> Option<usize> {
+        for _ in 0..BUSY_TRIES {
+            let e = match self.probe_entry(id, true) {
+                Ok(e) => return Some(e),
+                Err(Missing::Busy) => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Err(Missing::Free(None)) => return None,
+                Err(Missing::Free(Some(e))) => e,
+            };
+            let prev = self.entry_id(e).load(Acquire);
+            if prev == DELETED && self.entry_refused(e).load(Acquire) == id {
+                // The counter's own deleted entry: the requests admitted under it still
+                // run and give their slots back to it, here and in the ledger, so it comes
+                // back with its count (and the share it may still hold from the roots,
+                // which count it until its lease ends), never through a moment in which a
+                // release would miss it.
+                if self.entry_id(e).compare_exchange(prev, id, AcqRel, Acquire).is_err() {
+                    continue;
+                }
+                self.entry_slot(e).store(word, Release);
                 self.entry_refused(e).store(0, Release);
-                let p = self.entry_permits(e);
-                p.release_many(u32::MAX);
-                p.publish(0, 0);
-                p.take_round();
-                // Cleared before the id is published, and again after: an acquire of the
-                // entry's previous counter that counts in the ledger meanwhile is wiped
-                // by the second, or sees the new id and takes its count back (`acquire`).
-                self.ledger_clear_column(e);
-                self.entry_id(e).store(id, Release);
-                self.ledger_clear_column(e);
                 self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
+                return Some(e);
             }
-            (Err(None), Some(_)) => {
-                self.hdr(hdr::PERMITS_REFUSED).fetch_add(1, Relaxed);
+            if (prev != EMPTY && prev != DELETED)
+                || self.entry_id(e).compare_exchange(prev, BUSY, AcqRel, Acquire).is_err()
+            {
+                continue;
             }
+            self.entry_slot(e).store(word, Release);
+            self.entry_refused(e).store(0, Release);
+            let p = self.entry_permits(e);
+            p.release_many(u32::MAX);
+            p.publish(0, 0);
+            p.take_round();
+            // Cleared before the id is published, and again after: an acquire of the
+            // entry's previous counter that counts in the ledger meanwhile is wiped by the
+            // second, or sees the new id and takes its count back (`acquire`).
+            self.ledger_clear_column(e);
+            self.entry_id(e).store(id, Release);
+            self.ledger_clear_column(e);
+            self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
+            return Some(e);
+        }
+        None
+    }
+
+    /// The entry counting key `id`'s slots (the key in key slot `s`), made now if the key
+    /// is new here (`None` when there is no room: counted), with its template's entry and
+    /// id; `None` if its template has no cap.
+    fn key_permit_entry(&self, s: u32, id: QuotaId) -> Option<(Option<usize>, usize, QuotaId)> {
+        let t = self.template_of_key(s)?;
+        let tid = self.live_slot(t)?.id();
+        let te = self.find_entry(tid).ok()?;
+        let cap = word_cap(self.entry_slot(te).load(Acquire));
+        if cap == 0 {
+            return None;
+        }
+        if let Ok(e) = self.find_entry(id) {
+            return Some((Some(e), te, tid));
+        }
+        // Clients choose keys: a quarter of the table stays for the quotas' caps, which
+        // arrive whenever an operator adds one.
+        let cap_entries = self.layout.permit_cap as u64;
+        let room = self.hdr(hdr::PERMITS_LIVE).load(Relaxed) < cap_entries - cap_entries / 4;
+        let made = room.then(|| self.make_entry(id, slot_word((t, cap)) | KEY_ENTRY | KEY_FRESH));
+        let made = made.flatten();
+        if made.is_none() {
+            self.hdr(hdr::PERMITS_REFUSED).fetch_add(1, Relaxed);
+        }
+        Some((made, te, tid))
+    }
+
+    /// `pairs` (key, template) with the keys of `reports` that it lacks, each with the
+    /// template its entry names: a key capped by its template may have no count to sync,
+    /// and a root grants shares only to keys whose template it learnt.
+    pub(crate) fn with_permit_templates(
+        &self,
+        mut pairs: Vec<(QuotaId, QuotaId)>,
+        reports: &[crate::proto::InFlightReport],
+    ) -> Vec<(QuotaId, QuotaId)> {
+        for r in reports {
+            if !is_key_id(r.id) || pairs.iter().any(|p| p.0 == r.id) {
+                continue;
+            }
+            let Ok(e) = self.find_entry(r.id) else { continue };
+            let word = self.entry_slot(e).load(Acquire);
+            let t = (word as u32).checked_sub(1).and_then(|t| self.live_slot(t));
+            if let (true, Some(t)) = (word & KEY_ENTRY != 0, t) {
+                pairs.push((r.id, t.id()));
+            }
+        }
+        pairs
+    }
+
+    /// A root answered for key `id` on this host (the sync agent, applying a grant): from
+    /// now on its requests run on its own shares only.
+    pub(crate) fn key_entry_answered(&self, id: QuotaId) {
+        if let Ok(e) = self.find_entry(id) {
+            self.entry_slot(e).fetch_and(!KEY_FRESH, AcqRel);
         }
     }
 
@@ -329,25 +513,53 @@ impl Limiter {
         if self.hdr(hdr::PERMITS_LIVE).load(Relaxed) == 0 {
             return Acquired::Admitted(permit);
         }
-        let Some((_, mut slot)) = self.resolve(name.as_ref(), now) else {
+        let Some((s, mut slot)) = self.resolve(name.as_ref(), now) else {
             return Acquired::Admitted(permit);
         };
-        for _ in 0..MAX_CHAIN {
-            let id = slot.id();
-            if let Ok(e) = self.find_entry(id) {
-                if !self.entry_permits(e).acquire(now) {
-                    self.entry_refused(e).fetch_add(1, Relaxed);
-                    self.release(&permit);
-                    return Acquired::Refused(id);
+        for level in 0..MAX_CHAIN {
+            let level_id = slot.id();
+            // A key (only ever the chain's first level) is capped by its template: its
+            // entry is made on first sight, here, with no share until the roots grant one.
+            // Until a root has answered for it, a request that finds no share of the key's
+            // own takes a slot of the template's own counter (capped at the same C across
+            // the cluster, for every key without a share of its own together), so a key
+            // new to this host is not refused for the round trip its first grant takes.
+            // A key that found no room for an entry runs on the template's own counter,
+            // with every other such key (as a key that found no room in the key table
+            // runs on the template's bucket): capped together rather than not at all.
+            let (entry, pool, level_id) = if level == 0 && is_key_id(level_id) {
+                match self.key_permit_entry(s, level_id) {
+                    Some((Some(e), te, tid)) => (Some(e), Some((te, tid)), level_id),
+                    Some((None, te, tid)) => (Some(te), None, tid),
+                    None => (None, None, level_id),
                 }
-                self.ledger_taken(e);
-                if self.entry_id(e).load(Acquire) != id {
-                    // The entry went to another counter meanwhile: this slot's count must
-                    // not stay in its column.
-                    self.ledger_released(e);
+            } else {
+                (self.find_entry(level_id).ok(), None, level_id)
+            };
+            if let Some(own) = entry {
+                if !self.entry_permits(own).acquire(now) {
+                    let borrowed = match pool {
+                        Some((te, tid))
+                            if self.entry_slot(own).load(Acquire) & KEY_FRESH != 0
+                                && self.entry_permits(te).acquire(now) =>
+                        {
+                            // Counted on the key too: its share, once granted, covers what
+                            // it runs here, and the roots hear of it in the key's report.
+                            self.entry_permits(own).add();
+                            self.count_taken(&mut permit, own, level_id);
+                            self.count_taken(&mut permit, te, tid);
+                            true
+                        }
+                        _ => false,
+                    };
+                    if !borrowed {
+                        self.entry_refused(own).fetch_add(1, Relaxed);
+                        self.release(&permit);
+                        return Acquired::Refused(level_id);
+                    }
+                } else {
+                    self.count_taken(&mut permit, own, level_id);
                 }
-                permit.taken[usize::from(permit.len)] = (e as u16, id);
-                permit.len += 1;
             }
             let p = slot.parent();
             match (p != 0).then(|| self.live_slot(p - 1)).flatten() {
@@ -356,6 +568,19 @@ impl Limiter {
             }
         }
         Acquired::Admitted(permit)
+    }
+
+    /// Counts the slot just taken of entry `e` (counter `id`) in this process's ledger row
+    /// and in `permit`.
+    fn count_taken(&self, permit: &mut Permit, e: usize, id: QuotaId) {
+        self.ledger_taken(e);
+        if self.entry_id(e).load(Acquire) != id {
+            // The entry went to another counter meanwhile: this slot's count must not stay
+            // in its column.
+            self.ledger_released(e);
+        }
+        permit.taken[usize::from(permit.len)] = (e as u16, id);
+        permit.len += 1;
     }
 
     /// Gives back the slots of `permit` (a request ended). Idempotent only in the sense

@@ -3,12 +3,16 @@
 //! sends, the grants each answer brings, and the publishing of the shares into the zone's
 //! permits between rounds (see [`crate::concurrency`]).
 
-use crate::concurrency::{Due, Grant, HostShares};
+use crate::concurrency::{Due, HostShares};
 use crate::limiter::Limiter;
 use crate::proto::{InFlightGrant, InFlightReport};
 use crate::quota::QuotaId;
 use crate::shard::Shard;
+use crate::zone::keys::is_key_id;
 use std::collections::HashMap;
+
+/// Rounds with nothing admitted, refused or running after which a key's permit entry goes.
+const KEY_QUIET_ROUNDS: u32 = 3;
 
 /// What the engine knows of its concurrency counters.
 #[derive(Debug, Default)]
@@ -50,6 +54,18 @@ impl InFlight {
         for (id, permits) in sorted {
             let book = self.books.entry(id).or_insert_with(|| HostShares::new(shards.len(), now));
             let (demand, refused) = book.round_at_least(now, permits, min_span);
+            // A key's entry goes once nothing has run on it for a few rounds (keys come and
+            // go by the million; the table holds at most 1,024 entries), or at once when
+            // its template lost its cap. The roots count what they granted it until its
+            // lease ends, as for any share.
+            if is_key_id(id)
+                && (!limiter.key_entry_capped(id)
+                    || (book.quiet_rounds() >= KEY_QUIET_ROUNDS && permits.in_flight() == 0))
+            {
+                limiter.free_key_entry(id);
+                self.books.remove(&id);
+                continue;
+            }
             let shard = Shard::of(id, count);
             for (r, &s) in shards.iter().enumerate() {
                 if s == shard {
@@ -76,8 +92,10 @@ impl InFlight {
             else {
                 continue;
             };
-            let grant = Grant { share: g.grant.share, lease_ns: g.grant.lease_ns };
-            shrank |= book.apply(root, grant, self.sent_at, now, permits.in_flight());
+            shrank |= book.apply(root, g.grant, self.sent_at, now, permits.in_flight());
+            if is_key_id(g.id) {
+                limiter.key_entry_answered(g.id);
+            }
             book.poll(now, permits, u64::MAX);
         }
         shrank
@@ -87,13 +105,27 @@ impl InFlight {
     /// stops admissions on time), and says whether the roots should hear from this host
     /// now (it refuses requests, at most once in `early_gap`; or it runs within shares that
     /// shrank).
-    pub(super) fn poll(&mut self, limiter: &Limiter, now: u64, early_gap: u64) -> bool {
+    ///
+    /// Also says (second) whether a counter has an entry and no book yet (a key a request
+    /// path met for the first time, which refuses until its first grant), looking at most
+    /// once in `new_gap`: a round then brings its grant sooner. Clients choose keys, so
+    /// those rounds come out of the engine's early-round budget.
+    pub(super) fn poll(
+        &mut self,
+        limiter: &Limiter,
+        now: u64,
+        early_gap: u64,
+        new_gap: u64,
+    ) -> (bool, bool) {
         let mut due = false;
         for (id, book) in &mut self.books {
             if let Some(permits) = limiter.permits(*id) {
                 due |= book.poll(now, permits, early_gap) != Due::No;
             }
         }
-        due
+        let fresh = !due
+            && now.saturating_sub(self.sent_at) >= new_gap
+            && limiter.permit_entries().iter().any(|(id, _)| !self.books.contains_key(id));
+        (due, fresh)
     }
 }

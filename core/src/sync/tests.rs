@@ -1121,6 +1121,78 @@ fn concurrency_shares_flow_from_the_roots_into_the_zone() {
     assert!(acquired(&b.limiter, "db").unwrap().is_empty());
 }
 
+/// A template with `max_in_flight` caps each key on its own, cluster-wide: the hosts report
+/// on the keys they meet (the root learns each one's template from the reports), the root
+/// holds an escrow per key, and a key new to a host runs on the template's own counter
+/// until its first grant.
+#[test]
+fn each_key_under_a_capped_template_is_capped_cluster_wide() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[capped(1, "gen_*", 4)]);
+    root.set_key_secret((11, 12));
+    let (mut a, mut b) = (node(&clock, 1), node(&clock, 1));
+    // Two rounds: the template and its entry, then shares of the template's own counter.
+    for _ in 0..2 {
+        round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+        round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+        clock.advance(Duration::from_secs(1));
+    }
+    // A new key runs at once, on the template's slots.
+    let pool = a.limiter.permits(1).unwrap().share(clock.now_nanos());
+    assert!(pool > 0);
+    let mut held: Vec<_> = (0..9).map_while(|_| acquired(&a.limiter, "gen_x")).collect();
+    assert_eq!(held.len() as u32, pool, "A's share of the template's own counter");
+    let x = crate::zone::keys::key_id((11, 12), b"gen_x");
+    assert!(a.limiter.permits(x).is_some());
+    // The host wants a round at once (from its early budget) and gets the key's own share.
+    let now = clock.now_nanos();
+    assert!(a.engine.wants_early_round(now), "a key with no grant yet");
+    round(&mut a, &mut [Some(&mut root)], now);
+    assert!(a.limiter.permits(x).unwrap().share(now) > 0, "the root granted key x");
+    // Both hosts hammer x and y for a while. Until B has had an answer for x, B runs x on
+    // the template's slots while A runs x on x's own: above 4, by what B borrowed. Once both
+    // are answered and those requests ended, never above 4, and most of it in use.
+    let (mut first, mut most, mut late) = (0u32, 0u32, Vec::new());
+    let mut held_b = Vec::new();
+    let mut held_y = Vec::new();
+    for step in 0..100 {
+        clock.advance(Duration::from_millis(100));
+        let now = clock.now_nanos();
+        for n in [&mut a, &mut b] {
+            if now % S == 0 || n.engine.wants_early_round(now) {
+                round(n, &mut [Some(&mut root)], now);
+            }
+        }
+        // Each request holds its slot about 300 ms: the oldest third end every step.
+        for (n, v) in [(&a, &mut held), (&b, &mut held_b), (&b, &mut held_y)] {
+            let k = v.len().div_ceil(3);
+            for p in v.drain(..k) {
+                n.limiter.release(&p);
+            }
+        }
+        held.extend((0..3).map_while(|_| acquired(&a.limiter, "gen_x")));
+        held_b.extend((0..3).map_while(|_| acquired(&b.limiter, "gen_x")));
+        held_y.extend((0..3).map_while(|_| acquired(&b.limiter, "gen_y")));
+        let x_total = (held.len() + held_b.len()) as u32;
+        if step < 15 {
+            first = first.max(x_total);
+        } else {
+            most = most.max(x_total);
+        }
+        if step >= 50 {
+            late.push(x_total);
+        }
+        assert!(held_y.len() <= 4, "key y: {} in flight", held_y.len());
+    }
+    eprintln!("key x: most {first} while new on B, then {most}; mean {:.2}", {
+        late.iter().sum::<u32>() as f64 / late.len() as f64
+    });
+    assert!(first <= 8, "key x ran {first} at once while B was new to it");
+    assert!(most <= 4, "key x ran {most} at once");
+    let mean = late.iter().sum::<u32>() as f64 / late.len() as f64;
+    assert!(mean >= 3.0, "key x used {mean} of 4");
+}
+
 /// After an outage a busy limiter's backlog is larger than a root takes in one call: it
 /// goes over several calls, oldest first, instead of being refused whole at every round.
 #[test]

@@ -210,7 +210,14 @@ fn the_status_names_each_capped_quota_with_its_figures() {
     let s = l.concurrency_status();
     assert_eq!(
         s.quotas,
-        vec![ConcurrencyInfo { name: "db".into(), id: 1, in_flight: 1, share: 1, refused: 2 }]
+        vec![ConcurrencyInfo {
+            name: "db".into(),
+            id: 1,
+            keys: 0,
+            in_flight: 1,
+            share: 1,
+            refused: 2
+        }]
     );
     // The refusals stay counted across rounds (the round word is the agent's).
     l.permits(1).unwrap().take_round();
@@ -224,7 +231,8 @@ fn the_status_names_each_capped_quota_with_its_figures() {
 fn levels_give_each_capped_level_its_cap_and_what_is_left() {
     let l = chain(4, 1);
     let p = admitted(l.acquire("leaf"));
-    let level = |name: &str, cap, remaining| SlotLevel { name: name.into(), cap, remaining };
+    let level =
+        |name: &str, cap, remaining| SlotLevel { name: name.into(), cap, remaining, key: None };
     assert_eq!(l.permit_levels(&p), vec![level("leaf", 5, 0), level("svc", 10, 3)]);
     assert_eq!(l.slot_level(3), Some(level("leaf", 5, 0)));
     assert_eq!(l.slot_level(2), None, "no cap");
@@ -254,4 +262,126 @@ fn a_cap_put_back_keeps_counting_the_requests_admitted_before() {
     assert_eq!(a.reap_ledger(1, |p| p != 7), 2);
     assert_eq!(a.permits(1).unwrap().in_flight(), 0);
     let _ = (second, third);
+}
+
+fn keyed_limiter() -> (Limiter, ManualClock) {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder()
+        .clock(Arc::new(clock.clone()))
+        .random(SeededRandom::new(42))
+        .capacity(1000)
+        .keys(1000)
+        .build();
+    (l, clock)
+}
+
+fn key_of(l: &Limiter, name: &str) -> u64 {
+    l.lookup(name.as_bytes()).expect("the key is in the table").1.id()
+}
+
+#[test]
+fn each_key_under_a_capped_template_has_a_cap_of_its_own() {
+    let (l, clock) = keyed_limiter();
+    l.apply_quotas(&[capped(10, "gen_*", 1, 2, None)]);
+    let until = clock.now_nanos() + 3 * S;
+    // The template's own counter: one slot on this host, for keys no root answered yet.
+    l.permits(10).unwrap().publish(1, until);
+    // Key a, new here: no share of its own, so its first request takes the template's slot.
+    let first = admitted(l.acquire("gen_a"));
+    let a = key_of(&l, "gen_a");
+    assert!(l.permits(a).is_some(), "the key has an entry of its own");
+    assert_eq!(l.permits(10).unwrap().in_flight(), 1);
+    assert_eq!(l.permits(a).unwrap().in_flight(), 1, "and counts it");
+    // Key b, new too, finds the template's slot taken: refused, named by its own id.
+    l.acquire("gen_b");
+    let b = key_of(&l, "gen_b");
+    assert_eq!(l.acquire("gen_b"), Acquired::Refused(b));
+    assert_eq!(l.slot_level(b).unwrap().cap, 2, "a new key's level has its template's cap");
+    // A root answers for a: 2 slots of its own, which cover the request a runs on the
+    // template's slot; from now on a runs on its own share alone.
+    l.permits(a).unwrap().publish(2, until);
+    l.key_entry_answered(a);
+    let x = admitted(l.acquire("gen_a"));
+    assert_eq!(l.acquire("gen_a"), Acquired::Refused(a), "its own cap, and no borrowing");
+    assert_eq!(l.permits(a).unwrap().in_flight(), 2);
+    // b's requests do not count against a's cap: b gets its own share.
+    l.permits(b).unwrap().publish(2, until);
+    let z = admitted(l.acquire("gen_b"));
+    // The figures fold into the template's row: no key names in the status.
+    let status = l.concurrency_status();
+    assert_eq!(status.quotas.len(), 1, "{status:?}");
+    let row = &status.quotas[0];
+    assert_eq!((row.name.as_str(), row.id, row.keys), ("gen_*", 10, 2));
+    assert_eq!((row.in_flight, row.share), (4, 5), "1 + 2 + 1 in flight; 1 + 2 + 2");
+    // Releases go back where they were taken.
+    l.release(&first);
+    assert_eq!(l.permits(10).unwrap().in_flight(), 0);
+    assert_eq!(l.permits(a).unwrap().in_flight(), 1);
+    let y = admitted(l.acquire("gen_a"));
+    for p in [x, y, z] {
+        l.release(&p);
+    }
+    assert_eq!(l.permits(a).unwrap().in_flight() + l.permits(b).unwrap().in_flight(), 0);
+    // A key's level is its template's cap: the RateLimit fields name the template.
+    let level = l.slot_level(a).unwrap();
+    assert_eq!((level.name.as_str(), level.cap, level.remaining), ("gen_*", 2, 2));
+    assert_eq!(level.key, Some(a), "the key is the partition");
+    // The cap taken off the template: keys pass uncapped, and their entries go.
+    l.apply_quotas(&[q(10, "gen_*", 2, 1.0, 10.0, 10.0, None)]);
+    assert!(admitted(l.acquire("gen_a")).is_empty());
+    assert!(!l.key_entry_capped(a));
+    l.free_key_entry(a);
+    assert!(l.permits(a).is_none());
+}
+
+#[test]
+fn two_request_paths_meeting_a_new_key_make_one_entry() {
+    let (l, clock) = keyed_limiter();
+    l.apply_quotas(&[capped(10, "gen_*", 1, 2, None)]);
+    l.permits(10).unwrap().publish(64, clock.now_nanos() + 3 * S);
+    let l = Arc::new(l);
+    let names: Vec<String> = (0..50).map(|i| format!("gen_{i}")).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (l, names) = (l.clone(), &names);
+            scope.spawn(move || {
+                for n in names {
+                    if let Acquired::Admitted(p) = l.acquire(n.as_str()) {
+                        l.release(&p);
+                    }
+                }
+            });
+        }
+    });
+    let entries = l.permit_entries();
+    assert_eq!(entries.len(), 51, "one entry per key, and the template's");
+    let mut ids: Vec<u64> = entries.iter().map(|e| e.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 51);
+    assert!(entries.iter().all(|(_, p)| p.in_flight() == 0));
+}
+
+#[test]
+fn keys_leave_a_quarter_of_the_table_to_the_quotas() {
+    let (l, clock) = keyed_limiter();
+    l.apply_quotas(&[capped(10, "gen_*", 1, 2, None)]);
+    l.permits(10).unwrap().publish(1_000_000, clock.now_nanos() + 3 * S);
+    let cap = l.layout.permit_cap;
+    let held: Vec<Permit> =
+        (0..cap).map(|i| admitted(l.acquire(format!("gen_{i}").as_str()))).collect();
+    let entries = l.permit_entries().len();
+    assert_eq!(entries, cap - cap / 4, "keys stop at three quarters");
+    assert!(l.concurrency_status().entries_refused > 0, "what did not fit is counted");
+    // Keys that found no entry run on the template's own counter, together.
+    let in_template = l.permits(10).unwrap().in_flight() as usize;
+    assert_eq!(in_template, cap, "every key's first request, and the ones that did not fit");
+    l.permits(10).unwrap().publish(in_template as u32, clock.now_nanos() + 3 * S);
+    assert_eq!(l.acquire("gen_more"), Acquired::Refused(10), "capped together");
+    // A quota's cap still finds an entry.
+    l.apply_quotas(&[capped(11, "db", 2, 5, None)]);
+    assert!(l.permits(11).is_some());
+    for p in &held {
+        l.release(p);
+    }
 }
