@@ -159,9 +159,10 @@ chaos-short: build
 # A cluster-wide cap on requests in flight on real processes (2 nginx x 2 workers, 2 roots,
 # max_in_flight 50, a slow upstream counting what it runs): cap, utilisation, shares moving
 # with the traffic, a killed nginx's share coming back (docs/concurrency.md). About 2 minutes.
+# MEASURE_ARGS="--keys 10" measures caps per key under a template instead.
 measure-concurrency: build
 	scripts/with-postgres.sh python3 scripts/measure-concurrency.py --nginx $(NGINX_BIN) \
-		--module $(MODULE_SO) --root $(ROOT_BIN)
+		--module $(MODULE_SO) --root $(ROOT_BIN) $(MEASURE_ARGS)
 
 test: lint unit-test alert-rules-test schemathesis-test prove chaos-short distro-test packaging-test
 

@@ -23,6 +23,14 @@ so refusals do not spin). Phases:
 
 Prints the figures and a MISSED line per target missed; exits 1 when the cap was exceeded
 or a slot leaked (what must never happen), 0 otherwise.
+
+With --keys K, the cap is per key instead: template `gen_*` with `max_in_flight` C (5 by
+default then), `yarl_concurrency gen_$arg_k;`, K keys each offered 4 x C by clients split
+over both nginx, for --steady seconds: each key's most in flight at the upstream (never
+above C once warm) and its mean (utilisation); then one new key every second for 10 s,
+each with 4 x C clients from the start: whether its first requests ran at once, and its
+most in flight in its first second (at most 2 C by design: a key new to a host starts on
+the template's own slots until the roots answer for it).
 """
 
 import argparse
@@ -48,16 +56,21 @@ LEASE = 3.0
 # The upstream: a separate process, so the load's event loop does not delay its counting.
 def upstream(port, out):
     counts = {"total": 0, b"a": 0, b"b": 0}
+    keys = {}
     f = open(out, "w", buffering=1)
 
     async def serve(reader, writer):
-        who = b"?"
+        who, key = b"?", None
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             m = re.search(rb"(?im)^x-from:\s*(\w+)", head)
             who = m.group(1) if m else b"?"
+            m = re.search(rb"(?im)^x-key:\s*(\w+)", head)
+            key = m.group(1).decode() if m else None
             counts["total"] += 1
             counts[who] = counts.get(who, 0) + 1
+            if key:
+                keys[key] = keys.get(key, 0) + 1
             try:
                 await asyncio.sleep(HOLD)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
@@ -65,6 +78,8 @@ def upstream(port, out):
             finally:
                 counts["total"] -= 1
                 counts[who] -= 1
+                if key:
+                    keys[key] -= 1
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
         finally:
@@ -72,7 +87,8 @@ def upstream(port, out):
 
     async def sample():
         while True:
-            f.write(f"{time.time():.4f} {counts['total']} {counts[b'a']} {counts[b'b']}\n")
+            per_key = " ".join(f"{k}={v}" for k, v in keys.items() if v)
+            f.write(f"{time.time():.4f} {counts['total']} {counts[b'a']} {counts[b'b']} {per_key}\n")
             await asyncio.sleep(0.01)
 
     async def main():
@@ -153,6 +169,12 @@ http {{
             proxy_pass http://127.0.0.1:{UPSTREAM_PORT}/;
             proxy_set_header X-From {"ab"[i]};
         }}
+        location /k/ {{
+            yarl_concurrency gen_$arg_k;
+            proxy_pass http://127.0.0.1:{UPSTREAM_PORT}/;
+            proxy_set_header X-From {"ab"[i]};
+            proxy_set_header X-Key $arg_k;
+        }}
         location = /stats {{ yarl_stats; }}
     }}
 }}
@@ -211,10 +233,12 @@ def children(pid):
 
 
 class Load:
-    """Closed-loop clients; `assign[k]` is the nginx client k uses (None: idle)."""
+    """Closed-loop clients; `assign[k]` is the nginx client k uses (None: idle); `paths[k]`
+    what it asks for."""
 
-    def __init__(self, n):
+    def __init__(self, n, paths=None):
         self.assign = [None] * n
+        self.paths = paths or [b"/c/"] * n
         self.stop = False
         self.counts = {"ok": 0, "refused": 0, "errors": 0}
 
@@ -229,7 +253,8 @@ class Load:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection("127.0.0.1", NGINX_PORTS[target]), 2)
                 while not self.stop and self.assign[k] == target:
-                    writer.write(b"GET /c/ HTTP/1.1\r\nHost: load\r\n\r\n")
+                    path = self.paths[k]
+                    writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: load\r\n\r\n")
                     status = await asyncio.wait_for(read_response(reader), 5)
                     if status == 200:
                         self.counts["ok"] += 1
@@ -284,14 +309,85 @@ def watch_shares(path):
             time.sleep(0.1)
 
 
-def read_samples(path, t0, t1):
+def read_samples(path, t0, t1, keys=False):
+    """(time, total, from nginx 1, from nginx 2), with a dict of the keys' counts last when
+    `keys`."""
     out = []
     with open(path) as f:
         for line in f:
             p = line.split()
-            if len(p) == 4 and t0 <= float(p[0]) < t1:
-                out.append((float(p[0]), int(p[1]), int(p[2]), int(p[3])))
+            if len(p) >= 4 and t0 <= float(p[0]) < t1:
+                row = (float(p[0]), int(p[1]), int(p[2]), int(p[3]))
+                if keys:
+                    row += (dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in p[4:]),)
+                out.append(row)
     return out
+
+
+def measure_keys(c, a):
+    """Per-key caps under a template (see the module's documentation). True if fatal."""
+    cap, k = a.cap, a.keys
+    s, b = call("PUT", ROOT_PORTS[0], "/v1/quotas/gen_%2A", f'{{"max_in_flight": {cap}}}')
+    if s != 200:
+        raise RuntimeError(f"PUT gen_*: {s} {b}")
+    per = 4 * cap
+    new_keys = 10
+    paths = [f"/k/?k=k{i // per}".encode() for i in range((k + new_keys) * per)]
+    load = Load(len(paths), paths)
+    load.run_in_thread()
+    print(f"per key: template gen_* with max_in_flight {cap}, {k} keys of {per} clients each "
+          f"(half on each nginx), requests of {HOLD * 1000:.0f} ms, 2 nginx x 2 workers, 2 roots")
+    for i in range(k * per):
+        load.assign[i] = i % 2
+    time.sleep(5)
+    t0 = time.time()
+    time.sleep(a.steady)
+    st = read_samples(c.samples, t0, time.time(), keys=True)
+    fatal = False
+    most = {f"k{j}": 0 for j in range(k)}
+    total = {f"k{j}": 0 for j in range(k)}
+    for row in st:
+        for key in most:
+            v = row[4].get(key, 0)
+            most[key] = max(most[key], v)
+            total[key] += v
+    means = [total[key] / len(st) for key in most]
+    mx = max(most.values())
+    print(f"steady {a.steady:.0f} s, {len(st)} samples: most in flight of any key {mx} (cap "
+          f"{cap}); mean per key {min(means):.2f} to {max(means):.2f} = "
+          f"{min(means) / cap:.3f} to {max(means) / cap:.3f} x C")
+    if mx > cap:
+        print(f"MISSED: a key above its cap ({mx} > {cap})")
+        fatal = True
+    if min(means) < 0.9 * cap:
+        print(f"MISSED: per-key utilisation {min(means) / cap:.3f} < 0.9")
+    # New keys, one a second, each with all its clients at once.
+    starts = {}
+    for j in range(k, k + new_keys):
+        starts[f"k{j}"] = time.time()
+        for i in range(j * per, (j + 1) * per):
+            load.assign[i] = i % 2
+        time.sleep(1.0)
+    time.sleep(1.0)
+    nk = read_samples(c.samples, min(starts.values()), time.time(), keys=True)
+    first_most, late_most, runs = 0, 0, []
+    for key, t in starts.items():
+        ran = first_at(nk, t, lambda r, key=key: r[4].get(key, 0) > 0)
+        runs.append(ran if ran is not None else float("inf"))
+        first_most = max([first_most] + [r[4].get(key, 0) for r in nk if t <= r[0] < t + 1.0])
+        late_most = max([late_most] + [r[4].get(key, 0) for r in nk if r[0] >= t + 1.0])
+    runs.sort()
+    print(f"{new_keys} new keys, one a second: the upstream ran a new key's first request "
+          f"{runs[len(runs) // 2] * 1000:.0f} ms after its clients started (median; slowest "
+          f"{runs[-1] * 1000:.0f} ms); most in flight of a new key in its first second "
+          f"{first_most} (bound 2 x C = {2 * cap}), after it {late_most} (cap {cap})")
+    if first_most > 2 * cap or late_most > cap:
+        print("MISSED: a new key above its bound")
+        fatal = True
+    print(f"load: {load.counts['ok']} admitted, {load.counts['refused']} refused, "
+          f"{load.counts['errors']} connection errors")
+    load.stop = True
+    return fatal
 
 
 def first_at(samples, t0, pred):
@@ -323,6 +419,7 @@ def main():
     p.add_argument("--cap", type=int, default=50)
     p.add_argument("--clients", type=int, default=0, help="4 x cap when 0")
     p.add_argument("--steady", type=float, default=60.0)
+    p.add_argument("--keys", type=int, default=0, help="per-key caps with this many keys")
     p.add_argument("--keep", action="store_true")
     a = p.parse_args()
     if a.upstream:
@@ -333,6 +430,8 @@ def main():
     if "YARL_TEST_PG_URL" not in os.environ:
         sys.exit("measure-concurrency: run me through scripts/with-postgres.sh")
     a.module = os.path.abspath(a.module)
+    if a.keys and a.cap == 50:
+        a.cap = 5
     cap = a.cap
     n = a.clients or 4 * cap
     d = tempfile.mkdtemp(prefix="yarl-conc-")
@@ -341,6 +440,12 @@ def main():
     fatal = False
     try:
         c.start_roots()
+        if a.keys:
+            c.start_upstream()
+            c.start_nginx(0)
+            c.start_nginx(1)
+            fatal = measure_keys(c, a)
+            sys.exit(1 if fatal else 0)
         s, b = call("PUT", ROOT_PORTS[0], "/v1/quotas/conc", f'{{"max_in_flight": {cap}}}')
         if s != 200:
             raise RuntimeError(f"PUT conc: {s} {b}")

@@ -98,6 +98,20 @@ fn concurrency_series(o: &mut String, c: Option<&ConcurrencyStatus>) {
         "Slots given back from workers that died holding them (killed with -9, crashed).",
     );
     let _ = writeln!(o, "yarl_concurrency_reaped_total {}", c.reaped);
+    head(
+        o,
+        "yarl_concurrency_entries_refused_total",
+        "counter",
+        "Times a capped quota or a key under a capped template found no permit entry (the zone's table was full): such a quota is not capped on this host, such a key runs on its template's own counter.",
+    );
+    let _ = writeln!(o, "yarl_concurrency_entries_refused_total {}", c.entries_refused);
+    head(
+        o,
+        "yarl_concurrency_ledger_full_total",
+        "counter",
+        "Worker processes that found no ledger row in the zone (more than 64 share it): their slots are not given back if they are killed.",
+    );
+    let _ = writeln!(o, "yarl_concurrency_ledger_full_total {}", c.ledger_full);
 }
 
 /// Renders the page.

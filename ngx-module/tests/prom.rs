@@ -152,6 +152,8 @@ fn every_family_is_typed_and_values_add_up() {
     assert!(page.contains("yarl_concurrency_share{quota=\"c24\"} 25\n"));
     assert!(page.contains("yarl_concurrency_refused_total{quota=\"_other\"} 15\n"));
     assert!(page.contains("yarl_concurrency_reaped_total 3\n"));
+    assert!(page.contains("yarl_concurrency_entries_refused_total 0\n"));
+    assert!(page.contains("yarl_concurrency_ledger_full_total 0\n"));
 }
 
 /// `n` concurrency quotas: `c{i}` with `i` in flight, a share of `i + 1`, 3 refused.
