@@ -107,7 +107,8 @@ impl InFlight {
     /// shrank).
     ///
     /// Also says (second) whether a counter has an entry and no book yet (a key a request
-    /// path met for the first time, which refuses until its first grant), looking at most
+    /// path met for the first time, which runs on its template's slots until its first
+    /// grant), looking at most
     /// once in `new_gap`: a round then brings its grant sooner. Clients choose keys, so
     /// those rounds come out of the engine's early-round budget.
     pub(super) fn poll(

@@ -1191,6 +1191,26 @@ fn each_key_under_a_capped_template_is_capped_cluster_wide() {
     assert!(most <= 4, "key x ran {most} at once");
     let mean = late.iter().sum::<u32>() as f64 / late.len() as f64;
     assert!(mean >= 3.0, "key x used {mean} of 4");
+    // Key y goes quiet: its entry goes after three rounds with nothing run, and comes back
+    // at its next request (on the template's slots again until a root answers).
+    let y = crate::zone::keys::key_id((11, 12), b"gen_y");
+    for p in held_y.drain(..) {
+        b.limiter.release(&p);
+    }
+    for _ in 0..5 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    assert!(b.limiter.permits(y).is_none(), "a quiet key's entry went");
+    assert!(b.limiter.permits(x).is_some(), "a busy key's stays");
+    assert!(acquired(&b.limiter, "gen_y").is_some() && b.limiter.permits(y).is_some());
+    // The template loses its cap: the keys' entries go at the next round.
+    root.apply_quotas([QuotaUpdate { epoch: 9, ..quota(1, "gen_*", 1.0, 100.0, 100.0) }], 0);
+    clock.advance(Duration::from_secs(1));
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    assert!(b.limiter.permits(x).is_none() && b.limiter.permits(y).is_none());
+    assert!(acquired(&b.limiter, "gen_x").unwrap().is_empty(), "uncapped");
 }
 
 /// After an outage a busy limiter's backlog is larger than a root takes in one call: it
