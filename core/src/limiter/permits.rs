@@ -281,6 +281,34 @@ impl Limiter {
             .collect()
     }
 
+    /// Frees entries a process left half made (killed between marking an entry BUSY and
+    /// publishing its id: probes that meet it would wait on it for ever). `seen` holds
+    /// the entries found BUSY at the last call; those still BUSY now are freed. The sync
+    /// agent calls it once a round, far longer than making an entry takes.
+    pub(crate) fn sweep_busy_entries(&self, seen: &mut Vec<usize>) -> usize {
+        let mut busy = Vec::new();
+        let mut freed = 0;
+        for e in 0..self.layout.permit_cap {
+            if self.entry_id(e).load(Acquire) != BUSY {
+                continue;
+            }
+            if seen.contains(&e)
+                && self.entry_id(e).compare_exchange(BUSY, DELETED, AcqRel, Acquire).is_ok()
+            {
+                freed += 1;
+            } else {
+                busy.push(e);
+            }
+        }
+        *seen = busy;
+        freed
+    }
+
+    /// Whether live entries hold at least half the permit table.
+    pub(crate) fn permit_table_half_full(&self) -> bool {
+        self.hdr(hdr::PERMITS_LIVE).load(Relaxed) * 2 >= self.layout.permit_cap as u64
+    }
+
     /// Whether key `id`'s entry still has a capped template behind it: the sync agent
     /// frees the entries of keys whose template lost its cap or went.
     pub(crate) fn key_entry_capped(&self, id: QuotaId) -> bool {
@@ -508,13 +536,27 @@ impl Limiter {
     /// ledger ([`Limiter::join_ledger`]) counts the slots there too, so they come back if it
     /// dies holding them.
     pub fn acquire<N: AsRef<[u8]> + ?Sized>(&self, name: &N) -> Acquired {
+        if self.hdr(hdr::PERMITS_LIVE).load(Relaxed) == 0 {
+            return Acquired::Admitted(Permit::default());
+        }
+        // A level whose entry changed hands under the request gives back what it took and
+        // the request tries once more (see `count_taken`).
+        let name = name.as_ref();
+        let mut refused = None;
+        for _ in 0..2 {
+            match self.try_acquire(name) {
+                Ok(done) => return done,
+                Err(id) => refused = Some(id),
+            }
+        }
+        Acquired::Refused(refused.unwrap_or_default())
+    }
+
+    fn try_acquire(&self, name: &[u8]) -> Result<Acquired, QuotaId> {
         let now = self.clock.now_nanos();
         let mut permit = Permit::default();
-        if self.hdr(hdr::PERMITS_LIVE).load(Relaxed) == 0 {
-            return Acquired::Admitted(permit);
-        }
-        let Some((s, mut slot)) = self.resolve(name.as_ref(), now) else {
-            return Acquired::Admitted(permit);
+        let Some((s, mut slot)) = self.resolve(name, now) else {
+            return Ok(Acquired::Admitted(permit));
         };
         for level in 0..MAX_CHAIN {
             let level_id = slot.id();
@@ -537,8 +579,8 @@ impl Limiter {
                 (self.find_entry(level_id).ok(), None, level_id)
             };
             if let Some(own) = entry {
-                if !self.entry_permits(own).acquire(now) {
-                    let borrowed = match pool {
+                let counted = if !self.entry_permits(own).acquire(now) {
+                    match pool {
                         Some((te, tid))
                             if self.entry_slot(own).load(Acquire) & KEY_FRESH != 0
                                 && self.entry_permits(te).acquire(now) =>
@@ -546,19 +588,25 @@ impl Limiter {
                             // Counted on the key too: its share, once granted, covers what
                             // it runs here, and the roots hear of it in the key's report.
                             self.entry_permits(own).add();
-                            self.count_taken(&mut permit, own, level_id);
-                            self.count_taken(&mut permit, te, tid);
-                            true
+                            if self.count_taken(&mut permit, own, level_id) {
+                                self.count_taken(&mut permit, te, tid)
+                            } else {
+                                self.entry_permits(te).release();
+                                false
+                            }
                         }
-                        _ => false,
-                    };
-                    if !borrowed {
-                        self.entry_refused(own).fetch_add(1, Relaxed);
-                        self.release(&permit);
-                        return Acquired::Refused(level_id);
+                        _ => {
+                            self.entry_refused(own).fetch_add(1, Relaxed);
+                            self.release(&permit);
+                            return Ok(Acquired::Refused(level_id));
+                        }
                     }
                 } else {
-                    self.count_taken(&mut permit, own, level_id);
+                    self.count_taken(&mut permit, own, level_id)
+                };
+                if !counted {
+                    self.release(&permit);
+                    return Err(level_id);
                 }
             }
             let p = slot.parent();
@@ -567,20 +615,25 @@ impl Limiter {
                 None => break,
             }
         }
-        Acquired::Admitted(permit)
+        Ok(Acquired::Admitted(permit))
     }
 
     /// Counts the slot just taken of entry `e` (counter `id`) in this process's ledger row
     /// and in `permit`.
-    fn count_taken(&self, permit: &mut Permit, e: usize, id: QuotaId) {
+    /// `false` (and nothing counted) if the entry went to another counter between finding
+    /// it and taking the slot (a worker preempted there while the agent freed it and a
+    /// request path made it anew): the count must not stay on the new counter, which would
+    /// never give it back.
+    fn count_taken(&self, permit: &mut Permit, e: usize, id: QuotaId) -> bool {
         self.ledger_taken(e);
-        if self.entry_id(e).load(Acquire) != id {
-            // The entry went to another counter meanwhile: this slot's count must not stay
-            // in its column.
+        if !self.holds(e, id) {
             self.ledger_released(e);
+            self.entry_permits(e).release();
+            return false;
         }
         permit.taken[usize::from(permit.len)] = (e as u16, id);
         permit.len += 1;
+        true
     }
 
     /// Gives back the slots of `permit` (a request ended). Idempotent only in the sense
@@ -593,5 +646,16 @@ impl Limiter {
                 self.entry_permits(e).release();
             }
         }
+    }
+}
+
+#[cfg(test)]
+impl Limiter {
+    /// Leaves every free entry as a process killed while making it would (tests); how
+    /// many.
+    pub(crate) fn leave_free_entries_busy(&self) -> usize {
+        (0..self.layout.permit_cap)
+            .filter(|&e| self.entry_id(e).compare_exchange(EMPTY, BUSY, AcqRel, Acquire).is_ok())
+            .count()
     }
 }

@@ -26,8 +26,9 @@ pub(super) struct Escrows {
 
 impl RootState {
     /// The grants answering `req`'s concurrency reports (those of this stripe's counters),
-    /// at `now`. A counter with no `max_in_flight` here (or no quota this root knows) is
-    /// granted 0, and its escrow, if the cap was just removed, goes.
+    /// at `now`. A quota with no `max_in_flight` here (or no quota this root knows) is
+    /// granted 0, and its escrow, if the cap was just removed, goes; a key without an entry
+    /// or a cap gets no grant at all.
     pub(super) fn grant_shares(&mut self, req: &SyncRequest, now: u64) -> Vec<InFlightGrant> {
         if req.in_flight.is_empty() {
             return Vec::new();
@@ -47,6 +48,13 @@ impl RootState {
             };
             let grant = if cap == 0 {
                 self.escrows.by_id.remove(&r.id);
+                if is_key_id(r.id) {
+                    // A key this root holds no entry for (over its bounds on keys, or its
+                    // template lost its cap) gets no answer: the host goes on running it
+                    // on the template's own counter, as a key it found no room for,
+                    // rather than refusing it for good on a share of 0.
+                    continue;
+                }
                 Grant { share: 0, lease_ns }
             } else {
                 let part = replica_part(cap, index, count);

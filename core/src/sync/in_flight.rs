@@ -11,8 +11,12 @@ use crate::shard::Shard;
 use crate::zone::keys::is_key_id;
 use std::collections::HashMap;
 
-/// Rounds with nothing admitted, refused or running after which a key's permit entry goes.
+/// Rounds with nothing admitted, refused or running after which a key's permit entry goes
+/// while the permit table is at least half full ...
 const KEY_QUIET_ROUNDS: u32 = 3;
+/// ... and after which it goes anyway. Entries are freed sparingly: a freed entry is a
+/// tombstone the table's probes walk past until another counter takes it.
+const KEY_IDLE_ROUNDS: u32 = 60;
 
 /// What the engine knows of its concurrency counters.
 #[derive(Debug, Default)]
@@ -24,6 +28,8 @@ pub(super) struct InFlight {
     seq: u64,
     /// When the reports in flight were sent: a grant holds from then on.
     sent_at: u64,
+    /// Permit entries found half made at the last round ([`Limiter::sweep_busy_entries`]).
+    busy: Vec<usize>,
 }
 
 impl InFlight {
@@ -41,6 +47,7 @@ impl InFlight {
         min_span: u64,
     ) -> Vec<Vec<InFlightReport>> {
         let mut out = vec![Vec::new(); shards.len()];
+        limiter.sweep_busy_entries(&mut self.busy);
         let entries = limiter.permit_entries();
         // Counters whose cap (or quota) went leave the book.
         self.books.retain(|id, _| entries.iter().any(|(e, _)| e == id));
@@ -54,14 +61,15 @@ impl InFlight {
         for (id, permits) in sorted {
             let book = self.books.entry(id).or_insert_with(|| HostShares::new(shards.len(), now));
             let (demand, refused) = book.round_at_least(now, permits, min_span);
-            // A key's entry goes once nothing has run on it for a few rounds (keys come and
-            // go by the million; the table holds at most 1,024 entries), or at once when
-            // its template lost its cap. The roots count what they granted it until its
-            // lease ends, as for any share.
-            if is_key_id(id)
-                && (!limiter.key_entry_capped(id)
-                    || (book.quiet_rounds() >= KEY_QUIET_ROUNDS && permits.in_flight() == 0))
-            {
+            // A key's entry goes once nothing has run on it for a while (keys come and go
+            // by the million; the table holds at most 1,024 entries), sooner when the table
+            // fills, or at once when its template lost its cap. The roots count what they
+            // granted it until its lease ends, as for any share.
+            let quiet = book.quiet_rounds();
+            let idle = permits.in_flight() == 0
+                && (quiet >= KEY_IDLE_ROUNDS
+                    || (quiet >= KEY_QUIET_ROUNDS && limiter.permit_table_half_full()));
+            if is_key_id(id) && (idle || !limiter.key_entry_capped(id)) {
                 limiter.free_key_entry(id);
                 self.books.remove(&id);
                 continue;

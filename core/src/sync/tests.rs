@@ -1191,13 +1191,19 @@ fn each_key_under_a_capped_template_is_capped_cluster_wide() {
     assert!(most <= 4, "key x ran {most} at once");
     let mean = late.iter().sum::<u32>() as f64 / late.len() as f64;
     assert!(mean >= 3.0, "key x used {mean} of 4");
-    // Key y goes quiet: its entry goes after three rounds with nothing run, and comes back
-    // at its next request (on the template's slots again until a root answers).
+    // Key y goes quiet: its entry goes after a minute with nothing run (the table is far
+    // from half full), and comes back at its next request (on the template's slots again
+    // until a root answers).
     let y = crate::zone::keys::key_id((11, 12), b"gen_y");
     for p in held_y.drain(..) {
         b.limiter.release(&p);
     }
     for _ in 0..5 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    assert!(b.limiter.permits(y).is_some(), "kept while there is room");
+    for _ in 0..56 {
         clock.advance(Duration::from_secs(1));
         round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
     }
@@ -1211,6 +1217,40 @@ fn each_key_under_a_capped_template_is_capped_cluster_wide() {
     round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
     assert!(b.limiter.permits(x).is_none() && b.limiter.permits(y).is_none());
     assert!(acquired(&b.limiter, "gen_x").unwrap().is_empty(), "uncapped");
+}
+
+/// A key the root will not hold (over its bound on keys per template) gets no grant, so the
+/// host goes on running it on the template's own counter instead of refusing it for good.
+#[test]
+fn a_key_over_the_roots_bounds_runs_on_its_template() {
+    let clock = ManualClock::at(S);
+    let mut root = RootState::new(RootConfig { max_keys_per_template: 1, ..RootConfig::default() });
+    root.apply_quotas([capped(1, "gen_*", 4)], 0);
+    root.set_key_secret((11, 12));
+    let mut a = node(&clock, 1);
+    for _ in 0..2 {
+        round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+        clock.advance(Duration::from_secs(1));
+    }
+    let x = acquired(&a.limiter, "gen_x").unwrap();
+    let y = acquired(&a.limiter, "gen_y").unwrap();
+    a.limiter.release(&x);
+    a.limiter.release(&y);
+    for _ in 0..2 {
+        round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+        clock.advance(Duration::from_millis(500));
+    }
+    let now = clock.now_nanos();
+    let share = |k: &[u8]| {
+        let id = crate::zone::keys::key_id((11, 12), k);
+        a.limiter.permits(id).unwrap().share(now)
+    };
+    // Whichever the root met first has its escrow; the other has none there.
+    let (held, over) = if share(b"gen_x") > 0 { ("gen_x", "gen_y") } else { ("gen_y", "gen_x") };
+    assert_eq!((share(held.as_bytes()), share(over.as_bytes())), (4, 0));
+    let running: Vec<_> = (0..4).map_while(|_| acquired(&a.limiter, over)).collect();
+    assert_eq!(running.len(), 4, "{over} runs on the template's slots");
+    assert!(acquired(&a.limiter, over).is_none(), "capped with them");
 }
 
 /// After an outage a busy limiter's backlog is larger than a root takes in one call: it

@@ -385,3 +385,21 @@ fn keys_leave_a_quarter_of_the_table_to_the_quotas() {
         l.release(p);
     }
 }
+
+#[test]
+fn an_entry_left_half_made_is_freed_at_the_second_sweep() {
+    let (l, clock) = keyed_limiter();
+    l.apply_quotas(&[capped(10, "gen_*", 1, 2, None)]);
+    l.permits(10).unwrap().publish(8, clock.now_nanos() + 3 * S);
+    // Every entry but the template's left half made: a new key finds none, and runs on
+    // the template's counter.
+    let busy = l.leave_free_entries_busy();
+    let p = admitted(l.acquire("gen_a"));
+    assert_eq!((l.permit_entries().len(), l.permits(10).unwrap().in_flight()), (1, 1));
+    l.release(&p);
+    let mut seen = Vec::new();
+    assert_eq!(l.sweep_busy_entries(&mut seen), 0, "first seen");
+    assert_eq!(l.sweep_busy_entries(&mut seen), busy, "still busy: freed");
+    admitted(l.acquire("gen_a"));
+    assert!(l.permit_entries().len() == 2, "the key has its entry now");
+}
