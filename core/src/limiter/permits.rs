@@ -359,11 +359,24 @@ impl Limiter {
 
     /// Each capped level `permit` holds a slot of, for the RateLimit fields: its name, cap
     /// and what this host can still admit on it now.
+    ///
+    /// A key's request that runs on its template's slot (the key new here) holds both; the
+    /// key's level stands for the two, so the template's is left out.
     pub fn permit_levels(&self, permit: &Permit) -> Vec<SlotLevel> {
-        permit
-            .taken()
+        let taken = permit.taken();
+        let slot =
+            |k: usize| taken.get(k).map(|&(e, _)| self.entry_slot(usize::from(e)).load(Acquire));
+        let borrowed = match (slot(0), slot(1)) {
+            (Some(key), Some(pool)) => {
+                key & KEY_ENTRY != 0 && pool & KEY_ENTRY == 0 && key as u32 == pool as u32
+            }
+            _ => false,
+        };
+        taken
             .iter()
-            .filter_map(|&(e, id)| self.slot_level_at(usize::from(e), id))
+            .enumerate()
+            .filter(|&(k, _)| !(borrowed && k == 1))
+            .filter_map(|(_, &(e, id))| self.slot_level_at(usize::from(e), id))
             .collect()
     }
 

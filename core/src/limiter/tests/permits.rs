@@ -292,6 +292,9 @@ fn each_key_under_a_capped_template_has_a_cap_of_its_own() {
     assert!(l.permits(a).is_some(), "the key has an entry of its own");
     assert_eq!(l.permits(10).unwrap().in_flight(), 1);
     assert_eq!(l.permits(a).unwrap().in_flight(), 1, "and counts it");
+    let levels = l.permit_levels(&first);
+    assert_eq!(levels.len(), 1, "the key's level stands for the template's slot: {levels:?}");
+    assert_eq!((levels[0].name.as_str(), levels[0].key), ("gen_*", Some(a)));
     // Key b, new too, finds the template's slot taken: refused, named by its own id.
     l.acquire("gen_b");
     let b = key_of(&l, "gen_b");
