@@ -155,6 +155,13 @@ pub struct RunResult {
     pub early_rounds: u64,
     /// With keys: (admitted, offered) weight of each burst, by its number.
     pub bursts: Vec<(f64, f64)>,
+    /// With keys: every refused request, as (key, true time), in order.
+    pub key_refusals: Vec<(usize, f64)>,
+    /// With keys and the ideal bucket: every request that found its key's bucket not empty,
+    /// as (key, true time, fill before the decision); a request not listed found it empty.
+    /// The same traffic reaches every strategy, so another strategy's refusals can be looked
+    /// up here: at or below `low_burst` the exact bucket admits.
+    pub ideal_fills: Vec<(usize, f64, f64)>,
 }
 
 /// A host's clock: the shared virtual time plus this host's skew.
@@ -300,6 +307,8 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         root_messages: vec![0.0; secs],
         early_rounds: 0,
         bursts: Vec::new(),
+        key_refusals: Vec::new(),
+        ideal_fills: Vec::new(),
     };
     let interval = ns(scenario.interval);
     let mut q = Queue { heap: BinaryHeap::new(), seq: 0 };
@@ -402,7 +411,13 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                     Decider::Fixed(f) => f.take(true_s, w as f64),
                     Decider::Sliding(s) => s.take(true_s, w as f64),
                     Decider::Ideal(b) => b.take(true_s, w as f64),
-                    Decider::IdealKeys(b) => b[key].take(true_s, w as f64),
+                    Decider::IdealKeys(b) => {
+                        let fill = b[key].fill_at(true_s);
+                        if fill > 0.0 {
+                            out.ideal_fills.push((key, true_s, fill));
+                        }
+                        b[key].take(true_s, w as f64)
+                    }
                 };
                 if scenario.keys.is_some_and(|k| true_s >= k.from_s) {
                     if out.bursts.len() <= burst {
@@ -433,6 +448,9 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 } else {
                     out.rejected[sec] += w as f64;
                     out.rejection_times.push(true_s);
+                    if scenario.keys.is_some() {
+                        out.key_refusals.push((key, true_s));
+                    }
                     if let Some(again) = scenario.retry.after(true_s, &mut retry_rng) {
                         // The balancer sends it to any host.
                         let to = retry_rng.usize(..scenario.hosts);

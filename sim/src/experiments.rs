@@ -165,6 +165,15 @@ pub struct ZipfRow {
     pub cold: usize,
     /// Requests of theirs YARL refused.
     pub cold_rejected: f64,
+    /// Requests of theirs the ideal bucket refused: a key under its limit on average still
+    /// sends clumps (Poisson) that can carry an exact bucket past `low_burst`.
+    pub ideal_cold_rejected: f64,
+    /// YARL's refusals of cold keys that the exact bucket, fed the same requests, was certain
+    /// to admit (its fill at or below `low_burst`): the false rejections.
+    pub cold_false: usize,
+    /// The most the exact bucket's fill stood below `low_burst` at one of them, in seconds
+    /// of the key's limit.
+    pub cold_false_gap_s: f64,
 }
 
 /// Runs the Zipf scenario with `yarl` and with the ideal bucket.
@@ -180,6 +189,19 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
     let hot_rates: Vec<f64> = hot.iter().map(|&i| admitted(&got, i)).collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let ideal_rates: Vec<f64> = hot.iter().map(|&i| admitted(&ideal, i)).collect();
+    let refused = |r: &RunResult, i: usize| r.bursts.get(i).map_or(0.0, |b| b.1 - b.0);
+    let low = d.low_s * s.limit;
+    let fills: std::collections::HashMap<(usize, u64), f64> =
+        ideal.ideal_fills.iter().map(|&(key, t, f)| ((key, t.to_bits()), f)).collect();
+    // How far below `low_burst` the exact bucket stood at each of YARL's refusals of a cold
+    // key that it was certain to admit.
+    let false_gaps: Vec<f64> = got
+        .key_refusals
+        .iter()
+        .filter(|&&(key, _)| k.pattern_rate(key) <= 0.9)
+        .map(|&(key, t)| low - fills.get(&(key, t.to_bits())).copied().unwrap_or(0.0))
+        .filter(|&gap| gap >= 0.0)
+        .collect();
     ZipfRow {
         hot: hot.len(),
         hot_mean: mean(&hot_rates),
@@ -187,7 +209,10 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
         hot_max: hot_rates.iter().copied().fold(0.0, f64::max),
         ideal_hot_mean: mean(&ideal_rates),
         cold: cold.len(),
-        cold_rejected: cold.iter().map(|&i| got.bursts.get(i).map_or(0.0, |b| b.1 - b.0)).sum(),
+        cold_rejected: cold.iter().map(|&i| refused(&got, i)).sum(),
+        ideal_cold_rejected: cold.iter().map(|&i| refused(&ideal, i)).sum(),
+        cold_false: false_gaps.len(),
+        cold_false_gap_s: false_gaps.iter().copied().fold(0.0, f64::max) / s.limit,
     }
 }
 

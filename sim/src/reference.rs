@@ -211,17 +211,28 @@ impl IdealBucket {
         )
     }
 
-    /// Decides `w` at `t`, adding it when it passes.
-    pub fn take(&mut self, t: f64, w: f64) -> bool {
-        self.fill = (self.fill - (t - self.at).max(0.0) * self.limit).max(0.0);
-        self.at = self.at.max(t);
-        let p = if self.fill <= self.low {
+    /// The fill a request at `t` finds.
+    pub fn fill_at(&self, t: f64) -> f64 {
+        (self.fill - (t - self.at).max(0.0) * self.limit).max(0.0)
+    }
+
+    /// The chance that a request at `t` is refused: 0 up to `low`, rising to 1 at `high`.
+    fn refusal_chance(&self, t: f64) -> f64 {
+        let fill = self.fill_at(t);
+        if fill <= self.low {
             0.0
-        } else if self.fill >= self.high {
+        } else if fill >= self.high {
             1.0
         } else {
-            (self.fill - self.low) / (self.high - self.low)
-        };
+            (fill - self.low) / (self.high - self.low)
+        }
+    }
+
+    /// Decides `w` at `t`, adding it when it passes.
+    pub fn take(&mut self, t: f64, w: f64) -> bool {
+        let p = self.refusal_chance(t);
+        self.fill = (self.fill - (t - self.at).max(0.0) * self.limit).max(0.0);
+        self.at = self.at.max(t);
         if p > 0.0 && (p >= 1.0 || self.rng.f64() < p) {
             return false;
         }

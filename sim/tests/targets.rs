@@ -1,6 +1,8 @@
 //! The accuracy targets of the chosen default, on a shortened run (debug builds are slow).
 
-use yarl_sim::experiments::{chosen_default, steady_3x, under_09x, WARMUP_S};
+use yarl_sim::experiments::{
+    chosen_default, evaluate_zipf, steady_3x, under_09x, zipf_keys, WARMUP_S,
+};
 use yarl_sim::{run, Strategy};
 
 #[test]
@@ -30,4 +32,21 @@ fn runs_are_deterministic() {
     let a = run(&s, &Strategy::Yarl(chosen_default()));
     let b = run(&s, &Strategy::Yarl(chosen_default()));
     assert_eq!(a, b);
+}
+
+#[test]
+fn false_rejections_are_those_the_exact_bucket_was_certain_to_admit() {
+    let mut s = zipf_keys();
+    s.seconds = 20;
+    let d = chosen_default();
+    // The exact bucket against itself: the same traffic and draws, the same refusals, none
+    // false (the check itself can tell a refusal in the drop zone from one outside it).
+    let same = evaluate_zipf(&s, &Strategy::IdealBucket { low_s: d.low_s, high_s: d.high_s });
+    assert!(same.ideal_cold_rejected > 0.0, "the warmest cold keys' clumps reach the zone");
+    assert_eq!(same.cold_rejected, same.ideal_cold_rejected);
+    assert_eq!(same.cold_false, 0);
+    // A bucket with a third of the `low_burst` refuses where the exact one admits for sure.
+    let tight = evaluate_zipf(&s, &Strategy::IdealBucket { low_s: 0.5, high_s: d.high_s });
+    assert!(tight.cold_false > 0, "{tight:?}");
+    assert!(tight.cold_false_gap_s > 0.0 && tight.cold_false_gap_s < d.low_s, "{tight:?}");
 }
