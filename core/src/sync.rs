@@ -187,6 +187,10 @@ pub struct SyncEngine {
     in_flight: in_flight::InFlight,
     /// A share shrank in an answer: report again at the next poll.
     in_flight_ack: bool,
+    /// Per shard: no root of it answered the last round. This host then decided on its
+    /// own count, and its batches reach the roots late, past their meters: what it counted
+    /// meanwhile is no share of a cluster-wide rate.
+    silent: Vec<bool>,
 }
 
 /// A key a root reported while this limiter did not hold it ([`SyncEngine::adopt_keys`]).
@@ -302,6 +306,7 @@ impl SyncEngine {
             keys_seen: u64::MAX,
             in_flight: in_flight::InFlight::default(),
             in_flight_ack: false,
+            silent: vec![false; shards as usize],
         })
     }
 
@@ -774,6 +779,9 @@ impl SyncEngine {
         let round_ns = last_began
             .map_or(interval, |b| round.began.saturating_sub(b).max(interval / EARLY_GAP));
         self.settle(&round, round_ns, now);
+        for (shard, silent) in self.silent.iter_mut().enumerate() {
+            *silent = !round.shard_answered(shard as u32);
+        }
         self.limiter.sweep_keys(now);
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
@@ -791,7 +799,7 @@ impl SyncEngine {
     fn settle(&mut self, round: &RoundState, round_ns: u64, now: u64) {
         let (interval_ns, shards) = (self.interval_ns(), self.shards);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
-        let active = &mut self.active;
+        let (active, silent) = (&mut self.active, &self.silent);
         self.limiter.with_counters_paced(self.pacer, |c| {
             let warm = |run: &[u32]| c.warm(run.iter().copied());
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
@@ -840,11 +848,21 @@ impl SyncEngine {
                         c.set_rates(s, 0.0, 0.0);
                         return c.is_active(s, now);
                     };
+                    // The first answer after a round that reached no root of the counter's
+                    // shard: this host counted its last round alone, admitting what its own
+                    // view allowed, and the roots' demand and fills do not hold it (its
+                    // batches are late). Taken as its share, it read the rest of the
+                    // cluster as adding the limit less all of its own traffic, nothing at
+                    // 1 x: healed, it went on admitting alone for a round while the others
+                    // ran at the limit, and the counter then shut the quota for everyone
+                    // (`make chaos`: the cluster at 0.60 x for half a second after a healed
+                    // cut). Until its counts are metered again it counts as no share.
+                    let alone = silent.get(Shard::of(id, shards) as usize) == Some(&true);
                     let sample = inflow::Sample {
                         limit: c.limit(s),
                         before,
                         after: c.base(s).unwrap_or((0, now)),
-                        own: own.unwrap_or(0),
+                        own: if alone { 0 } else { own.unwrap_or(0) },
                         round_ns,
                         interval_ns,
                         inflow: c.inflow(s),

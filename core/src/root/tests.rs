@@ -451,6 +451,29 @@ fn resends_after_an_outage_are_not_paid_back() {
     assert_eq!(at - 11 * S, 7 * S / 4);
 }
 
+/// A limiter back from a 10 s cut goes on with its clients: its late batches (60 units a
+/// second admitted, 90 refused) show in the demand at the rate they came, at once. Before,
+/// they fed no meter, every limiter suppressed as if the cluster had lost that traffic
+/// until 2 s of the healed one's on-time batches had come in, and `make chaos` saw the
+/// cluster at 1.34 x its limit for a second after a heal, then 0.64 x paying it back.
+#[test]
+fn late_batches_show_their_demand_at_the_rate_they_came() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    r.sync(&req("a", vec![(1, vec![(1, 60_000)])]), S).unwrap();
+    let mut resend = req("a", (2..=11).map(|s| (s, vec![(1, 60_000)])).collect());
+    for b in &mut resend.batches {
+        b.deltas[0].2 = 90_000;
+    }
+    r.sync(&resend, 11 * S).unwrap();
+    let answer = r.sync(&req("reader", vec![]), 11 * S + S / 4).unwrap();
+    let demand = answer.counters.iter().find(|c| c.0 == 1).unwrap().2;
+    assert_eq!(demand, 150_000, "ten batches of 150 attempted over the 10 s gap");
+    // What came in during the gap is not a rate of now, and over the limit it is dropped.
+    let rate = r.counter(1, 11 * S + S / 4).unwrap().rate;
+    assert!(rate < 5.0, "the admitted-rate meter is left alone: {rate}");
+}
+
 /// 0.9 times the limit over two limiters, one of them cut from this root for 10 s: the
 /// counter sat at zero meanwhile, and the cut one's late batches are credited with that
 /// drain. Before, they came in whole, the counter jumped above low_burst and honest

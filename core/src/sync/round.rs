@@ -169,6 +169,11 @@ impl RoundState {
         self.ok_shards.iter().all(|&ok| ok) && self.any_ok
     }
 
+    /// Some root of `shard` answered.
+    pub fn shard_answered(&self, shard: u32) -> bool {
+        self.ok_shards.get(shard as usize).copied().unwrap_or(self.any_ok)
+    }
+
     /// No root of quota `id`'s shard answered: nothing is known of it this round.
     pub fn silent_shard(&self, id: QuotaId, shards: u32) -> bool {
         shards > 1 && !self.ok_shards[Shard::of(id, shards) as usize]

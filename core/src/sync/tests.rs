@@ -643,6 +643,35 @@ fn a_measured_surge_raises_the_static_inflow_estimate() {
     assert!((inflow(&s) / 1000.0 - 100.0).abs() < 1.0);
 }
 
+/// `a` is cut from every root for 5 s and decides alone, admitting its 100 units a second
+/// (the limit) while `b` goes on at 50. Healed, `a`'s first round must not read its own
+/// traffic as its share of the cluster's rate: it would see the others adding the limit less
+/// all of it, nothing, and admit alone for another round while `b` runs on (`make chaos`:
+/// the cluster at 1.34 x for a second after a healed cut, then 0.64 x paying it back).
+#[test]
+fn a_host_back_from_a_cut_counts_none_of_its_own_traffic_as_its_share() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 100.0, 150.0, 300.0)]);
+    let (mut a, mut b) = (node(&clock, 1), node(&clock, 1));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+    let inflow = |n: &Node| n.limiter.with_counters(|c| c.inflow(c.slot_of(1).unwrap())) / 1000.0;
+    for k in 0..8 {
+        clock.advance(Duration::from_secs(1));
+        let _ = a.limiter.account("a", 100).unwrap();
+        let _ = b.limiter.account("a", 50).unwrap();
+        round(&mut b, &mut [Some(&mut root)], clock.now_nanos());
+        let cut = (2..7).contains(&k);
+        round(&mut a, &mut [if cut { None } else { Some(&mut root) }], clock.now_nanos());
+        if k == 7 {
+            // Healed: the others add the cluster's demand up to the limit (b's 50 here:
+            // a's late attempts show in the demand from the root's next 250 ms on); what
+            // `a` counted alone is no share of it. Before, 100 - 100 = 0.
+            assert!(inflow(&a) > 49.0, "a sees the others add {}/s", inflow(&a));
+        }
+    }
+}
+
 #[test]
 fn a_counter_two_roots_report_is_measured_from_before_the_first_report() {
     // `b` adds 900 units/s to a quota `a` only checks; both limiters sync with two
