@@ -444,6 +444,18 @@ impl Limiter {
                 Err(Missing::Free(None)) => return None,
                 Err(Missing::Free(Some(e))) => e,
             };
+            if let Some(made) = self.make_entry_at(e, id, word) {
+                return Some(made);
+            }
+        }
+        None
+    }
+
+    /// Makes counter `id`'s entry at free entry `e` (found by a probe), its slot word
+    /// `word`: `e`, or the entry of `id` that another process made earlier on the probe
+    /// path meanwhile; `None` if another process took `e` first.
+    fn make_entry_at(&self, e: usize, id: QuotaId, word: u64) -> Option<usize> {
+        {
             let prev = self.entry_id(e).load(Acquire);
             if prev == DELETED && self.entry_refused(e).load(Acquire) == id {
                 // The counter's own deleted entry: the requests admitted under it still
@@ -452,17 +464,17 @@ impl Limiter {
                 // which count it until its lease ends), never through a moment in which a
                 // release would miss it.
                 if self.entry_id(e).compare_exchange(prev, id, AcqRel, Acquire).is_err() {
-                    continue;
+                    return None;
                 }
                 self.entry_slot(e).store(word, Release);
                 self.entry_refused(e).store(0, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
-                return Some(e);
+                return Some(self.keep_first_entry(id, e));
             }
             if (prev != EMPTY && prev != DELETED)
                 || self.entry_id(e).compare_exchange(prev, BUSY, AcqRel, Acquire).is_err()
             {
-                continue;
+                return None;
             }
             self.entry_slot(e).store(word, Release);
             self.entry_refused(e).store(0, Release);
@@ -477,9 +489,31 @@ impl Limiter {
             self.entry_id(e).store(id, Release);
             self.ledger_clear_column(e);
             self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
-            return Some(e);
+            Some(self.keep_first_entry(id, e))
         }
-        None
+    }
+
+    /// Two processes making one counter's entry at once, each at a free entry of its probe
+    /// path (one took an EMPTY entry further on while the agent freed an earlier one, which
+    /// the other then took), both publish: the one further along the path gives way, so
+    /// that every request finds one entry. Each looks again once its own is published,
+    /// waiting out entries being made on the way, so whichever publishes last sees the
+    /// other. A request that found the one giving way in the moment before gives its slot
+    /// back and tries again (`count_taken`).
+    fn keep_first_entry(&self, id: QuotaId, e: usize) -> usize {
+        for _ in 0..BUSY_TRIES {
+            match self.probe_entry(id, true) {
+                Err(Missing::Busy) => std::hint::spin_loop(),
+                Ok(first) if first != e => {
+                    if self.entry_id(e).compare_exchange(id, DELETED, AcqRel, Acquire).is_ok() {
+                        self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
+                    }
+                    return first;
+                }
+                _ => return e,
+            }
+        }
+        e
     }
 
     /// The entry counting key `id`'s slots (the key in key slot `s`), made now if the key
@@ -664,6 +698,33 @@ impl Limiter {
 
 #[cfg(test)]
 impl Limiter {
+    /// Where counter `id`'s probe path starts.
+    pub(crate) fn permit_start(&self, id: QuotaId) -> usize {
+        (hash_id(id) % self.layout.permit_cap as u64) as usize
+    }
+
+    /// Makes counter `id`'s entry as a process that probed, found a free entry, then was
+    /// preempted while `meanwhile` ran, would: at the entry it found. The entry it settled
+    /// on, and every entry that holds `id` after.
+    pub(crate) fn make_entry_preempted(
+        &self,
+        id: QuotaId,
+        meanwhile: impl FnOnce(),
+    ) -> (Option<usize>, Vec<usize>) {
+        let Err(Missing::Free(Some(e))) = self.probe_entry(id, true) else {
+            panic!("no free entry for {id}")
+        };
+        meanwhile();
+        let got = self.make_entry_at(e, id, 0);
+        let cap = self.layout.permit_cap;
+        (got, (0..cap).filter(|&k| self.entry_id(k).load(Acquire) == id).collect())
+    }
+
+    /// Makes counter `id`'s entry (as a request path does for a key).
+    pub(crate) fn make_permit_entry(&self, id: QuotaId) -> Option<usize> {
+        self.make_entry(id, 0)
+    }
+
     /// Leaves every free entry as a process killed while making it would (tests); how
     /// many.
     pub(crate) fn leave_free_entries_busy(&self) -> usize {

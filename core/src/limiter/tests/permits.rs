@@ -406,3 +406,24 @@ fn an_entry_left_half_made_is_freed_at_the_second_sweep() {
     admitted(l.acquire("gen_a"));
     assert!(l.permit_entries().len() == 2, "the key has its entry now");
 }
+
+/// Review finding: a process making counter x's entry picked an EMPTY entry further along
+/// x's probe path; before it made it, the agent freed an earlier entry on the path (quota y
+/// lost its cap) and another process made x's entry there. Both made one: requests then
+/// counted on either, each below the cap. The one further along now gives way.
+#[test]
+fn two_makers_of_one_entry_racing_a_free_on_the_path_leave_one() {
+    let (l, _clock) = setup();
+    let x = 1_000_000;
+    let start = l.permit_start(x);
+    let y = (1..u64::MAX).find(|&y| l.permit_start(y) == start).unwrap();
+    l.apply_quotas(&[capped(y, "y", 1, 5, None)]);
+    let (got, held) = l.make_entry_preempted(x, || {
+        l.apply_quotas(&[QuotaUpdate { deleted: true, ..capped(y, "y", 2, 5, None) }]);
+        assert_eq!(l.make_permit_entry(x), Some(start), "made where y's was");
+    });
+    assert_eq!(held, vec![start], "one entry for x");
+    assert_eq!(got, Some(start), "the later maker uses the earlier entry");
+    let live = l.hdr(crate::zone::hdr::PERMITS_LIVE).load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(live, 1, "x's entry; y's is gone");
+}
