@@ -64,7 +64,9 @@ fn concurrency_series(o: &mut String, c: Option<&ConcurrencyStatus>) {
     let c = c.unwrap_or(&empty);
     let mut rows: Vec<&ConcurrencyInfo> = c.quotas.iter().collect();
     rows.sort_by(|a, b| b.in_flight.cmp(&a.in_flight).then_with(|| a.name.cmp(&b.name)));
-    let rest = rows.split_off(rows.len().min(TOP_QUOTAS));
+    // A quota named `_other` goes with the rest (see `yarl_quota_rejections_total`).
+    let (mut rows, mut rest): (Vec<_>, Vec<_>) = rows.into_iter().partition(|q| q.name != OTHER);
+    rest.extend(rows.split_off(rows.len().min(TOP_QUOTAS)));
     let named: Vec<(String, &ConcurrencyInfo)> =
         rows.into_iter().map(|q| (label(&q.name), q)).collect();
     let series: [Series<ConcurrencyInfo>; 3] = [
@@ -113,6 +115,9 @@ fn concurrency_series(o: &mut String, c: Option<&ConcurrencyStatus>) {
     );
     let _ = writeln!(o, "yarl_concurrency_ledger_full_total {}", c.ledger_full);
 }
+
+/// The label value of the aggregate of the rows not named.
+const OTHER: &str = "_other";
 
 /// Renders the page.
 pub fn render(i: &Input<'_>) -> String {
@@ -171,13 +176,15 @@ pub fn render(i: &Input<'_>) -> String {
         "Rejections since the quota was loaded, for the 20 quotas that rejected most in the last minute; quota=\"_other\" is every other rejection.",
     );
     let mut named = 0u64;
-    for (name, _, lifetime) in i.top.iter().take(TOP_QUOTAS) {
+    // A quota that is itself named `_other` is counted in the aggregate: named too, it
+    // would be a second series with the same labels, which Prometheus drops.
+    for (name, _, lifetime) in i.top.iter().filter(|t| t.0 != OTHER).take(TOP_QUOTAS) {
         named = named.saturating_add(*lifetime);
         let _ = writeln!(o, "yarl_quota_rejections_total{{quota=\"{}\"}} {lifetime}", label(name));
     }
     let _ = writeln!(
         o,
-        "yarl_quota_rejections_total{{quota=\"_other\"}} {}",
+        "yarl_quota_rejections_total{{quota=\"{OTHER}\"}} {}",
         z.rejections.saturating_sub(named)
     );
 
@@ -340,7 +347,7 @@ fn ranked<T>(
             let _ = writeln!(o, "{name}{{{label_name}=\"{l}\"}} {}", get(r));
         }
         let other: u64 = rest.iter().map(|r| get(r)).sum();
-        let _ = writeln!(o, "{name}{{{label_name}=\"_other\"}} {other}");
+        let _ = writeln!(o, "{name}{{{label_name}=\"{OTHER}\"}} {other}");
     }
 }
 

@@ -194,3 +194,36 @@ fn the_page_is_bounded_whatever_the_quotas() {
     let lines = page.lines().count();
     assert!(lines < 320, "{lines} lines");
 }
+
+/// A quota named `_other` (a legal name) among the busiest: named too, it made a second
+/// `quota="_other"` series, which Prometheus drops. It is counted in the aggregate.
+#[test]
+fn a_quota_named_other_is_counted_in_the_aggregate() {
+    let z = zone();
+    let top: Vec<(String, u64, u64)> =
+        vec![("_other".into(), 9, 7), ("a".into(), 5, 3), ("b".into(), 1, 1)];
+    let mut c = concurrency(3);
+    c.quotas[2].name = "_other".into();
+    let page = render(&Input {
+        templates: &[],
+        requests: RequestCounters::default(),
+        zone: Some(&z),
+        top: &top,
+        roots: &[],
+        agent_alive: true,
+        now_ns: 10_000_000_000,
+        concurrency: Some(&c),
+    });
+    let q = lines_of(&page, "yarl_quota_rejections_total{");
+    assert_eq!(q.len(), 3, "{q:?}");
+    assert_eq!(q.last().unwrap(), &"yarl_quota_rejections_total{quota=\"_other\"} 96");
+    let f = lines_of(&page, "yarl_concurrency_in_flight{");
+    assert_eq!(
+        f,
+        [
+            "yarl_concurrency_in_flight{quota=\"c1\"} 1",
+            "yarl_concurrency_in_flight{quota=\"c0\"} 0",
+            "yarl_concurrency_in_flight{quota=\"_other\"} 2"
+        ]
+    );
+}
