@@ -799,7 +799,9 @@ impl SyncEngine {
     fn settle(&mut self, round: &RoundState, round_ns: u64, now: u64) {
         let (interval_ns, shards) = (self.interval_ns(), self.shards);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
-        let (active, silent) = (&mut self.active, &self.silent);
+        let active = &mut self.active;
+        // Which shards' counters count no own share this round (none, nearly always).
+        let silent = Some(&self.silent).filter(|v| v.contains(&true));
         self.limiter.with_counters_paced(self.pacer, |c| {
             let warm = |run: &[u32]| c.warm(run.iter().copied());
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
@@ -857,7 +859,8 @@ impl SyncEngine {
                     // ran at the limit, and the counter then shut the quota for everyone
                     // (`make chaos`: the cluster at 0.60 x for half a second after a healed
                     // cut). Until its counts are metered again it counts as no share.
-                    let alone = silent.get(Shard::of(id, shards) as usize) == Some(&true);
+                    let alone = silent
+                        .is_some_and(|v| v.get(Shard::of(id, shards) as usize) == Some(&true));
                     let sample = inflow::Sample {
                         limit: c.limit(s),
                         before,

@@ -455,42 +455,40 @@ impl Limiter {
     /// `word`: `e`, or the entry of `id` that another process made earlier on the probe
     /// path meanwhile; `None` if another process took `e` first.
     fn make_entry_at(&self, e: usize, id: QuotaId, word: u64) -> Option<usize> {
-        {
-            let prev = self.entry_id(e).load(Acquire);
-            if prev == DELETED && self.entry_refused(e).load(Acquire) == id {
-                // The counter's own deleted entry: the requests admitted under it still
-                // run and give their slots back to it, here and in the ledger, so it comes
-                // back with its count (and the share it may still hold from the roots,
-                // which count it until its lease ends), never through a moment in which a
-                // release would miss it.
-                if self.entry_id(e).compare_exchange(prev, id, AcqRel, Acquire).is_err() {
-                    return None;
-                }
-                self.entry_slot(e).store(word, Release);
-                self.entry_refused(e).store(0, Release);
-                self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
-                return Some(self.keep_first_entry(id, e));
-            }
-            if (prev != EMPTY && prev != DELETED)
-                || self.entry_id(e).compare_exchange(prev, BUSY, AcqRel, Acquire).is_err()
-            {
+        let prev = self.entry_id(e).load(Acquire);
+        if prev == DELETED && self.entry_refused(e).load(Acquire) == id {
+            // The counter's own deleted entry: the requests admitted under it still
+            // run and give their slots back to it, here and in the ledger, so it comes
+            // back with its count (and the share it may still hold from the roots,
+            // which count it until its lease ends), never through a moment in which a
+            // release would miss it.
+            if self.entry_id(e).compare_exchange(prev, id, AcqRel, Acquire).is_err() {
                 return None;
             }
             self.entry_slot(e).store(word, Release);
             self.entry_refused(e).store(0, Release);
-            let p = self.entry_permits(e);
-            p.release_many(u32::MAX);
-            p.publish(0, 0);
-            p.take_round();
-            // Cleared before the id is published, and again after: an acquire of the
-            // entry's previous counter that counts in the ledger meanwhile is wiped by the
-            // second, or sees the new id and takes its count back (`acquire`).
-            self.ledger_clear_column(e);
-            self.entry_id(e).store(id, Release);
-            self.ledger_clear_column(e);
             self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
-            Some(self.keep_first_entry(id, e))
+            return Some(self.keep_first_entry(id, e));
         }
+        if (prev != EMPTY && prev != DELETED)
+            || self.entry_id(e).compare_exchange(prev, BUSY, AcqRel, Acquire).is_err()
+        {
+            return None;
+        }
+        self.entry_slot(e).store(word, Release);
+        self.entry_refused(e).store(0, Release);
+        let p = self.entry_permits(e);
+        p.release_many(u32::MAX);
+        p.publish(0, 0);
+        p.take_round();
+        // Cleared before the id is published, and again after: an acquire of the
+        // entry's previous counter that counts in the ledger meanwhile is wiped by the
+        // second, or sees the new id and takes its count back (`acquire`).
+        self.ledger_clear_column(e);
+        self.entry_id(e).store(id, Release);
+        self.ledger_clear_column(e);
+        self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
+        Some(self.keep_first_entry(id, e))
     }
 
     /// Two processes making one counter's entry at once, each at a free entry of its probe
