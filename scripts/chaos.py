@@ -159,7 +159,9 @@ class Cluster:
         self.roots[r] = subprocess.Popen(
             [self.a.root, "--listen", f"{HOST}:{ROOT_PORTS[r]}", "--db", os.environ["YARL_TEST_PG_URL"],
              "--admin-token-file", f"{self.dir}/admin.token",
-             "--sync-token-file", f"{self.dir}/sync.token", "--poll-interval", "200ms"],
+             "--sync-token-file", f"{self.dir}/sync.token", "--poll-interval", "200ms",
+             # The other root: a root restarted while it lives starts from its counters.
+             "--copy-from", f"http://{HOST}:{ROOT_PORTS[1 - r]}"],
             stdout=log, stderr=log)
         wait_for(lambda: self.root_ok(r), 20, f"root {r} to answer")
 

@@ -147,7 +147,55 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    copy(&mut g);
     g.finish();
+}
+
+/// A restarted root's start from a live one (`yarl-root --copy-from`): 1,000,000 counters
+/// and 300 sessions copied out (what the live root's syncs wait for), as JSON (what it
+/// sends), and copied in.
+fn copy(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    // Built on first use, as above.
+    let mut state: Option<(RootState, yarl_core::root::RootCopy)> = None;
+    g.bench_function("copy/out, 1M counters and 300 sessions", |b| {
+        let (root, _) = state.get_or_insert_with(copy_setup);
+        b.iter(|| black_box(root.copy_out(2 * SECOND).counters.len()));
+    });
+    g.bench_function("copy/out as JSON, 1M counters and 300 sessions", |b| {
+        let (root, _) = state.get_or_insert_with(copy_setup);
+        b.iter(|| black_box(serde_json::to_vec(&root.copy_out(2 * SECOND)).expect("json").len()));
+    });
+    g.bench_function("copy/in, 1M counters and 300 sessions", |b| {
+        let (_, copy) = state.get_or_insert_with(copy_setup);
+        b.iter_batched(
+            || Cluster::new(false, 1, 0).root,
+            |mut r| black_box(r.copy_in(copy, 2 * SECOND).expect("same shard").counters),
+            criterion::BatchSize::LargeInput,
+        );
+    });
+}
+
+/// A root with 1,000,000 counters (one limiter's sync of every quota) and 300 sessions,
+/// and its copy.
+fn copy_setup() -> (RootState, yarl_core::root::RootCopy) {
+    let mut cl = Cluster::new(false, 300, 0);
+    for i in 0..300u64 {
+        let mut req = cl.request();
+        req.batches[0].deltas = if i == 0 {
+            (1..=QUOTAS).map(|id| (id, 100_000, 0)).collect()
+        } else {
+            vec![(i, 1000, 0)]
+        };
+        cl.sync(&req);
+    }
+    let copy = cl.root.copy_out(cl.now);
+    println!(
+        "\ncopy: {} counters, {} sessions, {} MB of JSON",
+        copy.counters.len(),
+        copy.sessions.len(),
+        serde_json::to_vec(&copy).expect("json").len() / 1_000_000
+    );
+    (cl.root, copy)
 }
 
 criterion_group! {

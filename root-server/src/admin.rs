@@ -782,3 +782,20 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
     b.index.extend(delete_index);
     Ok(b)
 }
+
+/// `GET /v1/copy`: this root's counters and sessions at one instant, as JSON
+/// (`yarl_core::root::RootCopy`), for a restarted root of the same shard to start from
+/// (`yarl-root --copy-from`). Not in the OpenAPI document: roots' own exchange, like
+/// `POST /v1/sync`. It names every limiter's whole id, the secret half included, so it
+/// takes the admin token.
+pub(crate) async fn copy(State(st): State<AppState>) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let _slot = st.0.guards.admin.enter().await?;
+    let _copy = st.0.guards.copy.enter().await?;
+    let work = st.clone();
+    let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&work.copy_out()))
+        .await
+        .map_err(|e| ApiError::Internal(format!("copy worker: {e}")))?
+        .map_err(|e| ApiError::Internal(format!("copy: {e}")))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
+}

@@ -21,7 +21,7 @@
 //! |---|---|---|---|---|
 //! | `POST /v1/sync` | [`SYNC_BODY_LIMIT`] | 10 s | 2 × cores, and 256 MiB of bodies | sync |
 //! | `POST /v1/quotas:batch` | [`BATCH_BODY_LIMIT`] | 60 s | 1 | admin |
-//! | `PUT/GET/DELETE /v1/quotas/{name}`, `POST /v1/quotas/{name}:reset`, `GET /v1/quotas` | [`BODY_LIMIT`] | 10 s | 32 | admin |
+//! | `PUT/GET/DELETE /v1/quotas/{name}`, `POST /v1/quotas/{name}:reset`, `GET /v1/quotas`, `GET /v1/copy` | [`BODY_LIMIT`] | 10 s | 32 | admin |
 //! | `GET /healthz`, `GET /metrics`, `GET /v1/openapi.json` | none read | — | — | none |
 //!
 //! A declared `Content-Length` over the limit is refused before reading; a request that
@@ -77,6 +77,7 @@ pub fn app(state: AppState) -> Router {
     let admin = Router::new()
         .route("/v1/quotas", get(admin::list))
         .route("/v1/quotas:batch", post(admin::batch))
+        .route("/v1/copy", get(admin::copy))
         .route(
             "/v1/quotas/{name}",
             put(admin::put).get(admin::get).delete(admin::delete).post(admin::action),

@@ -106,6 +106,17 @@ struct Args {
     /// root hands it to others (200ms to 60s; a few sync intervals).
     #[arg(long, env = "YARL_IN_FLIGHT_LEASE", default_value = "3s", value_parser = parse_lease)]
     in_flight_lease: Duration,
+    /// A live root of this root's shard to copy the counters and limiter sessions from at
+    /// start (its URL, e.g. http://10.0.0.2:7700; repeat it, or separate with commas, to
+    /// try several in turn). Without it, or when none answers, a restarted root rebuilds
+    /// its counters from the limiters' hints, which can miss a sync interval of counts.
+    /// Asked with this root's admin token: roots of a shard share it.
+    #[arg(long = "copy-from", env = "YARL_COPY_FROM", value_delimiter = ',')]
+    copy_from: Vec<String>,
+    /// PEM certificates to check an https --copy-from root against, instead of the
+    /// system's CAs.
+    #[arg(long, env = "YARL_COPY_CA_FILE")]
+    copy_ca_file: Option<PathBuf>,
     /// Without a command, `yarl-root` is the server.
     #[command(subcommand)]
     command: Option<Command>,
@@ -357,6 +368,7 @@ async fn main() -> anyhow::Result<()> {
     let state = AppState::new(store, settings);
     let loaded = state.load().await.context("loading quotas")?;
     tracing::info!(rows = loaded, epoch = state.epoch(), db = %db::redact(&args.db), "quotas loaded");
+    copy_from_peers(&state, &args.copy_from, args.copy_ca_file.as_deref()).await?;
     let _background = state.spawn_background();
 
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -381,6 +393,51 @@ async fn main() -> anyhow::Result<()> {
     };
     serve(listener, app(state), opts, shutdown_signal()).await;
     tracing::info!("yarl-root stopped");
+    Ok(())
+}
+
+/// How long a copy from another root may take, and its largest body: 2,000,000 counters
+/// and 100,000 sessions take about 120 MB of JSON.
+const COPY_TIMEOUT: Duration = Duration::from_secs(60);
+const COPY_MAX_BYTES: usize = 1 << 30;
+
+/// Starts from a copy of the first of `peers` that gives one (see `--copy-from`); none is
+/// an error only for a bad URL or CA file, never for a peer that is down.
+async fn copy_from_peers(
+    state: &AppState,
+    peers: &[String],
+    ca_file: Option<&Path>,
+) -> anyhow::Result<()> {
+    let token = state.admin_token();
+    for url in peers.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+        let client = Client::new(url, token.clone(), ca_file)
+            .with_context(|| format!("--copy-from {url}"))?;
+        let started = std::time::Instant::now();
+        let copy = match client.copy(COPY_TIMEOUT, COPY_MAX_BYTES).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("no copy from {url}: {e}");
+                continue;
+            }
+        };
+        match state.copy_in(copy).await {
+            Ok(t) => {
+                tracing::info!(
+                    from = url,
+                    counters = t.counters,
+                    skipped = t.skipped,
+                    sessions = t.sessions,
+                    ms = started.elapsed().as_millis() as u64,
+                    "counters and sessions copied"
+                );
+                return Ok(());
+            }
+            Err(e) => tracing::warn!("no copy from {url}: {e}"),
+        }
+    }
+    if !peers.is_empty() {
+        tracing::warn!("no root gave a copy: counters come back from the limiters' hints");
+    }
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! like `/healthz` it reveals nothing about the quotas.
 //!
 //! `POST /v1/sync` is left out: it is the limiters' binary protocol, not an admin route
-//! (docs/sync-protocol.md describes it).
+//! (docs/sync-protocol.md describes it); so is `GET /v1/copy`, roots' own exchange when one
+//! restarts (the same document, "After a root restart").
 
 use crate::admin;
 use crate::error::ErrorBody;

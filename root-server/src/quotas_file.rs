@@ -567,6 +567,32 @@ impl Client {
         }
     }
 
+    /// The root's counters and sessions (`GET /v1/copy`), read within `timeout` and at
+    /// most `max_bytes` of body: a restarting root's start, from a live root of its shard.
+    pub async fn copy(
+        &self,
+        timeout: Duration,
+        max_bytes: usize,
+    ) -> Result<yarl_core::root::RootCopy, Error> {
+        let req = self.http.get(format!("{}/v1/copy", self.url)).timeout(timeout);
+        let mut resp = self.send(req).await?;
+        if resp.content_length().is_some_and(|n| n > max_bytes as u64) {
+            return Err(self.protocol(format!("a copy of more than {max_bytes} bytes")));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| Error::Connect { url: self.url.clone(), message: innermost(&e) })?
+        {
+            if body.len() + chunk.len() > max_bytes {
+                return Err(self.protocol(format!("a copy of more than {max_bytes} bytes")));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("the copy: {e}")))
+    }
+
     /// Applies the whole plan in one `POST /v1/quotas:batch`: all of it or, on any error,
     /// none of it.
     pub async fn apply(&self, p: &Plan) -> Result<Applied, Error> {

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
-use yarl_core::root::{SyncAnswer, MAX_STRIPES};
+use yarl_core::root::{CopyTaken, RootCopy, SyncAnswer, MAX_STRIPES};
 use yarl_core::{Clock, Epoch, MonotonicClock, QuotaUpdate, RootConfig, RootState};
 
 /// Rows per poll query, and updates applied per lock acquisition: bounds how long a sync
@@ -130,6 +130,8 @@ pub(crate) struct Guards {
     /// KiB of admin bodies being read at once ([`ADMIN_MEMORY_KIB`]).
     pub admin_memory: Gate,
     pub batch: Gate,
+    /// `GET /v1/copy`: one at a time, since each holds every sync for its duration.
+    pub copy: Gate,
 }
 
 pub(crate) struct Inner {
@@ -146,6 +148,9 @@ pub(crate) struct Inner {
     /// Highest epoch applied; held across a poll so polls and write catch-ups never
     /// interleave.
     cursor: tokio::sync::Mutex<Epoch>,
+    /// Held shared by every sync across its stripes, and alone by a copy of the state
+    /// (`copy_out`): a copy sees each sync whole or not at all.
+    cut: parking_lot::RwLock<()>,
     /// Clock time of the last logged database error (rate limit: one per poll interval).
     last_db_log: AtomicU64,
 }
@@ -201,6 +206,7 @@ impl AppState {
             admin: Gate::new("admin", settings.admin_concurrency.max(1), wait),
             admin_memory: Gate::new("admin", ADMIN_MEMORY_KIB, wait),
             batch: Gate::new("batch", 1, wait.max(Duration::from_secs(10))),
+            copy: Gate::new("copy", 1, wait),
         };
         AppState(Arc::new(Inner {
             root: RootState::striped(settings.root.clone(), settings.stripes.clamp(1, MAX_STRIPES))
@@ -214,6 +220,7 @@ impl AppState {
             settings,
             metrics: Metrics::default(),
             cursor: tokio::sync::Mutex::new(0),
+            cut: parking_lot::RwLock::new(()),
             last_db_log: AtomicU64::new(0),
         }))
     }
@@ -232,6 +239,11 @@ impl AppState {
     pub async fn poll(&self) -> Result<usize, StoreError> {
         let mut cursor = self.0.cursor.lock().await;
         self.poll_locked(&mut cursor).await
+    }
+
+    /// The admin token this root requires (and presents to the roots it copies from).
+    pub fn admin_token(&self) -> Option<String> {
+        self.0.settings.admin_token.clone()
     }
 
     /// The highest epoch applied to memory.
@@ -260,6 +272,7 @@ impl AppState {
         peer: Option<std::net::IpAddr>,
         now: u64,
     ) -> Result<SyncAnswer, yarl_core::proto::SyncError> {
+        let _cut = self.0.cut.read();
         let mut version = 0;
         let mut parts = Vec::with_capacity(self.0.root.len());
         for i in 0..self.0.root.len() {
@@ -274,6 +287,38 @@ impl AppState {
             parts.push(stripe.sync_from(req, peer, now)?);
         }
         Ok(SyncAnswer::join(parts, version).expect("a root has at least one stripe"))
+    }
+
+    /// The counters and sessions of every stripe at one instant, with no sync half
+    /// applied (see `yarl_core::root::RootCopy`), for a restarted root of the shard:
+    /// blocking, only on a blocking thread. Syncs wait meanwhile (a few hundred ms for a
+    /// million counters).
+    pub(crate) fn copy_out(&self) -> RootCopy {
+        let _cut = self.0.cut.write();
+        let now = self.now();
+        let parts = (0..self.0.root.len()).map(|i| self.lock_stripe(i).copy_out(now)).collect();
+        RootCopy::join(parts)
+    }
+
+    /// Takes another root's copy as this root's counters and sessions, before it serves a
+    /// sync (see `yarl_core::root::RootCopy`).
+    pub async fn copy_in(&self, copy: RootCopy) -> Result<CopyTaken, ApiError> {
+        let copy = Arc::new(copy);
+        let now = self.now();
+        let taken = self
+            .with_stripes(move |r| r.copy_in(&copy, now))
+            .await?
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ApiError::Internal(format!("the copy was not taken: {e}")))?;
+        let mut all = CopyTaken::default();
+        for t in &taken {
+            all.counters += t.counters;
+            all.skipped += t.skipped;
+        }
+        // Every stripe holds every session.
+        all.sessions = taken.first().map_or(0, |t| t.sessions);
+        Ok(all)
     }
 
     /// Runs `f` on stripe `i` of the root state on a blocking thread: the lock may be held

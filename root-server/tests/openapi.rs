@@ -15,7 +15,7 @@ const TOKEN: &str = "t0ken";
 
 /// Routes of the router that the document leaves out on purpose: the limiters' binary
 /// protocol (docs/sync-protocol.md).
-const NOT_DESCRIBED: &[&str] = &["/v1/sync"];
+const NOT_DESCRIBED: &[&str] = &["/v1/sync", "/v1/copy"];
 
 async fn root() -> (yarl_root::AppState, tempfile::TempDir) {
     let (store, _, dir) = sqlite_store().await;

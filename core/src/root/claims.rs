@@ -211,7 +211,7 @@ impl RootState {
 
     /// The highest fill a claim may lift a counter of limits `l` to: `high_burst` plus
     /// [`RootConfig::claim_slack_ns`](super::RootConfig::claim_slack_ns) of the limit.
-    fn ceiling(&self, l: &Limits) -> u64 {
+    pub(super) fn ceiling(&self, l: &Limits) -> u64 {
         l.high_burst().saturating_add(l.limit().over(self.config.claim_slack_ns))
     }
 

@@ -27,6 +27,7 @@
 mod answer;
 mod changes;
 mod claims;
+mod copy;
 mod counters;
 mod demand;
 mod inflight;
@@ -39,6 +40,7 @@ mod stripes;
 mod tests;
 
 pub use answer::SyncAnswer;
+pub use copy::{CopyError, CopyTaken, RootCopy, SessionCopy};
 pub use quotas::HOLD_NS;
 pub use stripes::{stripe_of, MAX_STRIPES};
 
@@ -423,7 +425,8 @@ impl RootState {
         // not (this root restarted, or is new to it) may send batches other roots took and
         // other limiters' hints carry already: max first, then only the batches no hint
         // holds (`hinted_seq`), so nothing counts twice and a hint swallows no batch.
-        let known = req.root_instance == Some(self.instance);
+        let known = req.root_instance == Some(self.instance) || s.copied;
+        s.copied = false;
         // A limiter that met this root after it restarted, without a failed call first,
         // learns of the restart from the answer and sends its hints in the next requests,
         // which name this instance: those catch up like hints to an unknown instance

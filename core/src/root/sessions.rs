@@ -42,6 +42,10 @@ pub(super) struct Session {
     /// and has sent no request without hints since: its hints, over as many calls as they
     /// take, bring what this root lost, not only what the limiter had to drop.
     pub(super) catch_up: bool,
+    /// Copied from a live root of the shard ([`super::copy`]) with the counts of its
+    /// batches up to `acked`, and not heard from since: its first sync is met as by a root
+    /// that never lost it, though it names the instance this root replaced.
+    pub(super) copied: bool,
 }
 
 impl RootState {
@@ -152,7 +156,7 @@ impl RootState {
     }
 
     /// A number for a new session, with an empty inbox.
-    fn new_sid(&mut self) -> Sid {
+    pub(super) fn new_sid(&mut self) -> Sid {
         if let Some(sid) = self.free_sids.pop() {
             return sid;
         }
@@ -167,7 +171,7 @@ impl RootState {
     /// table is full. A live limiter syncs every interval, so what goes is whoever has been
     /// quiet longest; forgetting a live one costs little (its next batches count as a first
     /// contact: nothing is lost, a batch resent after a lost answer may count twice).
-    fn make_room(&mut self, peer: Option<IpAddr>) {
+    pub(super) fn make_room(&mut self, peer: Option<IpAddr>) {
         if let Some(a) = peer {
             while self.by_addr.get(&a).is_some_and(|s| s.len() >= self.config.max_limiters_per_addr)
             {

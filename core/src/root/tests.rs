@@ -1419,3 +1419,72 @@ fn stripes_grant_their_own_counters() {
     got.sort_unstable();
     assert_eq!(got, ids.iter().map(|&id| (id, 3)).collect::<Vec<_>>(), "each once, all of it");
 }
+
+/// Two limiters, two roots; root `b` dies after round 1 and is back before round 3. Each
+/// limiter's round 3 reaches `a` and the new `b`: its batches `b` never acknowledged (2 and
+/// 3), `hinted_seq` 2 (what `a` acknowledged) and its view before the round as its hint.
+/// Returns `a`'s fill and the new `b`'s after round 3.
+fn restart_b(copy: bool) -> (f64, f64) {
+    let batch = |l: &str, seq: u64| req(l, vec![(seq, vec![(1, 10_000)])]);
+    let (mut a, mut b) = (root(), root());
+    let mut views = Vec::new();
+    for l in ["m1", "m2"] {
+        a.sync(&batch(l, 1), S).unwrap();
+        b.sync(&batch(l, 1), S).unwrap();
+    }
+    let old_b = b.instance();
+    for l in ["m1", "m2"] {
+        a.sync(&batch(l, 2), S).unwrap();
+        views.push(fill(&a, 1, S));
+    }
+    let mut b = root();
+    if copy {
+        assert_eq!(b.copy_in(&a.copy_out(S), S).unwrap().sessions, 2);
+    }
+    for (l, view) in ["m1", "m2"].into_iter().zip(views) {
+        a.sync(&batch(l, 3), S).unwrap();
+        let mut r = req(l, vec![(2, vec![(1, 10_000)]), (3, vec![(1, 10_000)])]);
+        r.root_instance = Some(old_b);
+        r.hinted_seq = Some(2);
+        r.hints = vec![(1, (view * 1000.0) as u64)];
+        b.sync(&r, S).unwrap();
+    }
+    (fill(&a, 1, S), fill(&b, 1, S))
+}
+
+/// Hints merged by max lose what one limiter's batch added before another's hint, taken
+/// earlier, lifted the counter past it; a copy of a live root holds every unit once.
+#[test]
+fn a_root_restarted_from_a_copy_of_another_holds_every_unit_once() {
+    assert_eq!(restart_b(false), (60.0, 50.0));
+    assert_eq!(restart_b(true), (60.0, 60.0));
+}
+
+#[test]
+fn a_copy_keeps_parked_claims_and_refuses_another_shard_or_a_root_that_served() {
+    let mut a = RootState::new(RootConfig::default());
+    a.apply_quotas([quota_b(1, 1.0, 1.0, 2.0)], 0);
+    // 2 units of room below the ceiling (2.25): the rest parks with `m`.
+    a.sync(&req("m", vec![(1, vec![(1, 5_000)])]), S).unwrap();
+    assert_eq!(a.parked_count(), 1);
+    let copy = a.copy_out(S);
+    assert_eq!(copy.sessions[0].parked, vec![(1, 2_750)]);
+    let mut b = RootState::new(RootConfig::default());
+    b.apply_quotas([quota_b(1, 1.0, 1.0, 2.0)], 0);
+    let taken = b.copy_in(&copy, S).unwrap();
+    assert_eq!((taken.counters, taken.sessions), (1, 1));
+    assert_eq!(b.parked_count(), 1);
+    assert_eq!(fill(&b, 1, S), 2.25);
+    // A reset the copy predates leaves its counter out.
+    let mut c = RootState::new(RootConfig::default());
+    c.apply_quotas([QuotaUpdate { epoch: 5, reset_epoch: 5, ..quota_b(1, 1.0, 1.0, 2.0) }], 0);
+    assert_eq!(c.copy_in(&copy, S).unwrap().skipped, 1);
+    assert_eq!(fill(&c, 1, S), 0.0);
+    let mut other = RootState::new(RootConfig {
+        shard: Some(crate::shard::Shard { index: 1, count: 2 }),
+        ..RootConfig::default()
+    });
+    assert!(matches!(other.copy_in(&copy, S), Err(CopyError::OtherShard { .. })));
+    b.sync(&req("n", vec![]), S).unwrap();
+    assert_eq!(b.copy_in(&copy, S), Err(CopyError::Served));
+}
