@@ -30,8 +30,8 @@ false rejection of cool, a recovery more than 3 % off the limit, no convergence,
 by more than the drain's rounding. With --strict (`make chaos`) any of them fails the run;
 without (`make chaos-short`, in `make test`) only what must never happen does: the cluster
 above 2.1 times the limit (twice, and sampling noise), or a root's balance off by more than
-one sync round of the whole cluster's traffic (what hints merged by max can miss after a
-root restart).
+two units (one sync round of the whole cluster's traffic when both roots were restarted
+together: what hints merged by max can miss then).
 """
 
 import argparse
@@ -515,8 +515,10 @@ def report(c, marks, t_start, load_errors, strict):
         if abs(diff) > 0.5:
             missed.append(f"balance {r}")
             print(f"  MISSED: {abs(diff):.1f} units {'counted twice' if diff > 0 else 'lost'} at root {r}")
-        # One round of the whole cluster's traffic: what hints merged by max can miss.
-        if abs(diff) > (HOT_RATE + COOL_RATE) * INTERVAL:
+        # A root restarted while the other lives starts from its copy: exact. With both
+        # down at once, hints merged by max can miss one round of the cluster's traffic.
+        both = any(name.startswith("both roots") for name, *_ in marks)
+        if abs(diff) > ((HOT_RATE + COOL_RATE) * INTERVAL if both else 2):
             ok = False
     if strict and missed:
         ok = False

@@ -169,7 +169,7 @@ fn copy(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>)
         let (_, copy) = state.get_or_insert_with(copy_setup);
         b.iter_batched(
             || Cluster::new(false, 1, 0).root,
-            |mut r| black_box(r.copy_in(copy, 2 * SECOND).expect("same shard").counters),
+            |mut r| black_box(r.copy_in(copy, 0, 2 * SECOND).expect("same shard").counters),
             criterion::BatchSize::LargeInput,
         );
     });

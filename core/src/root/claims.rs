@@ -104,10 +104,12 @@ impl RootState {
         // root and is catching up, and all of them were counted while this root did not
         // hear from it (the newest too: it decided alone until this call went through),
         // over at most the time since it last did (a first contact: nothing known, no
-        // credit). Two at once is a slow answer or an early round, not a cut.
+        // credit). Two at once is a slow answer or an early round, not a cut. A session
+        // copied from another root (`copy.rs`) brings the batches counted since the copy
+        // was taken, on time at that root: not late.
         let fresh = batches.iter().filter(|b| b.seq > acked && b.seq > covered).count();
         let gap = if s.acked == 0 { 0 } else { now.saturating_sub(s.last_seen) };
-        let late = (fresh >= LATE_BATCHES).then_some(gap);
+        let late = (fresh >= LATE_BATCHES && !s.copied).then_some(gap);
         for b in batches {
             if b.seq <= acked {
                 self.stats.duplicate_batches += 1;

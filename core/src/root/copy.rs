@@ -31,6 +31,9 @@ use serde::{Deserialize, Serialize};
 pub struct RootCopy {
     /// The shard the copied root aggregates: a root of another takes none of it.
     pub shard: Option<Shard>,
+    /// An id derived from the cluster's key secret (none: the copied root had none): quota
+    /// ids are a database's, so a root on another database takes none of it.
+    pub cluster: Option<QuotaId>,
     /// The copied root's quota epoch: a counter of a quota reset after it is not taken.
     pub epoch: Epoch,
     /// Per counter: id, fill (milli-units), admitted rate (milli-units per second) and
@@ -49,6 +52,8 @@ pub struct SessionCopy {
     pub limiter: String,
     /// The highest batch `seq` the copied counters hold.
     pub acked: u64,
+    /// How long before the copy it last synced (ns).
+    pub idle_ns: u64,
     /// Its hints were still coming in at the copied root: its batches above `acked` are
     /// not all that the copy lacks.
     pub catching_up: bool,
@@ -81,6 +86,9 @@ pub enum CopyError {
     /// This root has synced already: a copy would count its batches twice or lose them.
     #[error("this root has served syncs already")]
     Served,
+    /// The copied root's quotas come from another database (its key secret differs).
+    #[error("the copy is of another cluster (its key secret differs)")]
+    OtherCluster,
 }
 
 impl RootCopy {
@@ -111,8 +119,12 @@ impl RootState {
     /// This state's counters and sessions at `now` (one stripe's, for a striped root: join
     /// them with [`RootCopy::join`], taken with no sync between them).
     pub fn copy_out(&self, now: u64) -> RootCopy {
-        let mut copy =
-            RootCopy { shard: self.config.shard, epoch: self.epoch, ..RootCopy::default() };
+        let mut copy = RootCopy {
+            shard: self.config.shard,
+            cluster: self.key_secret.map(cluster_id),
+            epoch: self.epoch,
+            ..RootCopy::default()
+        };
         for p in 0..self.counters.places() {
             let Some((id, c)) = self.counters.at(p) else { continue };
             let Some(q) = self.quotas.get(&id).filter(|q| !q.deleted) else { continue };
@@ -128,6 +140,7 @@ impl RootState {
             .map(|(name, s)| SessionCopy {
                 limiter: name.to_string(),
                 acked: s.acked,
+                idle_ns: now.saturating_sub(s.last_seen),
                 catching_up: s.catch_up,
                 parked: s.parked.iter().map(|(&id, &p)| (id, p)).collect(),
             })
@@ -135,14 +148,19 @@ impl RootState {
         copy
     }
 
-    /// Takes `copy` (another root's [`RootState::copy_out`]) as this state's counters and
-    /// sessions, before it serves any sync: this stripe's counters of quotas it holds and
-    /// that were not reset after the copy, and every session, as if it had applied their
-    /// batches up to their copied `seq` (see the module docs).
-    pub fn copy_in(&mut self, copy: &RootCopy, now: u64) -> Result<CopyTaken, CopyError> {
+    /// Takes `copy` (another root's [`RootState::copy_out`], taken `age` ns before `now`,
+    /// at most) as this state's counters and sessions, before it serves any sync: this
+    /// stripe's counters of quotas it holds and that were not reset after the copy, drained
+    /// over `age`, and every session, as if it had applied their batches up to their copied
+    /// `seq` (see the module docs).
+    pub fn copy_in(&mut self, copy: &RootCopy, age: u64, now: u64) -> Result<CopyTaken, CopyError> {
         if copy.shard != self.config.shard {
             return Err(CopyError::OtherShard { theirs: copy.shard, ours: self.config.shard });
         }
+        if copy.cluster.is_some() && copy.cluster != self.key_secret.map(cluster_id) {
+            return Err(CopyError::OtherCluster);
+        }
+        let taken_at = now.saturating_sub(age);
         if self.born.is_some() {
             return Err(CopyError::Served);
         }
@@ -157,24 +175,30 @@ impl RootState {
             if !self.stripe.contains(id) {
                 continue;
             }
-            let fresh = self.key_entry(id) && self.reset_epoch(id) <= copy.epoch;
+            let fresh =
+                self.in_shard(id) && self.key_entry(id) && self.reset_epoch(id) <= copy.epoch;
             let Some(l) = self.live_limits(id).filter(|_| fresh) else {
                 taken.skipped += 1;
                 continue;
             };
             let ceiling = self.ceiling(&l);
             let most_spare = l.limit().over(self.config.late_credit_ns);
-            let Some(c) = self.counter_now(id, l.limit(), now) else { continue };
-            c.bucket.fill = fill.min(ceiling);
-            c.bucket.carry = 0;
-            c.rate = rate;
+            let Some(c) = self.counter_now(id, l.limit(), now) else {
+                taken.skipped += 1;
+                continue;
+            };
+            // As it stood when the copy was taken, drained since.
+            c.bucket =
+                crate::units::LeakyBucket { fill: fill.min(ceiling), at: taken_at, carry: 0 };
+            c.bucket.advance(now, l.limit());
+            c.rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
             c.rate_at = now;
             c.spare = spare.min(most_spare);
             self.log_change(id, l.limit());
             taken.counters += 1;
         }
         self.keys.asked.clear();
-        for sc in &copy.sessions {
+        for sc in copy.sessions.iter().take(self.config.max_limiters) {
             if sc.limiter.is_empty() || sc.limiter.len() > crate::proto::MAX_LIMITER_ID_LEN {
                 continue;
             }
@@ -198,9 +222,17 @@ impl RootState {
                 }
             }
             self.stats.sessions_created += 1;
-            self.keep_session(Box::from(sc.limiter.as_str()), s, sc.acked, None, now);
+            // Its recency and how far its `seq` may have run are as at the copied root.
+            let seen = taken_at.saturating_sub(sc.idle_ns);
+            self.keep_session(Box::from(sc.limiter.as_str()), s, sc.acked, None, seen);
             taken.sessions += 1;
         }
         Ok(taken)
     }
+}
+
+/// The id a copy names its cluster by: derived from the key secret, which it does not
+/// reveal.
+fn cluster_id(secret: (u64, u64)) -> QuotaId {
+    crate::zone::keys::key_id(secret, b"yarl root copy")
 }

@@ -12,7 +12,8 @@
 //! however long the root runs. Hints (a limiter's view of a fill, sent after this root may
 //! have lost state) merge by **max**, which is idempotent, so a hint applied twice is harmless.
 //!
-//! Roots don't know each other: a limiter syncs with every root and takes the max.
+//! Roots don't sync with each other: a limiter syncs with every root and takes the max. A
+//! restarting root may start from a copy of a live one ([`RootCopy`]).
 //!
 //! # Where each part lives
 //!
@@ -425,8 +426,10 @@ impl RootState {
         // not (this root restarted, or is new to it) may send batches other roots took and
         // other limiters' hints carry already: max first, then only the batches no hint
         // holds (`hinted_seq`), so nothing counts twice and a hint swallows no batch.
+        // A copied session (`copy.rs`) is known until the limiter names this instance: a
+        // retry after a lost answer still names the one this root replaced.
+        s.copied &= req.root_instance != Some(self.instance);
         let known = req.root_instance == Some(self.instance) || s.copied;
-        s.copied = false;
         // A limiter that met this root after it restarted, without a failed call first,
         // learns of the restart from the answer and sends its hints in the next requests,
         // which name this instance: those catch up like hints to an unknown instance

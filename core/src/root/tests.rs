@@ -1439,7 +1439,7 @@ fn restart_b(copy: bool) -> (f64, f64) {
     }
     let mut b = root();
     if copy {
-        assert_eq!(b.copy_in(&a.copy_out(S), S).unwrap().sessions, 2);
+        assert_eq!(b.copy_in(&a.copy_out(S), 0, S).unwrap().sessions, 2);
     }
     for (l, view) in ["m1", "m2"].into_iter().zip(views) {
         a.sync(&batch(l, 3), S).unwrap();
@@ -1471,20 +1471,55 @@ fn a_copy_keeps_parked_claims_and_refuses_another_shard_or_a_root_that_served() 
     assert_eq!(copy.sessions[0].parked, vec![(1, 2_750)]);
     let mut b = RootState::new(RootConfig::default());
     b.apply_quotas([quota_b(1, 1.0, 1.0, 2.0)], 0);
-    let taken = b.copy_in(&copy, S).unwrap();
+    let taken = b.copy_in(&copy, 0, S).unwrap();
     assert_eq!((taken.counters, taken.sessions), (1, 1));
     assert_eq!(b.parked_count(), 1);
     assert_eq!(fill(&b, 1, S), 2.25);
     // A reset the copy predates leaves its counter out.
     let mut c = RootState::new(RootConfig::default());
     c.apply_quotas([QuotaUpdate { epoch: 5, reset_epoch: 5, ..quota_b(1, 1.0, 1.0, 2.0) }], 0);
-    assert_eq!(c.copy_in(&copy, S).unwrap().skipped, 1);
+    assert_eq!(c.copy_in(&copy, 0, S).unwrap().skipped, 1);
     assert_eq!(fill(&c, 1, S), 0.0);
     let mut other = RootState::new(RootConfig {
         shard: Some(crate::shard::Shard { index: 1, count: 2 }),
         ..RootConfig::default()
     });
-    assert!(matches!(other.copy_in(&copy, S), Err(CopyError::OtherShard { .. })));
+    assert!(matches!(other.copy_in(&copy, 0, S), Err(CopyError::OtherShard { .. })));
     b.sync(&req("n", vec![]), S).unwrap();
-    assert_eq!(b.copy_in(&copy, S), Err(CopyError::Served));
+    assert_eq!(b.copy_in(&copy, 0, S), Err(CopyError::Served));
+}
+
+/// A copied session's batches since the copy were on time at the copied root: not late
+/// (which would drop what lands above `low_burst`), and a retry of its first sync, whose
+/// answer was lost, is met as that sync was (its hints skipped).
+#[test]
+fn a_copied_sessions_first_batches_count_whole_and_its_retry_is_still_known() {
+    let q = || quota_b(1, 1.0, 5.0, 1_000.0);
+    let mut a = RootState::new(RootConfig::default());
+    a.apply_quotas([q()], 0);
+    a.sync(&req("m", vec![(1, vec![(1, 10_000)])]), S).unwrap();
+    // Past its first contact with `a` (until then it was catching up there).
+    let mut next = req("m", vec![]);
+    next.root_instance = Some(a.instance());
+    a.sync(&next, S).unwrap();
+    let mut b = RootState::new(RootConfig::default());
+    b.apply_quotas([q()], 0);
+    // Taken 2 s ago: drained by 2 units since.
+    b.copy_in(&a.copy_out(S), 2 * S, 3 * S).unwrap();
+    assert_eq!(fill(&b, 1, 3 * S), 8.0);
+    let mut r = req("m", (1..=4).map(|seq| (seq, vec![(1, 10_000)])).collect());
+    r.root_instance = Some(a.instance());
+    r.hints = vec![(1, 500_000)];
+    b.sync(&r, 3 * S).unwrap();
+    assert_eq!(fill(&b, 1, 3 * S), 38.0);
+    assert_eq!(b.stats().late_dropped, 0);
+    b.sync(&r, 3 * S).unwrap();
+    assert_eq!(fill(&b, 1, 3 * S), 38.0);
+    assert_eq!(b.stats().hints_applied, 0);
+    // A root on another database (another key secret) takes nothing of it.
+    a.set_key_secret((1, 2));
+    let mut c = RootState::new(RootConfig::default());
+    c.apply_quotas([q()], 0);
+    c.set_key_secret((3, 4));
+    assert_eq!(c.copy_in(&a.copy_out(S), 0, S), Err(CopyError::OtherCluster));
 }
