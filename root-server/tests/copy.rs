@@ -124,3 +124,29 @@ async fn a_root_starts_without_a_copy_when_no_peer_gives_one() {
     assert!(log.contains("401"), "{log}");
     assert!(log.contains("counters come back from the limiters' hints"), "{log}");
 }
+
+/// A peer that lies (a body past the cap, or not a copy) is refused, and the root starts
+/// without a copy: it never reads more than the cap.
+#[test]
+fn a_lying_peer_is_refused_and_the_root_starts_without_a_copy() {
+    use std::io::{Read as _, Write as _};
+    for answer in [
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4000000000\r\n\r\n{",
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\nnot json!",
+    ] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(answer.as_bytes());
+        });
+        let b = Root::start(&["--copy-from", &peer]);
+        server.join().unwrap();
+        let log = b.log();
+        assert!(log.contains(&format!("no copy from {peer}")), "{log}");
+        assert!(log.contains("a copy of more than") || log.contains("the copy:"), "{log}");
+        assert!(log.contains("counters come back from the limiters' hints"), "{log}");
+    }
+}
