@@ -274,7 +274,11 @@ impl AppState {
         peer: Option<std::net::IpAddr>,
         now: u64,
     ) -> Result<SyncAnswer, yarl_core::proto::SyncError> {
+        let asked = Instant::now();
         let _cut = self.0.cut.read();
+        // Waits only while a copy of the state is taken (`copy_out`): shown with the waits
+        // for the stripes' locks, since it holds every sync the same way.
+        self.0.metrics.lock_used(asked.elapsed(), Duration::ZERO);
         let mut version = 0;
         let mut parts = Vec::with_capacity(self.0.root.len());
         for i in 0..self.0.root.len() {
