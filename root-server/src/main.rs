@@ -111,7 +111,7 @@ struct Args {
     /// try several in turn). Without it, or when none answers, a restarted root rebuilds
     /// its counters from the limiters' hints, which can miss a sync interval of counts.
     /// Asked with this root's admin token: roots of a shard share it.
-    #[arg(long = "copy-from", env = "YARL_COPY_FROM", value_delimiter = ',')]
+    #[arg(long = "copy-from", env = "YARL_COPY_FROM", value_delimiter = ',', value_parser = parse_root_url)]
     copy_from: Vec<String>,
     /// PEM certificates to check an https --copy-from root against, instead of the
     /// system's CAs.
@@ -296,6 +296,16 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A root's base URL: `http://` or `https://`, a host, nothing after the port.
+fn parse_root_url(s: &str) -> Result<String, String> {
+    let s = s.trim().trim_end_matches('/');
+    let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
+    match rest {
+        Some(r) if !r.is_empty() && !r.contains(['/', '?', '#', '@', ' ']) => Ok(s.to_owned()),
+        _ => Err("must be a root's URL, http://HOST[:PORT] or https://HOST[:PORT]".into()),
+    }
+}
+
 fn parse_lease(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 3s, 500ms)"))?;
     if d < Duration::from_millis(200) || d > Duration::from_secs(60) {
@@ -402,15 +412,15 @@ async fn main() -> anyhow::Result<()> {
 const COPY_TIMEOUT: Duration = Duration::from_secs(60);
 const COPY_MAX_BYTES: usize = 256 << 20;
 
-/// Starts from a copy of the first of `peers` that gives one (see `--copy-from`); none is
-/// an error only for a bad URL or CA file, never for a peer that is down.
+/// Starts from a copy of the first of `peers` that gives one (see `--copy-from`, whose URLs
+/// clap checked); none is an error only for a bad CA file, never for a peer that is down.
 async fn copy_from_peers(
     state: &AppState,
     peers: &[String],
     ca_file: Option<&Path>,
 ) -> anyhow::Result<()> {
     let token = state.admin_token();
-    for url in peers.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+    for url in peers {
         let client = Client::new(url, token.clone(), ca_file)
             .with_context(|| format!("--copy-from {url}"))?;
         let started = std::time::Instant::now();
@@ -507,6 +517,20 @@ mod tests {
         assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_interval("0s").unwrap_err().contains("10ms to 1h"));
         assert!(parse_interval("soon").unwrap_err().contains("e.g. 1s"));
+    }
+
+    #[test]
+    fn copy_from_urls() {
+        let a =
+            Args::try_parse_from(["yarl-root", "--copy-from", "http://a:7700/,https://b"]).unwrap();
+        assert_eq!(a.copy_from, ["http://a:7700", "https://b"]);
+        for bad in ["root-b:7700", "http://", "ftp://a", "http://a/v1/sync"] {
+            let e = Args::try_parse_from(["yarl-root", "--copy-from", bad]).unwrap_err();
+            assert!(
+                e.to_string().contains("--copy-from") && e.to_string().contains("http://HOST"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
