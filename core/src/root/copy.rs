@@ -160,10 +160,10 @@ impl RootState {
         if copy.cluster.is_some() && copy.cluster != self.key_secret.map(cluster_id) {
             return Err(CopyError::OtherCluster);
         }
-        let taken_at = now.saturating_sub(age);
         if self.born.is_some() {
             return Err(CopyError::Served);
         }
+        let taken_at = now.saturating_sub(age);
         let mut taken = CopyTaken::default();
         self.keys.asked.clear();
         for &(key, template) in &copy.key_templates {
@@ -206,9 +206,6 @@ impl RootState {
                 continue;
             }
             self.make_room(None);
-            if self.config.max_limiters == 0 {
-                break;
-            }
             let mut s = Session {
                 acked: sc.acked,
                 sid: self.new_sid(),
