@@ -347,6 +347,7 @@ mod tests {
             key_templates: Vec::new(),
             hinted_seq: None,
             in_flight: Vec::new(),
+            view_age_ns: None,
         }
     }
 

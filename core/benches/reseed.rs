@@ -74,6 +74,7 @@ fn main() {
             interest: false,
             watch: Vec::new(),
             in_flight: Vec::new(),
+            view_age_ns: None,
         })
         .collect();
     let bodies: Vec<Vec<u8>> = calls.iter().map(v2::encode_request).collect();

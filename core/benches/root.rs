@@ -85,6 +85,7 @@ impl Cluster {
             key_templates: Vec::new(),
             hinted_seq: None,
             in_flight: Vec::new(),
+            view_age_ns: None,
         }
     }
 

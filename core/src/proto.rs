@@ -85,6 +85,13 @@ pub struct SyncRequest {
     /// [`SyncResponse::grants`]. Sorted by id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_flight: Vec<InFlightReport>,
+    /// With hints: how long (ns) before this request the limiter last had an answer from a
+    /// root of this shard, i.e. the age of the view its hints were read from. A root that
+    /// started after that answer knows the view holds none of the batches it sums itself,
+    /// so it adds such hints to what it summed rather than taking the max (see
+    /// `RootState::sync_from`); absent, hints merge by max.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_age_ns: Option<u64>,
 }
 
 /// One concurrency counter's [`Report`](crate::concurrency::Report) in a request.

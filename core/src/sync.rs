@@ -187,6 +187,10 @@ pub struct SyncEngine {
     in_flight: in_flight::InFlight,
     /// A share shrank in an answer: report again at the next poll.
     in_flight_ack: bool,
+    /// Per shard: when an answer's fills were last merged into this limiter's view (0:
+    /// not since this engine began). Hints are read from that view, so a root that started
+    /// after it knows they hold none of the batches it sums (`SyncRequest::view_age_ns`).
+    view_at: Vec<u64>,
     /// Per shard: no root of it answered the last round. This host then decided on its
     /// own count, and its batches reach the roots late, past their meters: what it counted
     /// meanwhile is no share of a cluster-wide rate.
@@ -306,6 +310,7 @@ impl SyncEngine {
             keys_seen: u64::MAX,
             in_flight: in_flight::InFlight::default(),
             in_flight_ack: false,
+            view_at: vec![0; shards as usize],
             silent: vec![false; shards as usize],
         })
     }
@@ -452,8 +457,9 @@ impl SyncEngine {
     ) -> Vec<RootCall> {
         let epoch = self.limiter.epoch();
         let mut calls = Vec::new();
-        // Per root: the highest `seq` another root of its shard acknowledged. Those batches
-        // are in the fills that root answered, so in this limiter's view and its hints.
+        // Per root: the highest `seq` another root of its shard acknowledged in an answer
+        // merged into this limiter's view. Those batches are in the fills that root
+        // answered, so in the view and its hints.
         let acked_elsewhere: Vec<u64> = (0..self.roots.len())
             .map(|i| {
                 let shard = self.roots[i].shard;
@@ -461,7 +467,7 @@ impl SyncEngine {
                     .iter()
                     .enumerate()
                     .filter(|&(k, l)| k != i && l.shard == shard)
-                    .map(|(_, l)| self.limiter.root_entry(l.entry).get(zroots::ACKED))
+                    .map(|(_, l)| l.in_view)
                     .max()
                     .unwrap_or(0)
             })
@@ -496,6 +502,9 @@ impl SyncEngine {
             };
             let hinted_seq =
                 (!hints.is_empty() && acked_elsewhere[i] > 0).then_some(acked_elsewhere[i]);
+            let view_at = self.view_at[link.shard as usize];
+            let view_age_ns =
+                (!hints.is_empty() && view_at > 0).then(|| now.saturating_sub(view_at));
             let watch = watch[link.shard as usize].clone();
             // The oldest batches first, within the call's budget (at least one batch).
             let mut budget = self.config.max_call_entries.saturating_sub(hints.len() + watch.len());
@@ -539,6 +548,7 @@ impl SyncEngine {
                     hinted_seq,
                     key_templates,
                     in_flight: std::mem::take(&mut reports[i]),
+                    view_age_ns,
                 },
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));
@@ -566,7 +576,7 @@ impl SyncEngine {
                 return session::fail(e, &err, max_backoff);
             }
         };
-        let pending = link.acknowledge(e, &resp);
+        let (pending, restarted) = link.acknowledge(e, &resp);
         status::record_success(e, latency, now, pending);
         let shard = link.shard;
         if let Some(secret) = resp.key_secret {
@@ -589,7 +599,10 @@ impl SyncEngine {
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
-        self.merge_counters(&resp.counters, resp.root_epoch, shard, now);
+        self.merge_counters(&resp.counters, resp.root_epoch, shard, !restarted, now);
+        if !restarted {
+            self.view_at[shard as usize] = now;
+        }
         if !resp.grants.is_empty() {
             self.in_flight_ack |= self.in_flight.apply(&self.limiter, root, &resp.grants, now);
         }
@@ -627,12 +640,14 @@ impl SyncEngine {
     }
 
     /// Merges the counters a root of `shard` reported (`(id, fill, demand)`) into the block
-    /// and records what the round learned of them.
+    /// (their fills into the view only if `merge`) and records what the round learned of
+    /// them.
     fn merge_counters(
         &mut self,
         counters: &[(QuotaId, u64, u64)],
         root_epoch: Option<Epoch>,
         shard: u32,
+        merge: bool,
         now: u64,
     ) {
         let (round, active, limiter, shards) =
@@ -692,7 +707,9 @@ impl SyncEngine {
                     if facts.seen.is_none() {
                         facts.seen = c.base(s);
                     }
-                    c.merge_report(s, fill, now);
+                    if merge {
+                        c.merge_report(s, fill, now);
+                    }
                     facts.demand = facts.demand.max(demand);
                     active.insert(s);
                     if let Some(v) = round.report(entry, id) {

@@ -77,6 +77,7 @@ fn report<'a>(
                 key_templates: Vec::new(),
                 hinted_seq: None,
                 in_flight: vec![InFlightReport { id: ID, report }],
+                view_age_ns: None,
             };
             let lose_request = !host.lost[r] && *losses.next().unwrap();
             let lose_answer = *losses.next().unwrap();

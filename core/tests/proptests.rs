@@ -65,6 +65,7 @@ fn request(limiter: &str, batches: Vec<DeltaBatch>, hints: Vec<(u64, u64)>) -> S
         key_templates: Vec::new(),
         hinted_seq: None,
         in_flight: Vec::new(),
+        view_age_ns: None,
     }
 }
 

@@ -36,7 +36,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
         prop::collection::vec(num(), 0..20),
         prop::collection::vec((num(), num()), 0..20),
         prop::option::of(num()),
-        prop::collection::vec(in_flight_report(), 0..5),
+        (prop::collection::vec(in_flight_report(), 0..5), prop::option::of(num())),
     )
         .prop_map(
             |(
@@ -51,7 +51,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                 watch,
                 key_templates,
                 hinted_seq,
-                in_flight,
+                (in_flight, view_age_ns),
             )| {
                 SyncRequest {
                     v: PROTOCOL_VERSION,
@@ -67,6 +67,7 @@ fn request() -> impl Strategy<Value = SyncRequest> {
                     key_templates,
                     hinted_seq,
                     in_flight,
+                    view_age_ns,
                 }
             },
         )
@@ -202,7 +203,9 @@ proptest! {
         let bytes = v2::encode_request(&r);
         let cut = cut.index(bytes.len());
         // What each earlier revision of the format would have carried of it.
-        let mut no_reports = r.clone();
+        let mut no_age = r.clone();
+        no_age.view_age_ns = None;
+        let mut no_reports = no_age.clone();
         no_reports.in_flight.clear();
         let mut no_hint = no_reports.clone();
         no_hint.hinted_seq = None;
@@ -226,6 +229,8 @@ proptest! {
                     || (cut >= v2::encode_request(&no_hint).len() && got == no_hint)
                     // Field 14 written makes 12 and 13 written too.
                     || (cut >= v2::encode_request(&no_reports).len() && got == no_reports)
+                    // Field 15 written makes 12 to 14 written too.
+                    || (cut >= v2::encode_request(&no_age).len() && got == no_age)
             ),
         }
         let _ = v2::decode_request(&junk, 1_000);
@@ -251,6 +256,7 @@ fn sample_request() -> SyncRequest {
         key_templates: Vec::new(),
         hinted_seq: None,
         in_flight: Vec::new(),
+        view_age_ns: None,
     }
 }
 
@@ -327,10 +333,18 @@ fn hostile_bodies_name_what_is_wrong() {
     let bytes = v2::encode_request(&with_reports);
     assert_eq!(v2::decode_request(&bytes, 12).unwrap(), with_reports);
     assert_eq!(err(&bytes, 11), DecodeError::TooLarge(12, 11));
+    // Field 15: the age of the view the hints were read from.
+    let mut with_age = with_reports.clone();
+    with_age.view_age_ns = Some(1_500_000_000);
+    let bytes = v2::encode_request(&with_age);
+    assert_eq!(v2::decode_request(&bytes, 12).unwrap(), with_age);
+    let mut b = bytes.clone();
+    b.truncate(b.len() - 1);
+    assert_eq!(err(&b, 12).to_string(), "bad v2 body at view_age_ns: truncated");
     // Trailing bytes after every known field are left for later revisions.
     let mut b = bytes.clone();
     b.extend([1, 2, 3]);
-    assert_eq!(v2::decode_request(&b, 12).unwrap(), with_reports);
+    assert_eq!(v2::decode_request(&b, 12).unwrap(), with_age);
     // An epoch list that does not match the batches is refused, by name.
     let mut b = good.clone();
     b.extend([1, 5, 3, 0, 0, 0]);

@@ -379,6 +379,8 @@ async fn main() -> anyhow::Result<()> {
     let loaded = state.load().await.context("loading quotas")?;
     tracing::info!(rows = loaded, epoch = state.epoch(), db = %db::redact(&args.db), "quotas loaded");
     copy_from_peers(&state, &args.copy_from, args.copy_ca_file.as_deref()).await?;
+    // Before it listens: limiters' views answered before now hold none of what it will sum.
+    state.start().await?;
     let _background = state.spawn_background();
 
     let listener = tokio::net::TcpListener::bind(args.listen)

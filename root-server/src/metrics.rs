@@ -183,6 +183,12 @@ impl Metrics {
             s.stats.hints_applied,
         );
         counter(
+            "yarl_root_hints_added_total",
+            "Of those, hints from a limiter's view older than this root, added on top of what \
+             it counted itself.",
+            s.stats.hints_added,
+        );
+        counter(
             "yarl_root_claims_parked_total",
             "Admitted amounts above a counter's ceiling, parked with the limiter that sent them.",
             s.stats.claims_parked,

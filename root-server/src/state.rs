@@ -306,6 +306,14 @@ impl AppState {
         RootCopy::join(parts)
     }
 
+    /// Marks the root as about to take syncs, before it listens: hints read from answers
+    /// older than this add to what it sums (see `yarl_core::RootState::start`).
+    pub async fn start(&self) -> Result<(), ApiError> {
+        let now = self.now();
+        self.with_stripes(move |r| r.start(now)).await?;
+        Ok(())
+    }
+
     /// Takes another root's copy as this root's counters and sessions, before it serves a
     /// sync (see `yarl_core::root::RootCopy`).
     /// `age`: at most how long ago the copied root took it (the time since it was asked).

@@ -50,6 +50,7 @@ fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
         key_templates: Vec::new(),
         hinted_seq: None,
         in_flight: Vec::new(),
+        view_age_ns: None,
     }
 }
 

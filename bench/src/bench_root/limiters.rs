@@ -164,6 +164,7 @@ async fn limiter(
                 key_templates: Vec::new(),
                 hinted_seq: None,
                 in_flight: Vec::new(),
+                view_age_ns: None,
             };
             let (client, url, shared) = (&client, &urls[k], &shared);
             async move {

@@ -80,6 +80,7 @@ use super::sessions::Session;
 use super::RootState;
 use crate::proto::{DeltaBatch, SyncRequest};
 use crate::quota::{Epoch, Limits, QuotaId};
+use crate::units::LeakyBucket;
 use crate::zone::keys::is_key_id;
 
 /// New batches in one request from which they are late: see "Late batches".
@@ -180,8 +181,9 @@ impl RootState {
         self.stats.hints_redundant += here as u64;
     }
 
-    /// Applies `req`'s hints of this stripe's counters, unless they predate a reset.
-    pub(super) fn apply_hints(&mut self, req: &SyncRequest, now: u64) {
+    /// Applies `req`'s hints of this stripe's counters, unless they predate a reset; read
+    /// from a view older than this root if `pre_start`.
+    pub(super) fn apply_hints(&mut self, req: &SyncRequest, pre_start: bool, now: u64) {
         if req.hints.is_empty() {
             return;
         }
@@ -189,6 +191,7 @@ impl RootState {
         if now.saturating_sub(born) > self.config.hint_window_ns {
             let here = req.hints.iter().filter(|h| self.stripe.contains(h.0)).count();
             self.stats.hints_late += here as u64;
+            self.pre_start = Default::default();
             return;
         }
         let hints_epoch = req.seen_epoch.unwrap_or(req.epoch);
@@ -207,7 +210,7 @@ impl RootState {
                 self.stats.dropped_before_reset += 1;
                 continue;
             }
-            self.apply_hint(id, fill, now);
+            self.apply_hint(id, fill, pre_start, now);
         }
     }
 
@@ -332,21 +335,56 @@ impl RootState {
         0
     }
 
-    /// Raises counter `id` to a limiter's view of its fill, cut at the ceiling.
-    fn apply_hint(&mut self, id: QuotaId, fill: u64, now: u64) {
+    /// Raises counter `id` to a limiter's view of its fill, cut at the ceiling: by max, or,
+    /// for a view older than this root (`pre_start`), by what it holds beyond the highest
+    /// such view so far, on top of what this root summed (see `RootState::sync_from`).
+    fn apply_hint(&mut self, id: QuotaId, fill: u64, pre_start: bool, now: u64) {
         let Some(l) = self.live_limits(id) else { return };
         let ceiling = self.ceiling(&l);
         if fill > ceiling {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
+        let floor = if pre_start { self.pre_start_floor(id, fill, &l, now) } else { None };
         let Some(c) = self.counter_now(id, l.limit(), now) else { return };
-        if fill > c.bucket.fill {
+        if let Some(more) = floor {
+            let taken = more.min(ceiling.saturating_sub(c.bucket.fill));
+            if taken > 0 {
+                c.bucket.add(taken);
+                self.stats.hints_applied += 1;
+                self.stats.hints_added += 1;
+                self.log_change(id, l.limit());
+            }
+        } else if fill > c.bucket.fill {
             c.bucket.fill = fill;
             c.bucket.carry = 0;
             self.stats.hints_applied += 1;
             self.log_change(id, l.limit());
+            // In the hint window, what the counter now holds of older views is unknown.
+            if !self.copied_in
+                && self.born.is_some_and(|b| now.saturating_sub(b) <= self.config.hint_window_ns)
+            {
+                self.pre_start.insert(id, None);
+            }
         }
+    }
+
+    /// For a hint `fill` of counter `id` read from a view older than this root: how much
+    /// it holds beyond the highest such hint before (drained like the counter), which it
+    /// replaces; `None` if a hint from a newer view lifted the counter first (merge by
+    /// max then).
+    fn pre_start_floor(&mut self, id: QuotaId, fill: u64, l: &Limits, now: u64) -> Option<u64> {
+        let floor = self
+            .pre_start
+            .entry(id)
+            .or_insert(Some(LeakyBucket { fill: 0, at: now, carry: 0 }))
+            .as_mut()?;
+        floor.advance(now, l.limit());
+        let more = fill.saturating_sub(floor.fill);
+        if more > 0 {
+            *floor = LeakyBucket { fill, at: now, carry: 0 };
+        }
+        Some(more)
     }
 
     /// Parks what a claim could not put into a counter with the session that claimed it.

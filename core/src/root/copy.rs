@@ -18,11 +18,18 @@
 //! some limiter's hints are still on their way) would hold less than the limiters' views;
 //! sessions still catching up there are copied as not caught up, so their hints are
 //! taken here too.
+//!
+//! A copy of a root still in its hint window also carries how long before the copy it
+//! started and what it holds of views older than that (`RootState::pre_start`): the root
+//! that takes it goes on adding hints of such views where the copied root would have, and
+//! merges hints of newer views, which may repeat what the copy holds, by max. Without it
+//! (the copied root is past its window) every hint merges by max.
 
 use super::sessions::Session;
 use super::RootState;
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
+use crate::units::LeakyBucket;
 use serde::{Deserialize, Serialize};
 
 /// One root's counters and sessions at one instant, for a root of the same shard that
@@ -43,6 +50,20 @@ pub struct RootCopy {
     pub key_templates: Vec<(QuotaId, QuotaId)>,
     /// The sessions.
     pub sessions: Vec<SessionCopy>,
+    /// The copied root's start and what it holds of older views, while it takes hints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_start: Option<PreStartCopy>,
+}
+
+/// What a copied root, still in its hint window, holds of limiters' views older than its
+/// start (see `RootState::sync_from`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PreStartCopy {
+    /// How long before the copy it started taking syncs (ns).
+    pub started_ago_ns: u64,
+    /// Per counter: the highest hint of such a view it added, drained to the copy
+    /// (milli-units), or none once a hint of a newer view lifted the counter by max.
+    pub floors: Vec<(QuotaId, Option<u64>)>,
 }
 
 /// One limiter's session in a [`RootCopy`].
@@ -102,6 +123,15 @@ impl RootCopy {
         for p in parts {
             lead.counters.extend(p.counters);
             lead.key_templates.extend(p.key_templates);
+            // Every stripe's, or none: the earliest start, as the one to count from.
+            lead.pre_start = match (lead.pre_start.take(), p.pre_start) {
+                (Some(mut a), Some(b)) => {
+                    a.started_ago_ns = a.started_ago_ns.max(b.started_ago_ns);
+                    a.floors.extend(b.floors);
+                    Some(a)
+                }
+                _ => None,
+            };
             for s in p.sessions {
                 if let Some(&i) = index.get(&s.limiter) {
                     let l = &mut lead.sessions[i];
@@ -145,6 +175,20 @@ impl RootState {
                 parked: s.parked.iter().map(|(&id, &p)| (id, p)).collect(),
             })
             .collect();
+        let started = self.started.or(self.born.map(i128::from));
+        let in_window =
+            self.born.map_or(true, |b| now.saturating_sub(b) <= self.config.hint_window_ns);
+        copy.pre_start = in_window.then(|| PreStartCopy {
+            started_ago_ns: started.map_or(0, |s| u64::try_from(now as i128 - s).unwrap_or(0)),
+            floors: self
+                .pre_start
+                .iter()
+                .map(|(&id, f)| {
+                    let limit = self.quotas.get(&id).map(|q| q.limits.limit());
+                    (id, f.as_ref().map(|f| limit.map_or(f.fill, |l| f.fill_at(now, l))))
+                })
+                .collect(),
+        });
         copy
     }
 
@@ -165,6 +209,20 @@ impl RootState {
         }
         let taken_at = now.saturating_sub(age);
         let mut taken = CopyTaken::default();
+        // Views older than the copied root's start (counted from when the copy was asked,
+        // which is no later) add where they would have there; without, all merge by max.
+        match &copy.pre_start {
+            Some(p) => {
+                self.started = Some(taken_at as i128 - p.started_ago_ns as i128);
+                for &(id, f) in &p.floors {
+                    if self.stripe.contains(id) {
+                        let floor = f.map(|fill| LeakyBucket { fill, at: taken_at, carry: 0 });
+                        self.pre_start.insert(id, floor);
+                    }
+                }
+            }
+            None => self.copied_in = true,
+        }
         self.keys.asked.clear();
         for &(key, template) in &copy.key_templates {
             if self.stripe.contains(key) {

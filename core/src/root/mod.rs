@@ -41,14 +41,14 @@ mod stripes;
 mod tests;
 
 pub use answer::SyncAnswer;
-pub use copy::{CopyError, CopyTaken, RootCopy, SessionCopy};
+pub use copy::{CopyError, CopyTaken, PreStartCopy, RootCopy, SessionCopy};
 pub use quotas::HOLD_NS;
 pub use stripes::{stripe_of, MAX_STRIPES};
 
 use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
-use crate::units::NANOS_PER_SEC;
+use crate::units::{LeakyBucket, NANOS_PER_SEC};
 use changes::ChangeLog;
 use counters::{place_of, Counters};
 use interest::{Inbox, Watchers};
@@ -198,6 +198,9 @@ pub struct RootStats {
     pub duplicate_batches: u64,
     /// Hints that raised a counter.
     pub hints_applied: u64,
+    /// Of those, hints read from a view older than this root that it added on top of what
+    /// it summed itself, rather than merging by max (see [`RootState::sync_from`]).
+    pub hints_added: u64,
     /// Admitted amounts that met a counter's ceiling and were parked with their session.
     pub claims_parked: u64,
     /// Parked amounts dropped because the session or the root held too many.
@@ -316,6 +319,19 @@ pub struct RootState {
     /// The time of this root's first sync: hints count from it (see
     /// [`RootConfig::hint_window_ns`]).
     born: Option<u64>,
+    /// When this root began to take syncs (before it listened; see [`RootState::start`]):
+    /// a limiter's view answered before then holds none of the batches this root sums.
+    /// Signed: a copied root's start ([`RootState::copy_in`]) may precede this process's
+    /// clock.
+    started: Option<i128>,
+    /// Per counter, in the hint window, the highest hint read from such a view (drained
+    /// like the counter): the part of the counter this root did not sum. `None` once a
+    /// hint from a newer view lifted the counter by max: what it holds of whose is then
+    /// unknown, and later hints of that counter merge by max too.
+    pre_start: IdMap<Option<LeakyBucket>>,
+    /// Whether this root took a copy of another ([`RootState::copy_in`]): the copy holds
+    /// whatever an older view could add, so every hint merges by max.
+    copied_in: bool,
     stats: RootStats,
 }
 
@@ -351,8 +367,18 @@ impl RootState {
             escrows: inflight::Escrows::default(),
             key_secret: None,
             born: None,
+            started: None,
+            pre_start: IdMap::default(),
+            copied_in: false,
             stats: RootStats::default(),
         }
+    }
+
+    /// Marks the time from which this root may take syncs, before it listens (without it,
+    /// its first sync's): a hint read from an answer older than this holds no batch this
+    /// root counts itself, so such hints add to its sums (see [`RootState::sync_from`]).
+    pub fn start(&mut self, now: u64) {
+        self.started.get_or_insert(now as i128);
     }
 
     /// This root process's instance id.
@@ -436,6 +462,17 @@ impl RootState {
         // (`Session::catch_up`); skipped, the restarted root kept only what was counted
         // since (`make chaos`: a ledger 14,000 units short at one root).
         let catching_up = known && s.catch_up && !req.hints.is_empty();
+        // Hints from a view answered before this root started hold only counts of before,
+        // none of the batches it sums (those were sent to it, so after it started; the
+        // ones another root took are skipped by `hinted_seq`). Merged by max, a hint that
+        // came after this root summed some batches swallowed them: with both roots of a
+        // shard killed at once, `make chaos` found a round of the cluster's traffic lost.
+        // Such a hint lifts the counter by what it holds beyond the highest one before
+        // (`pre_start`) instead. The answer time, in this root's clock, is at most
+        // `now - view_age_ns` (the request took some time to come).
+        let started = self.started.unwrap_or(self.born.unwrap_or(now) as i128);
+        let pre_start = !self.copied_in
+            && req.view_age_ns.is_some_and(|age| (now as i128) - (age as i128) < started);
         s.catch_up = !known || catching_up;
         let acked = if known && !catching_up {
             // Hints to a root that never lost this limiter's session make up only for
@@ -448,13 +485,14 @@ impl RootState {
             let dropped = first.map_or(true, |f| f > s.acked.saturating_add(1));
             let acked = self.apply_batches(req, &mut s, 0, now);
             if dropped {
-                self.apply_hints(req, now);
+                // A root that knows the session has answered it since it started.
+                self.apply_hints(req, false, now);
             } else {
                 self.skip_hints(req);
             }
             acked
         } else {
-            self.apply_hints(req, now);
+            self.apply_hints(req, pre_start, now);
             self.apply_batches(req, &mut s, req.hinted_seq.unwrap_or(0), now)
         };
         let noted = self.update_interest(&mut s, req, applied_before, now);

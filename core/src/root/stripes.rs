@@ -61,6 +61,7 @@ impl RootStats {
         self.deltas_held += o.deltas_held;
         self.deltas_foreign += o.deltas_foreign;
         self.hints_applied += o.hints_applied;
+        self.hints_added += o.hints_added;
         self.claims_parked += o.claims_parked;
         self.claims_dropped += o.claims_dropped;
         self.rejected_capped += o.rejected_capped;

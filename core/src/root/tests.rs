@@ -52,6 +52,7 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
         key_templates: Vec::new(),
         hinted_seq: None,
         in_flight: Vec::new(),
+        view_age_ns: None,
     }
 }
 
@@ -1522,4 +1523,107 @@ fn a_copied_sessions_first_batches_count_whole_and_its_retry_is_still_known() {
     c.apply_quotas([q()], 0);
     c.set_key_secret((3, 4));
     assert_eq!(c.copy_in(&a.copy_out(S), 0, S), Err(CopyError::OtherCluster));
+}
+
+/// Both roots of a shard killed at once: no live root to copy. Two limiters synced rounds 1
+/// and 2 with the old roots (views 30 and 40 of the 40 counted); the new roots start at
+/// 2 s, and each limiter's next call brings its view as a hint, `hinted_seq` 2 and its
+/// round-3 batch (10 each), first `m1`, then `m2`. Returns the new root's fill: by max,
+/// `m2`'s hint (40) swallows `m1`'s batch summed before it; a hint from a view older than
+/// the root adds what it holds beyond the highest such hint.
+fn restart_both(view_age: bool) -> f64 {
+    let q = || quota_b(1, 0.001, 1_000.0, 2_000.0);
+    let mut b = RootState::new(RootConfig::default());
+    b.apply_quotas([q()], 0);
+    b.start(2 * S);
+    for (l, view) in [("m1", 30_000), ("m2", 40_000)] {
+        let mut r = req(l, vec![(3, vec![(1, 10_000)])]);
+        r.root_instance = Some(7);
+        r.hinted_seq = Some(2);
+        r.hints = vec![(1, view)];
+        // Answered at 1 s, the last round before the kill.
+        r.view_age_ns = view_age.then_some(2 * S);
+        b.sync(&r, 3 * S).unwrap();
+    }
+    (fill(&b, 1, 3 * S) * 1000.0).round() / 1000.0
+}
+
+#[test]
+fn with_both_roots_restarted_hints_from_older_views_add_to_the_roots_own_sums() {
+    assert_eq!(restart_both(false), 50.0);
+    assert_eq!(restart_both(true), 60.0);
+}
+
+/// A hint from a view answered after the root started (another root of the shard served
+/// it since) holds batches this root summed too: it merges by max, and what the counter
+/// holds of older views is then unknown, so their hints merge by max as well.
+#[test]
+fn hints_from_views_newer_than_the_root_merge_by_max() {
+    let q = || quota_b(1, 0.001, 1_000.0, 2_000.0);
+    let mut b = RootState::new(RootConfig::default());
+    b.apply_quotas([q()], 0);
+    b.start(2 * S);
+    let hinted = |l: &str, seq: u64, view: u64, age: u64| {
+        let mut r = req(l, vec![(seq, vec![(1, 10_000)])]);
+        r.hinted_seq = Some(seq - 1);
+        r.hints = vec![(1, view)];
+        r.view_age_ns = Some(age);
+        r
+    };
+    // `m3`'s view is 0.5 s old at 3 s: answered after the start, it holds m3's batch 4
+    // (another root took it) and the 55 units that root had.
+    b.sync(&hinted("m3", 5, 55_000, S / 2), 3 * S).unwrap();
+    assert_eq!((fill(&b, 1, 3 * S) * 1000.0).round(), 65_000.0);
+    // `m1`'s view predates the start, but the counter was lifted by max: no addition.
+    b.sync(&hinted("m1", 3, 30_000, 2 * S), 3 * S).unwrap();
+    assert_eq!((fill(&b, 1, 3 * S) * 1000.0).round(), 75_000.0);
+    assert_eq!(b.stats().hints_added, 0);
+}
+
+/// Both roots killed; `b` comes back first, and `c` starts from a copy of it, taken after
+/// `m1` (view 30 of the 40 counted, and its batch 3) and before `m2` (view 40, batch 3) got
+/// to `b`. `m2`'s view is older than `b`'s start: it adds at `c` what it holds beyond `m1`'s
+/// (the copied floor), as at `b`; a view newer than `b`'s start merges by max. A copy of a
+/// root past its hint window carries no floors: hints merge by max.
+#[test]
+fn a_copy_of_a_root_taking_hints_goes_on_adding_older_views() {
+    let q = || quota_b(1, 0.001, 1_000.0, 2_000.0);
+    let hinted = |l: &str, view: u64, age: u64| {
+        let mut r = req(l, vec![(3, vec![(1, 10_000)])]);
+        r.root_instance = Some(7);
+        r.hinted_seq = Some(2);
+        r.hints = vec![(1, view)];
+        r.view_age_ns = Some(age);
+        r
+    };
+    let units = |r: &RootState, now: u64| (fill(r, 1, now) * 1000.0).round() / 1000.0;
+    let mut b = RootState::new(RootConfig::default());
+    b.apply_quotas([q()], 0);
+    b.start(2 * S);
+    b.sync(&hinted("m1", 30_000, 2 * S), 3 * S).unwrap();
+    assert_eq!(units(&b, 3 * S), 40.0);
+    let copy = b.copy_out(3 * S);
+    assert_eq!(copy.pre_start.as_ref().unwrap().started_ago_ns, S);
+    let mut c = RootState::new(RootConfig::default());
+    c.apply_quotas([q()], 0);
+    c.copy_in(&copy, 0, 3 * S).unwrap();
+    c.start(3 * S);
+    c.sync(&hinted("m2", 40_000, 3 * S), 4 * S).unwrap();
+    b.sync(&hinted("m2", 40_000, 3 * S), 4 * S).unwrap();
+    assert_eq!((units(&b, 4 * S), units(&c, 4 * S)), (60.0, 60.0));
+    assert_eq!(c.stats().hints_added, 1);
+    // Each process counts time from its own start: a root whose clock began after `b`
+    // started does the same.
+    let mut d = RootState::new(RootConfig::default());
+    d.apply_quotas([q()], 0);
+    d.copy_in(&copy, 0, S / 2).unwrap();
+    d.start(S / 2);
+    d.sync(&hinted("m2", 40_000, 3 * S), 3 * S / 2).unwrap();
+    assert_eq!(units(&d, 3 * S / 2), 60.0);
+    // Answered at 3.5 s, after `b` started: by max.
+    c.sync(&hinted("m3", 70_000, S / 2), 4 * S).unwrap();
+    assert_eq!(units(&c, 4 * S), 80.0);
+    // Past the window, the copy says nothing of older views.
+    let later = b.copy_out(3 * S + RootConfig::default().hint_window_ns + 1);
+    assert_eq!(later.pre_start, None);
 }

@@ -27,6 +27,9 @@ pub(super) struct RootLink {
     /// Where the hints of the call in flight leave off: `Some(0)` if they were the last,
     /// `Some(id)` if hints from `id` on are still to send; taken in by an answer.
     hint_sent: Option<QuotaId>,
+    /// The highest `seq` this root acknowledged in an answer whose fills this limiter's
+    /// view holds (see [`RootLink::acknowledge`]).
+    pub in_view: u64,
 }
 
 /// The most hints one call carries: a restarted root with a million active keys gets them
@@ -47,7 +50,16 @@ impl RootLink {
             add_hints(e);
             e.set(zroots::PENDING, 0);
         }
-        RootLink { url, shard, entry, pending: VecDeque::new(), hint_next: 0, hint_sent: None }
+        let in_view = e.get(zroots::ACKED);
+        RootLink {
+            url,
+            shard,
+            entry,
+            pending: VecDeque::new(),
+            hint_next: 0,
+            hint_sent: None,
+            in_view,
+        }
     }
 
     /// Whether the next call carries hints: the root needs them ([`wants_hints`]) or the
@@ -96,12 +108,20 @@ impl RootLink {
     }
 
     /// Takes in the root's answer: what it acknowledged, where its next answer starts, and
-    /// whether it restarted. Returns the batches still pending.
-    pub fn acknowledge(&mut self, e: zroots::Entry<'_>, resp: &SyncResponse) -> usize {
+    /// whether it restarted. Returns the batches still pending, and whether the answer's
+    /// fills are to stay out of this limiter's view: the root restarted since the last
+    /// answer and this call brought it no hints, so they are only what it summed since it
+    /// started; merged, they would make the view look newer than its start, and the hints
+    /// of the next request (read from the view as it was before) then merge by max,
+    /// losing counts (`SyncRequest::view_age_ns`).
+    pub fn acknowledge(&mut self, e: zroots::Entry<'_>, resp: &SyncResponse) -> (usize, bool) {
         let known = e.get(zroots::INSTANCE);
         let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
-        // A root that restarted lost its counters: tell it what we know next round.
-        let restarted = known != 0 && known != resp.root_instance;
+        // A root that restarted lost its counters: tell it what we know next round, unless
+        // this call told it (it took the hints as from a limiter it did not know). Sent
+        // again, they would hold the batches it has acknowledged since, and this limiter
+        // had counted into its view while no root answered: their counts twice.
+        let restarted = known != 0 && known != resp.root_instance && self.hint_sent.is_none();
         e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
         // A restart loses what earlier calls hinted: start over.
         self.hint_next =
@@ -112,7 +132,10 @@ impl RootLink {
         e.set(zroots::ACKED, resp.acked_seq);
         self.pending.retain(|b| b.seq > resp.acked_seq);
         e.set(zroots::SKIP, 0);
-        self.pending.len()
+        if !restarted {
+            self.in_view = resp.acked_seq;
+        }
+        (self.pending.len(), restarted)
     }
 }
 

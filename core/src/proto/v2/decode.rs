@@ -297,6 +297,7 @@ impl<'de> Visitor<'de> for Message<'_, SyncRequest> {
             interest: false,
             watch: Vec::new(),
             in_flight: Vec::new(),
+            view_age_ns: None,
         })
     }
 }
@@ -426,7 +427,16 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
                         take::<Option<u64>>(more, "hinted_seq", "not an option of a varint")?;
                     r.hinted_seq = hinted;
                     if !more.is_empty() {
-                        r.in_flight = in_flight_reports(&ctx, more)?;
+                        let (reports, more) = in_flight_reports(&ctx, more)?;
+                        r.in_flight = reports;
+                        if !more.is_empty() {
+                            let (age, _) = take::<Option<u64>>(
+                                more,
+                                "view_age_ns",
+                                "not an option of a varint",
+                            )?;
+                            r.view_age_ns = age;
+                        }
                     }
                 }
             }
@@ -490,8 +500,11 @@ fn shadow_mode<'a>(r: &mut SyncResponse, rest: &'a [u8]) -> Result<&'a [u8], Dec
     Ok(rest)
 }
 
+/// Concurrency reports, and the bytes after them.
+type ReportsAndRest<'a> = (Vec<InFlightReport>, &'a [u8]);
+
 /// Field 14 of a request: one concurrency report per counter, as bounded as the rest.
-fn in_flight_reports(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<InFlightReport>, DecodeError> {
+fn in_flight_reports<'a>(ctx: &Ctx, bytes: &'a [u8]) -> Result<ReportsAndRest<'a>, DecodeError> {
     let (n, mut more) = take::<u64>(bytes, "in_flight", "not a list")?;
     // Each report takes seven bytes at least.
     let n = ctx.reserve_tail("in_flight", n, 7, more.len())?;
@@ -506,7 +519,7 @@ fn in_flight_reports(ctx: &Ctx, bytes: &[u8]) -> Result<Vec<InFlightReport>, Dec
         out.push(InFlightReport { id, report });
         more = after;
     }
-    Ok(out)
+    Ok((out, more))
 }
 
 /// Field 16 of an answer: the grants, one per reported counter.

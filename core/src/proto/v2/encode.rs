@@ -110,13 +110,16 @@ impl Serialize for RequestWire<'_> {
         // Fields 8 and 9 (resets) only when they say something, 10 and 11 (interest) only
         // when asked for: a request from a limiter that predates them stays byte for byte
         // what it was.
-        let reports = !r.in_flight.is_empty();
+        let aged = r.view_age_ns.is_some();
+        let reports = aged || !r.in_flight.is_empty();
         let hinted = reports || r.hinted_seq.is_some();
         let keys = hinted || !r.key_templates.is_empty();
         let interest = keys || r.interest || !r.watch.is_empty();
         let resets =
             interest || r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
-        let fields = if reports {
+        let fields = if aged {
+            15
+        } else if reports {
             14
         } else if hinted {
             13
@@ -157,6 +160,9 @@ impl Serialize for RequestWire<'_> {
                 let p = &f.report;
                 (k, p.seq, p.held, p.held_total, p.in_flight, p.demand, p.refused)
             }))?;
+        }
+        if aged {
+            t.serialize_element(&r.view_age_ns)?;
         }
         t.end()
     }
