@@ -364,7 +364,7 @@ impl RootState {
             if !self.copied_in
                 && self.born.is_some_and(|b| now.saturating_sub(b) <= self.config.hint_window_ns)
             {
-                self.pre_start.insert(id, None);
+                self.pre_start.insert(id, Floor::MIXED);
             }
         }
     }
@@ -374,15 +374,10 @@ impl RootState {
     /// replaces; `None` if a hint from a newer view lifted the counter first (merge by
     /// max then).
     fn pre_start_floor(&mut self, id: QuotaId, fill: u64, l: &Limits, now: u64) -> Option<u64> {
-        let floor = self
-            .pre_start
-            .entry(id)
-            .or_insert(Some(LeakyBucket { fill: 0, at: now, carry: 0 }))
-            .as_mut()?;
-        floor.advance(now, l.limit());
-        let more = fill.saturating_sub(floor.fill);
+        let floor = self.pre_start.entry(id).or_insert(Floor { fill: 0, at: now });
+        let more = fill.saturating_sub(floor.fill_at(now, l)?);
         if more > 0 {
-            *floor = LeakyBucket { fill, at: now, carry: 0 };
+            *floor = Floor { fill, at: now };
         }
         Some(more)
     }
@@ -418,6 +413,28 @@ impl RootState {
             })
             .collect();
         self.parked -= before - s.parked.len();
+    }
+}
+
+/// The highest hint of a view older than the root a counter holds (see
+/// `RootState::pre_start`): 16 bytes, since a restarted root may hold one for each of a
+/// million keys for the hint window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Floor {
+    /// Milli-units at `at`; [`Floor::MIXED`]'s `u64::MAX`: a hint of a newer view lifted the
+    /// counter by max since.
+    pub fill: u64,
+    /// ns.
+    pub at: u64,
+}
+
+impl Floor {
+    pub const MIXED: Floor = Floor { fill: u64::MAX, at: 0 };
+
+    /// The fill drained to `now` at `l`'s limit; `None` if [`Floor::MIXED`].
+    pub fn fill_at(&self, now: u64, l: &Limits) -> Option<u64> {
+        (self.fill != u64::MAX)
+            .then(|| LeakyBucket { fill: self.fill, at: self.at, carry: 0 }.fill_at(now, l.limit()))
     }
 }
 

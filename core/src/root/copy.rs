@@ -25,11 +25,11 @@
 //! merges hints of newer views, which may repeat what the copy holds, by max. Without it
 //! (the copied root is past its window) every hint merges by max.
 
+use super::claims::Floor;
 use super::sessions::Session;
 use super::RootState;
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
-use crate::units::LeakyBucket;
 use serde::{Deserialize, Serialize};
 
 /// One root's counters and sessions at one instant, for a root of the same shard that
@@ -184,8 +184,12 @@ impl RootState {
                 .pre_start
                 .iter()
                 .map(|(&id, f)| {
-                    let limit = self.quotas.get(&id).map(|q| q.limits.limit());
-                    (id, f.as_ref().map(|f| limit.map_or(f.fill, |l| f.fill_at(now, l))))
+                    // Drained to the copy; `None` for a counter lifted by max.
+                    let fill = match self.quotas.get(&id) {
+                        Some(q) => f.fill_at(now, &q.limits),
+                        None => Some(f.fill).filter(|_| *f != Floor::MIXED),
+                    };
+                    (id, fill)
                 })
                 .collect(),
         });
@@ -216,7 +220,7 @@ impl RootState {
                 self.started = Some(taken_at as i128 - p.started_ago_ns as i128);
                 for &(id, f) in &p.floors {
                     if self.stripe.contains(id) {
-                        let floor = f.map(|fill| LeakyBucket { fill, at: taken_at, carry: 0 });
+                        let floor = f.map_or(Floor::MIXED, |fill| Floor { fill, at: taken_at });
                         self.pre_start.insert(id, floor);
                     }
                 }

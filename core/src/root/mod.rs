@@ -48,7 +48,7 @@ pub use stripes::{stripe_of, MAX_STRIPES};
 use crate::proto::{SyncError, SyncRequest, SyncResponse, MAX_LIMITER_ID_LEN, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
 use crate::shard::Shard;
-use crate::units::{LeakyBucket, NANOS_PER_SEC};
+use crate::units::NANOS_PER_SEC;
 use changes::ChangeLog;
 use counters::{place_of, Counters};
 use interest::{Inbox, Watchers};
@@ -328,7 +328,7 @@ pub struct RootState {
     /// like the counter): the part of the counter this root did not sum. `None` once a
     /// hint from a newer view lifted the counter by max: what it holds of whose is then
     /// unknown, and later hints of that counter merge by max too.
-    pre_start: IdMap<Option<LeakyBucket>>,
+    pre_start: IdMap<claims::Floor>,
     /// Whether this root took a copy of another ([`RootState::copy_in`]): the copy holds
     /// whatever an older view could add, so every hint merges by max.
     copied_in: bool,

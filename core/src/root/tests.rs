@@ -1626,4 +1626,8 @@ fn a_copy_of_a_root_taking_hints_goes_on_adding_older_views() {
     // Past the window, the copy says nothing of older views.
     let later = b.copy_out(3 * S + RootConfig::default().hint_window_ns + 1);
     assert_eq!(later.pre_start, None);
+    // And the sweep lets the floors go (a million keys' worth is 16 MB and more).
+    assert!(!b.pre_start.is_empty());
+    b.sweep_step(3 * S + RootConfig::default().hint_window_ns + 1, 10);
+    assert!(b.pre_start.is_empty());
 }
