@@ -191,6 +191,9 @@ pub struct SyncEngine {
     /// not since this engine began). Hints are read from that view, so a root that started
     /// after it knows they hold none of the batches it sums (`SyncRequest::view_age_ns`).
     view_at: Vec<u64>,
+    /// An answer showed a root that restarted and got no hints: it lacks every count but
+    /// what it summed since, until the next request brings them, so that one goes early.
+    restart_seen: bool,
     /// Per shard: no root of it answered the last round. This host then decided on its
     /// own count, and its batches reach the roots late, past their meters: what it counted
     /// meanwhile is no share of a cluster-wide rate.
@@ -311,6 +314,7 @@ impl SyncEngine {
             in_flight: in_flight::InFlight::default(),
             in_flight_ack: false,
             view_at: vec![0; shards as usize],
+            restart_seen: false,
             silent: vec![false; shards as usize],
         })
     }
@@ -600,7 +604,9 @@ impl SyncEngine {
             self.limiter.raise_epoch(resp.epoch);
         }
         self.merge_counters(&resp.counters, resp.root_epoch, shard, !restarted, now);
-        if !restarted {
+        if restarted {
+            self.restart_seen = true;
+        } else {
             self.view_at[shard as usize] = now;
         }
         if !resp.grants.is_empty() {
@@ -919,7 +925,10 @@ impl SyncEngine {
             self.early_next = true;
             return true;
         }
-        if !self.config.early && !fresh {
+        // A root that restarted (`restart_seen`) gets its hints an interval sooner: the
+        // cluster is back at its limit about then (`make chaos`, both roots killed).
+        let restart = self.restart_seen;
+        if !self.config.early && !fresh && !restart {
             return false;
         }
         if self.last_began.is_some_and(|b| now.saturating_sub(b) < interval / EARLY_GAP) {
@@ -935,9 +944,10 @@ impl SyncEngine {
             *tokens = (*tokens).saturating_add(earned).min(EARLY_BUDGET);
             *at = at.saturating_add(earned.saturating_mul(refill));
         }
-        if *tokens == 0 || !(fresh || self.limiter.take_urgent()) {
+        if *tokens == 0 || !(fresh || restart || self.limiter.take_urgent()) {
             return false;
         }
+        self.restart_seen = false;
         *tokens -= 1;
         self.limiter.count_early_round();
         self.early_next = true;

@@ -560,6 +560,32 @@ fn a_surge_asks_for_early_rounds_and_steady_traffic_does_not() {
     assert_eq!(n.limiter.zone_status().early_rounds, early.len() as u64);
 }
 
+/// A root met restarted without hints (between two rounds, no call failed) gets them in an
+/// early round, not an interval later; a round that met no restart asks for none.
+#[test]
+fn a_root_met_restarted_gets_its_hints_early() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
+    let mut root = root_with(&qs);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    n.limiter.account("a", 40).unwrap();
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    let gap = Duration::from_millis(1000 / EARLY_GAP + 1);
+    clock.advance(gap);
+    assert!(!n.engine.wants_early_round(clock.now_nanos()));
+    let mut root = root_with(&qs);
+    n.limiter.account("a", 2).unwrap();
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    clock.advance(gap);
+    assert!(n.engine.wants_early_round(clock.now_nanos()));
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    let f = root.counter(1, clock.now_nanos()).unwrap().fill;
+    assert!((f - 42.0).abs() < 0.01, "its batch and the hint of the view before: {f}");
+    clock.advance(gap);
+    assert!(!n.engine.wants_early_round(clock.now_nanos()));
+}
+
 #[test]
 fn early_rounds_have_a_budget_and_new_quotas_never_ask() {
     let clock = ManualClock::at(S);
