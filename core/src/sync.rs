@@ -496,9 +496,12 @@ impl SyncEngine {
                 // limiter's view holds those of earlier rounds (folded in when no root
                 // answered them), not this round's, which is still in flight.
                 let this_round = batch.map(|b| b.seq);
+                // And those this root summed before an answer kept out of the view: the view
+                // holds them as folded in.
                 let unheld = link
                     .pending()
-                    .filter(|b| b.seq > acked_elsewhere[i] && Some(b.seq) != this_round);
+                    .filter(|b| b.seq > acked_elsewhere[i] && Some(b.seq) != this_round)
+                    .chain(link.summed_unmerged.iter());
                 session::without_batches(&mut hints, unheld);
                 link.take_hints(hints)
             } else {
@@ -713,11 +716,14 @@ impl SyncEngine {
                     if facts.seen.is_none() {
                         facts.seen = c.base(s);
                     }
-                    if merge {
-                        c.merge_report(s, fill, now);
-                    }
                     facts.demand = facts.demand.max(demand);
                     active.insert(s);
+                    if !merge {
+                        // Not in the view: this round's batch is folded in at the round's
+                        // end unless another root reports it.
+                        continue;
+                    }
+                    c.merge_report(s, fill, now);
                     if let Some(v) = round.report(entry, id) {
                         // The root's fill includes this round's batch: take it out of
                         // `inflight` now, or the estimate counts it twice until the slowest

@@ -29,8 +29,10 @@
 //!   is rejected, whatever the demand meter says. Limiters learn it at their next sync, so
 //!   honest traffic sees it up to one of their intervals later: a stopped client leaves a
 //!   quota where an honest burst to `high_burst` would, plus `claim_slack`.
-//! * **Hints** merge by max and are cut at the ceiling (a hint restores a restarted root;
-//!   it never needs to exceed what the counter can hold), and a root takes them only in its
+//! * **Hints** merge by max (or, read from a view older than the root, add what they hold
+//!   beyond the highest such hint: see `RootState::sync_from`) and are cut at the ceiling,
+//!   added or not (a hint restores a restarted root; it never needs to exceed what the
+//!   counter can hold), and a root takes them only in its
 //!   first [`RootConfig::hint_window_ns`](super::RootConfig::hint_window_ns) (two minutes
 //!   by default): the time a restarted or new root needs to hear from every limiter. Later
 //!   a hint can only repeat what the root already has, while a forged one would hold a

@@ -27,9 +27,15 @@ pub(super) struct RootLink {
     /// Where the hints of the call in flight leave off: `Some(0)` if they were the last,
     /// `Some(id)` if hints from `id` on are still to send; taken in by an answer.
     hint_sent: Option<QuotaId>,
+    /// Where the hints of the call in flight began (0: the first of them).
+    hint_began: QuotaId,
     /// The highest `seq` this root acknowledged in an answer whose fills this limiter's
     /// view holds (see [`RootLink::acknowledge`]).
     pub in_view: u64,
+    /// The batches this root acknowledged in an answer kept out of the view (it restarted,
+    /// and summed them): the view holds them (folded in, as if no root had answered), and
+    /// the hints this root gets next must not.
+    pub summed_unmerged: Vec<Arc<DeltaBatch>>,
 }
 
 /// The most hints one call carries: a restarted root with a million active keys gets them
@@ -58,7 +64,9 @@ impl RootLink {
             pending: VecDeque::new(),
             hint_next: 0,
             hint_sent: None,
+            hint_began: 0,
             in_view,
+            summed_unmerged: Vec::new(),
         }
     }
 
@@ -73,6 +81,7 @@ impl RootLink {
     pub fn take_hints(&mut self, mut hints: Vec<(QuotaId, u64)>) -> Vec<(QuotaId, u64)> {
         let from = hints.partition_point(|h| h.0 < self.hint_next);
         hints.drain(..from);
+        self.hint_began = self.hint_next;
         if hints.len() > MAX_HINTS_PER_CALL {
             hints.truncate(MAX_HINTS_PER_CALL);
             self.hint_sent = hints.last().map(|h| h.0.saturating_add(1));
@@ -118,10 +127,11 @@ impl RootLink {
         let known = e.get(zroots::INSTANCE);
         let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
         // A root that restarted lost its counters: tell it what we know next round, unless
-        // this call told it (it took the hints as from a limiter it did not know). Sent
-        // again, they would hold the batches it has acknowledged since, and this limiter
-        // had counted into its view while no root answered: their counts twice.
-        let restarted = known != 0 && known != resp.root_instance && self.hint_sent.is_none();
+        // this call told it from the first hint on (it took them as from a limiter it did
+        // not know); a call that went on with hints an earlier instance took told it only
+        // the rest.
+        let told = self.hint_sent.is_some() && self.hint_began == 0;
+        let restarted = known != 0 && known != resp.root_instance && !told;
         e.set(zroots::FLAGS, flags | if restarted { zroots::FLAG_HINTS } else { 0 });
         // A restart loses what earlier calls hinted: start over.
         self.hint_next =
@@ -130,11 +140,16 @@ impl RootLink {
         e.set(zroots::INSTANCE, resp.root_instance);
         e.set(zroots::SINCE, resp.version);
         e.set(zroots::ACKED, resp.acked_seq);
+        if restarted {
+            // What this instance summed (an earlier one's sums died with it).
+            self.summed_unmerged =
+                self.pending.iter().filter(|b| b.seq <= resp.acked_seq).cloned().collect();
+        } else {
+            self.in_view = resp.acked_seq;
+            self.summed_unmerged.clear();
+        }
         self.pending.retain(|b| b.seq > resp.acked_seq);
         e.set(zroots::SKIP, 0);
-        if !restarted {
-            self.in_view = resp.acked_seq;
-        }
         (self.pending.len(), restarted)
     }
 }

@@ -560,6 +560,43 @@ fn a_surge_asks_for_early_rounds_and_steady_traffic_does_not() {
     assert_eq!(n.limiter.zone_status().early_rounds, early.len() as u64);
 }
 
+/// A root that restarts again while a limiter's hints to it go over several calls gets
+/// them all again, from the first: the calls after the first hinted the instance before.
+#[test]
+fn a_root_restarted_in_the_middle_of_the_hints_gets_them_all() {
+    for via_failure in [false, true] {
+        let clock = ManualClock::at(S);
+        let day = |id: u64| QuotaUpdate {
+            limits: Limits::from_units_per(1_000.0, 86_400, 999.0, 1_000.0).unwrap(),
+            ..quota(id, &format!("d{id}"), 1.0, 0.0, 0.0)
+        };
+        let qs: Vec<_> = (1..=10).map(day).collect();
+        let mut r = root_with(&qs);
+        let mut n = node(&clock, 1);
+        while round(&mut n, &mut [Some(&mut r)], clock.now_nanos()).more {}
+        for id in 1..=10u64 {
+            n.limiter.account(&format!("d{id}"), 10 * id).unwrap();
+        }
+        round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+        let now = clock.now_nanos();
+        let before: Vec<f64> = (1..=10).map(|id| r.counter(id, now).unwrap().fill).collect();
+        let mut again = root_with(&qs);
+        // Meets the restart, then hints ids 1 to 4 (four a call in tests).
+        round(&mut n, &mut [Some(&mut again)], now);
+        round(&mut n, &mut [Some(&mut again)], now);
+        let mut third = root_with(&qs);
+        if via_failure {
+            round(&mut n, &mut [None], now);
+        }
+        for _ in 0..6 {
+            round(&mut n, &mut [Some(&mut third)], now);
+        }
+        let after: Vec<f64> =
+            (1..=10).map(|id| third.counter(id, now).map_or(0.0, |c| c.fill)).collect();
+        assert_eq!(after, before, "via a failed call: {via_failure}");
+    }
+}
+
 /// A root met restarted without hints (between two rounds, no call failed) gets them in an
 /// early round, not an interval later; a round that met no restart asks for none.
 #[test]
@@ -1122,7 +1159,7 @@ fn a_root_back_from_the_dead_counts_pending_batches_once() {
 /// hints of views older than each root add to what it summed, so both hold every count.
 #[test]
 fn both_roots_back_from_the_dead_hold_every_count() {
-    for (down, late) in [(2, false), (2, true), (0, false)] {
+    for (down, late) in [(2, false), (2, true), (1, true), (0, false), (0, true)] {
         let clock = ManualClock::at(S);
         let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
         let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
