@@ -566,20 +566,8 @@ fn a_surge_asks_for_early_rounds_and_steady_traffic_does_not() {
 fn a_root_restarted_in_the_middle_of_the_hints_gets_them_all() {
     for via_failure in [false, true] {
         let clock = ManualClock::at(S);
-        let day = |id: u64| QuotaUpdate {
-            limits: Limits::from_units_per(1_000.0, 86_400, 999.0, 1_000.0).unwrap(),
-            ..quota(id, &format!("d{id}"), 1.0, 0.0, 0.0)
-        };
-        let qs: Vec<_> = (1..=10).map(day).collect();
-        let mut r = root_with(&qs);
-        let mut n = node(&clock, 1);
-        while round(&mut n, &mut [Some(&mut r)], clock.now_nanos()).more {}
-        for id in 1..=10u64 {
-            n.limiter.account(&format!("d{id}"), 10 * id).unwrap();
-        }
-        round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
+        let (qs, mut n, before) = ten_daily_counts(&clock);
         let now = clock.now_nanos();
-        let before: Vec<f64> = (1..=10).map(|id| r.counter(id, now).unwrap().fill).collect();
         let mut again = root_with(&qs);
         // Meets the restart, then hints ids 1 to 4 (four a call in tests).
         round(&mut n, &mut [Some(&mut again)], now);
@@ -1016,25 +1004,33 @@ fn a_host_meeting_a_key_the_cluster_knows_takes_its_reported_count() {
     assert_eq!(fill(b, "api_key_y"), 6.0);
 }
 
-#[test]
-fn many_hints_go_over_several_calls_and_restore_every_daily_count() {
-    // Ten daily quotas (1,000 a day) with counts; their root restarts. Hints go at most
-    // `MAX_HINTS_PER_CALL` (4 in tests) a call, in id order, until every one arrived.
-    let clock = ManualClock::at(S);
+/// Ten daily quotas (1,000 a day) and a limiter that counted 10, 20, ... 100 of them, synced
+/// with a root: the quotas, the limiter and that root's fills.
+fn ten_daily_counts(clock: &ManualClock) -> (Vec<QuotaUpdate>, Node, Vec<f64>) {
     let day = |id: u64| QuotaUpdate {
         limits: Limits::from_units_per(1_000.0, 86_400, 999.0, 1_000.0).unwrap(),
         ..quota(id, &format!("d{id}"), 1.0, 0.0, 0.0)
     };
     let qs: Vec<_> = (1..=10).map(day).collect();
     let mut r = root_with(&qs);
-    let mut n = node(&clock, 1);
+    let mut n = node(clock, 1);
     while round(&mut n, &mut [Some(&mut r)], clock.now_nanos()).more {}
     for id in 1..=10u64 {
         n.limiter.account(&format!("d{id}"), 10 * id).unwrap();
     }
     round(&mut n, &mut [Some(&mut r)], clock.now_nanos());
     let now = clock.now_nanos();
-    let before: Vec<f64> = (1..=10).map(|id| r.counter(id, now).unwrap().fill).collect();
+    let before = (1..=10).map(|id| r.counter(id, now).unwrap().fill).collect();
+    (qs, n, before)
+}
+
+#[test]
+fn many_hints_go_over_several_calls_and_restore_every_daily_count() {
+    // Ten daily quotas (1,000 a day) with counts; their root restarts. Hints go at most
+    // `MAX_HINTS_PER_CALL` (4 in tests) a call, in id order, until every one arrived.
+    let clock = ManualClock::at(S);
+    let (qs, mut n, before) = ten_daily_counts(&clock);
+    let now = clock.now_nanos();
     assert_eq!(before[9], 100.0);
     let mut fresh = root_with(&qs);
     let restored = |fresh: &RootState| {
