@@ -23,7 +23,9 @@ while an nginx is cut off, an nginx worker killed with -9, the sync agent's work
 (SIGSTOP) past its lease and resumed.
 
 Printed per fault: hot's admitted rate (cluster, and the faulted nginx alone) during the
-fault and in the recovery, cool's false rejections, and the time after the heal until hot
+fault (for the edit, also less what the reset of hot forgave: the cluster's count then,
+which a reset lets clients use again, and which the 2 x target does not count) and in the
+recovery, cool's false rejections, and the time after the heal until hot
 is admitted within 10 % of its limit over a second; at the end the balance per root. A
 target missed prints a MISSED line: the cluster above twice the limit during a fault, any
 false rejection of cool, a recovery more than 3 % off the limit, no convergence, a balance off
@@ -58,6 +60,7 @@ LIMIT = 100.0
 HOT_RATE = 300.0
 COOL_RATE = 90.0
 LEDGER_DRAIN = 0.001
+EDIT = "a quota edited and reset while an nginx is cut off (8 s)"
 
 
 def sh(*args, check=True, quiet=False):
@@ -148,6 +151,8 @@ class Cluster:
         self.dir = dirpath
         self.roots = [None, None]
         self.nginx = [None] * NGINX
+        # Per fault: units of hot a reset forgave (admitted again on top of the limit).
+        self.forgiven = {}
         with open(f"{dirpath}/admin.token", "w") as f:
             f.write(ADMIN_TOKEN + "\n")
         with open(f"{dirpath}/sync.token", "w") as f:
@@ -341,6 +346,9 @@ def faults(c, short, only=None):
         time.sleep(2)
         c.admin("PUT", "/v1/quotas/cool",
                 {"limit": LIMIT, "low_burst": 80, "high_burst": 160, "parent": "ledger"})
+        # What the reset forgives (the cluster's count then) may be admitted again on top
+        # of the limit: that is what a reset is for, not an overshoot of the cut.
+        c.forgiven[EDIT] = c.counter("hot", 0) or 0.0
         c.admin("POST", "/v1/quotas/hot:reset")
 
     def restart_both():
@@ -360,7 +368,7 @@ def faults(c, short, only=None):
         ("both roots killed with -9 and restarted together", None, False, restart_both, lambda: None, 1),
         ("PostgreSQL restarted", None, False,
          lambda: sh(pg, "stop"), lambda: sh(pg, "start"), 3),
-        ("a quota edited and reset while an nginx is cut off (8 s)", 0, True,
+        (EDIT, 0, True,
          edit_during_cut, lambda: heal(0), 6),
         ("the sync agent's worker killed with -9", 2, False, kill_agent_worker, lambda: None, 1),
         ("the sync agent's worker stopped past its lease (4 s)", 2, False, stop_agent, cont_agent, 4),
@@ -475,6 +483,11 @@ def report(c, marks, t_start, load_errors, strict):
     print("|---|---|---|---|---|")
     for name, target, cuts, t0, t1, t2 in marks:
         during = count("PASSED", "/hot", t0, t1) / max(t1 - t0, 1e-9) / LIMIT
+        # Without what a reset forgave: the cut's overshoot, which the target is about.
+        forgiven = c.forgiven.get(name, 0.0)
+        net = during - forgiven / max(t1 - t0, 1e-9) / LIMIT
+        shown = f"{during:.2f}" + (f" ({net:.2f} less the {forgiven:.0f} the reset forgave)"
+                                   if forgiven else "")
         alone = ""
         if target is not None:
             alone = f"; nginx {target}: {count('PASSED', '/hot', t0, t1, target) / max(t1 - t0, 1e-9) / LIMIT:.2f}"
@@ -483,12 +496,12 @@ def report(c, marks, t_start, load_errors, strict):
         cool_a = count("REJECTED", "/cool", t1, t2)
         conv = converge(t1, t2)
         conv_s = f"{conv:.1f} s" if conv is not None else "not within the recovery"
-        print(f"| {name} | {during:.2f}{alone} | {after:.2f} | {cool_d} / {cool_a} | {conv_s} |")
-        if during > 2.0:
+        print(f"| {name} | {shown}{alone} | {after:.2f} | {cool_d} / {cool_a} | {conv_s} |")
+        if net > 2.0:
             missed.append(name)
-            print(f"  MISSED: the cluster admitted {during:.2f} × the limit during the fault")
+            print(f"  MISSED: the cluster admitted {net:.2f} × the limit during the fault")
             # Twice the limit is the target; 5 % above it is sampling noise no longer.
-            if during > 2.1:
+            if net > 2.1:
                 ok = False
         if cool_a > 0 or cool_d > 0:
             missed.append(name)
