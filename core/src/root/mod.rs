@@ -325,9 +325,9 @@ pub struct RootState {
     /// clock.
     started: Option<i128>,
     /// Per counter, in the hint window, the highest hint read from such a view (drained
-    /// like the counter): the part of the counter this root did not sum. `None` once a
-    /// hint from a newer view lifted the counter by max: what it holds of whose is then
-    /// unknown, and later hints of that counter merge by max too.
+    /// like the counter): the part of the counter this root did not sum. `Floor::MIXED`
+    /// once a hint from a newer view lifted the counter by max: what it holds of whose is
+    /// then unknown, and later hints of that counter merge by max too.
     pre_start: IdMap<claims::Floor>,
     /// Whether this root took a copy of another ([`RootState::copy_in`]): the copy holds
     /// whatever an older view could add, so every hint merges by max.
