@@ -106,6 +106,7 @@ pub fn app(state: AppState) -> Router {
         })
         // Outermost: sees every answer, including the 401s of the token layers.
         .layer(from_fn_with_state(state.clone(), guard::observe))
+        .layer(axum::middleware::from_fn(serve::close_if_body_left))
         .with_state(state)
 }
 

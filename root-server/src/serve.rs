@@ -192,15 +192,210 @@ async fn connection<IO>(
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_timeout)
         .max_buf_size(64 * 1024)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
+        .serve_connection(TokioIo::new(Lingering::new(io)), TowerToHyperService::new(svc));
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(%peer, "connection ended: {e}");
+    }
+}
+
+/// Marks an answer given before the request's body was read to its end (401 before the
+/// token layer lets the body through, 413 on a declared length, a route that fails early)
+/// with `Connection: close`. hyper gives up on such a connection after the answer but does
+/// not say so, and a client that pools it sends its next request into a closed socket
+/// (hyper's client reports `IncompleteMessage`). With the header, hyper closes after the
+/// answer and the client opens a new connection; [`Lingering`] lets it finish sending.
+pub(crate) async fn close_if_body_left(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use hyper::body::Body as _;
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(req.body().is_end_stream()));
+    let req = req.map(|inner| axum::body::Body::new(Watched { inner, ended: ended.clone() }));
+    let mut resp = next.run(req).await;
+    if !ended.load(std::sync::atomic::Ordering::Relaxed) {
+        resp.headers_mut()
+            .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// A request body that records when it has been read to its end.
+struct Watched {
+    inner: axum::body::Body,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Longest a closing connection reads and drops what the client still sends: a body the
+/// size of the largest a route refuses (256 MiB) drains in that time at 500 Mbit/s.
+const LINGER_TIME: Duration = Duration::from_secs(5);
+/// A closing connection on which nothing arrives for this long closes at once.
+const LINGER_IDLE: Duration = Duration::from_secs(1);
+/// ... and one on which nothing arrived at all closes after this: a client idle on a
+/// keep-alive connection when the server stops has nothing more to send, and the stop
+/// should not wait a second for it.
+const LINGER_FIRST: Duration = Duration::from_millis(100);
+
+/// A connection that, when hyper closes it, first sends its FIN and then reads and drops
+/// what the client still sends, for at most [`LINGER_TIME`] (or until nothing came for
+/// [`LINGER_IDLE`], [`LINGER_FIRST`] if nothing came at all), before the socket closes. An answer sent before the body was read (413 on a declared length, 401)
+/// would otherwise meet a client still sending: closing a socket with unread data sends a
+/// reset, and a client that gets it while writing reports a broken pipe instead of the
+/// answer (hyper's client does; so does curl at times). nginx calls this lingering close.
+/// The client's reading is not a way to hold the connection: it stays within the
+/// connection caps, and within the shutdown grace when the server stops.
+struct Lingering<IO> {
+    io: IO,
+    /// Once closing: the end of the linger, and the idle deadline.
+    linger: Option<[std::pin::Pin<Box<tokio::time::Sleep>>; 2]>,
+}
+
+impl<IO> Lingering<IO> {
+    fn new(io: IO) -> Self {
+        Lingering { io, linger: None }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Lingering<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.linger.is_none() {
+            std::task::ready!(std::pin::Pin::new(&mut this.io).poll_shutdown(cx))?;
+            this.linger = Some([
+                Box::pin(tokio::time::sleep(LINGER_TIME)),
+                Box::pin(tokio::time::sleep(LINGER_FIRST)),
+            ]);
+        }
+        let Some([end, idle]) = this.linger.as_mut() else { unreachable!() };
+        let mut scratch = [0u8; 16 * 1024];
+        loop {
+            if end.as_mut().poll(cx).is_ready() || idle.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = tokio::io::ReadBuf::new(&mut scratch);
+            match std::pin::Pin::new(&mut this.io).poll_read(cx, &mut buf) {
+                // The client closed (or failed): nothing left to wait for.
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {
+                    idle.as_mut().reset(tokio::time::Instant::now() + LINGER_IDLE)
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A route that refuses a body by its declared length answers before reading it; the
+    /// client, still sending, must get that answer and not a reset.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_still_sending_gets_the_early_answer() {
+        let app = Router::new()
+            .route(
+                "/x",
+                axum::routing::put(|| async { (axum::http::StatusCode::PAYLOAD_TOO_LARGE, "no") }),
+            )
+            .route(
+                "/read",
+                axum::routing::put(|b: axum::body::Bytes| async move { b.len().to_string() }),
+            )
+            .route("/get", axum::routing::get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn(close_if_body_left));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, app, ServeOptions::default(), std::future::pending()));
+        let client = reqwest::Client::new();
+        let mut failed = vec![];
+        // Just over an admin route's limit, and past what a few socket buffers hold.
+        for (i, len) in [(1 << 20) + 1; 20].into_iter().chain([16 << 20; 10]).enumerate() {
+            let r = client.put(format!("http://{addr}/x")).body(vec![b'a'; len]).send().await;
+            match r {
+                Ok(r) if r.status() == 413 && r.headers()["connection"] == "close" => {}
+                Ok(r) if r.status() == 413 => failed.push(format!("{i}: {:?}", r.headers())),
+                Ok(r) => failed.push(format!("{i}: {}", r.status())),
+                Err(e) => failed.push(format!("{i}: {e:?}")),
+            }
+        }
+        assert!(failed.is_empty(), "{failed:?}");
+        // Answers to requests whose body was read, or that had none, keep the connection.
+        for (path, body) in [("/get", None), ("/read", Some(vec![b'a'; 100_000]))] {
+            let url = format!("http://{addr}{path}");
+            let r = match body {
+                None => client.get(url).send().await.unwrap(),
+                Some(b) => client.put(url).body(b).send().await.unwrap(),
+            };
+            assert_eq!(r.status(), 200, "{path}");
+            assert!(r.headers().get("connection").is_none(), "{path}: {:?}", r.headers());
+        }
+    }
 
     #[test]
     fn one_address_holds_at_most_its_cap_and_gets_places_back() {
