@@ -198,31 +198,77 @@ async fn connection<IO>(
     }
 }
 
-/// Marks an answer given before the request's body was read to its end (401 before the
-/// token layer lets the body through, 413 on a declared length, a route that fails early)
-/// with `Connection: close`. hyper gives up on such a connection after the answer but does
-/// not say so, and a client that pools it sends its next request into a closed socket
-/// (hyper's client reports `IncompleteMessage`). With the header, hyper closes after the
-/// answer and the client opens a new connection; [`Lingering`] lets it finish sending.
+/// Most of a body left unread by the answer that is read and dropped so the connection can
+/// take the next request: hyper's own read buffer, so a body that was sent whole with its
+/// headers is usually in already.
+const DRAIN_BYTES: u64 = 64 * 1024;
+/// Longest the rest of such a body is waited for.
+const DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// An answer given before the request's body was read to its end (401 before the token
+/// layer lets the body through, 413 on a declared length, 415, a sync refused by the memory
+/// gate): the rest of a small body is read and dropped, so the connection goes on; a larger
+/// one, a chunked one, or one that does not come within [`DRAIN_TIME`] gets the answer
+/// marked `Connection: close`. hyper closes such a connection after the answer but does not
+/// say so (unless the rest was in its buffer already), and a client that pools it sends its
+/// next request into a closed socket (hyper's client reports `IncompleteMessage`). With the
+/// header the client opens a new connection; [`Lingering`] lets it finish sending first.
 pub(crate) async fn close_if_body_left(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use http_body_util::BodyExt as _;
     use hyper::body::Body as _;
-    let ended = Arc::new(std::sync::atomic::AtomicBool::new(req.body().is_end_stream()));
-    let req = req.map(|inner| axum::body::Body::new(Watched { inner, ended: ended.clone() }));
+    use std::sync::atomic::Ordering;
+    let watch = Arc::new(BodyWatch::default());
+    watch.ended.store(req.body().is_end_stream(), Ordering::Relaxed);
+    let req = req.map(|inner| axum::body::Body::new(Watched { inner, watch: watch.clone() }));
     let mut resp = next.run(req).await;
-    if !ended.load(std::sync::atomic::Ordering::Relaxed) {
+    if watch.ended.load(Ordering::Relaxed) {
+        return resp;
+    }
+    let left = watch.left.lock().take();
+    let drained = match left {
+        Some(mut body) if body.size_hint().upper().is_some_and(|n| n <= DRAIN_BYTES) => {
+            let drain = async {
+                while let Some(frame) = body.frame().await {
+                    if frame.is_err() {
+                        return false;
+                    }
+                }
+                true
+            };
+            tokio::time::timeout(DRAIN_TIME, drain).await.unwrap_or(false)
+        }
+        _ => false,
+    };
+    if !drained {
         resp.headers_mut()
             .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
     }
     resp
 }
 
+/// What [`close_if_body_left`] shares with the body it watches.
+#[derive(Default)]
+struct BodyWatch {
+    ended: std::sync::atomic::AtomicBool,
+    /// The body, handed back when it is dropped before its end.
+    left: Mutex<Option<axum::body::Body>>,
+}
+
 /// A request body that records when it has been read to its end.
 struct Watched {
     inner: axum::body::Body,
-    ended: Arc<std::sync::atomic::AtomicBool>,
+    watch: Arc<BodyWatch>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if !self.watch.ended.load(std::sync::atomic::Ordering::Relaxed) {
+            *self.watch.left.lock() = Some(std::mem::take(&mut self.inner));
+        }
+    }
 }
 
 impl hyper::body::Body for Watched {
@@ -235,7 +281,7 @@ impl hyper::body::Body for Watched {
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.watch.ended.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         polled
     }
@@ -331,12 +377,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<IO> {
             ]);
         }
         let Some([end, idle]) = this.linger.as_mut() else { unreachable!() };
-        let mut scratch = [0u8; 16 * 1024];
+        let mut scratch = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
         loop {
             if end.as_mut().poll(cx).is_ready() || idle.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
-            let mut buf = tokio::io::ReadBuf::new(&mut scratch);
+            let mut buf = tokio::io::ReadBuf::uninit(&mut scratch);
             match std::pin::Pin::new(&mut this.io).poll_read(cx, &mut buf) {
                 // The client closed (or failed): nothing left to wait for.
                 Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
@@ -368,6 +414,10 @@ mod tests {
                 axum::routing::put(|b: axum::body::Bytes| async move { b.len().to_string() }),
             )
             .route("/get", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/refuse",
+                axum::routing::put(|| async { (axum::http::StatusCode::UNAUTHORIZED, "no") }),
+            )
             .layer(axum::middleware::from_fn(close_if_body_left));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -385,14 +435,20 @@ mod tests {
             }
         }
         assert!(failed.is_empty(), "{failed:?}");
-        // Answers to requests whose body was read, or that had none, keep the connection.
-        for (path, body) in [("/get", None), ("/read", Some(vec![b'a'; 100_000]))] {
+        // Answers to requests whose body was read, or that had none, keep the connection,
+        // and so do early answers to a small body (read and dropped after the answer).
+        for (path, body) in [
+            ("/get", None),
+            ("/read", Some(vec![b'a'; 100_000])),
+            ("/refuse", Some(vec![b'a'; 60_000])),
+            ("/refuse", Some(vec![b'a'; 10])),
+        ] {
             let url = format!("http://{addr}{path}");
             let r = match body {
                 None => client.get(url).send().await.unwrap(),
                 Some(b) => client.put(url).body(b).send().await.unwrap(),
             };
-            assert_eq!(r.status(), 200, "{path}");
+            assert!(r.status() == 200 || path == "/refuse" && r.status() == 401, "{path}");
             assert!(r.headers().get("connection").is_none(), "{path}: {:?}", r.headers());
         }
     }
