@@ -48,6 +48,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Longest an answer stays out of the view after a root of its shard restarted, in
+/// intervals (see [`SyncEngine::holds_view`]).
+const VIEW_HOLD_INTERVALS: u64 = 4;
+
 /// How a limiter syncs.
 #[derive(Debug, Clone)]
 pub struct SyncConfig {
@@ -194,6 +198,11 @@ pub struct SyncEngine {
     /// An answer showed a root that restarted and got no hints: it lacks every count but
     /// what it summed since, until the next request brings them, so that one goes early.
     restart_seen: bool,
+    /// Per shard: when an answer last showed a root of it restarted (0: never). Until
+    /// every root of the shard has answered since and taken its hints, or
+    /// [`VIEW_HOLD_INTERVALS`] have passed, answers stay out of the view
+    /// ([`Self::holds_view`]).
+    restart_at: Vec<u64>,
     /// Per shard: no root of it answered the last round. This host then decided on its
     /// own count, and its batches reach the roots late, past their meters: what it counted
     /// meanwhile is no share of a cluster-wide rate.
@@ -315,6 +324,7 @@ impl SyncEngine {
             in_flight_ack: false,
             view_at: vec![0; shards as usize],
             restart_seen: false,
+            restart_at: vec![0; shards as usize],
             silent: vec![false; shards as usize],
         })
     }
@@ -343,6 +353,32 @@ impl SyncEngine {
     /// The sync interval in clock nanoseconds.
     fn interval_ns(&self) -> u64 {
         u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether root `root`'s answer stays out of the view, though the root did not restart:
+    /// a root of its shard restarted lately, and another root of the shard has not answered
+    /// since, or still waits for hints. Hints are read from the view; once it holds what a
+    /// restarted root summed since its start, it is newer than that start, and a root that
+    /// restarted too and gets its hints from it merges them by max: whatever it summed that
+    /// the view lacked (the batches other limiters sent it and not the first root, or not
+    /// yet) would be lost. Held, the view stays as it was before the restarts, each root
+    /// adds the hints to what it summed, and this limiter's batches fold in as in a round no
+    /// root answered. For at most [`VIEW_HOLD_INTERVALS`]: a root that stays down must not
+    /// keep this host from the cluster's counts.
+    fn holds_view(&self, root: usize, now: u64) -> bool {
+        let Some(link) = self.roots.get(root) else { return false };
+        let shard = link.shard;
+        let t = self.restart_at[shard as usize];
+        if t == 0 || now.saturating_sub(t) > self.interval_ns().saturating_mul(VIEW_HOLD_INTERVALS)
+        {
+            return false;
+        }
+        self.roots.iter().enumerate().any(|(j, l)| {
+            j != root
+                && l.shard == shard
+                && (l.answered_at < t
+                    || l.wants_hints(self.limiter.root_entry(l.entry), &self.active))
+        })
     }
 
     /// The root URLs, in the order `RootCall::root` indexes them.
@@ -583,7 +619,17 @@ impl SyncEngine {
                 return session::fail(e, &err, max_backoff);
             }
         };
-        let (pending, restarted) = link.acknowledge(e, &resp);
+        // A root met with another instance than last time (with hints from the first or
+        // not): it restarted.
+        let known = e.get(zroots::INSTANCE);
+        if known != 0 && known != resp.root_instance {
+            self.restart_at[link.shard as usize] = now;
+        }
+        let hold = self.holds_view(root, now);
+        let link = &mut self.roots[root];
+        let e = self.limiter.root_entry(link.entry);
+        let (pending, restarted) = link.acknowledge(e, &resp, hold);
+        link.answered_at = now;
         status::record_success(e, latency, now, pending);
         let shard = link.shard;
         if let Some(secret) = resp.key_secret {
@@ -606,10 +652,10 @@ impl SyncEngine {
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
-        self.merge_counters(&resp.counters, resp.root_epoch, shard, !restarted, now);
+        self.merge_counters(&resp.counters, resp.root_epoch, shard, !restarted && !hold, now);
         if restarted {
             self.restart_seen = true;
-        } else {
+        } else if !hold {
             self.view_at[shard as usize] = now;
         }
         if !resp.grants.is_empty() {

@@ -461,7 +461,13 @@ impl RootState {
         // which name this instance: those catch up like hints to an unknown instance
         // (`Session::catch_up`); skipped, the restarted root kept only what was counted
         // since (`make chaos`: a ledger 14,000 units short at one root).
-        let catching_up = known && s.catch_up && !req.hints.is_empty();
+        // Hints that start over below where the last ones ended are not the rest of a
+        // catch-up but the limiter's view sent again after a failed call to this root (in
+        // case it lost what it had): taken again, from a view newer than this root's start
+        // and so merged by max, they swallowed what this root summed that the view lacked
+        // (a limiter that took its hints, then failed a call: `sync::tests`).
+        let first_hint = req.hints.first().map(|h| h.0);
+        let catching_up = known && s.catch_up && first_hint.is_some_and(|f| f >= s.hinted_to);
         // Hints from a view answered before this root started hold only counts of before,
         // none of the batches it sums (those were sent to it, so after it started; the
         // ones another root took are skipped by `hinted_seq`). Merged by max, a hint that
@@ -474,6 +480,14 @@ impl RootState {
         let pre_start = !self.copied_in
             && req.view_age_ns.is_some_and(|age| (now as i128) - (age as i128) < started);
         s.catch_up = !known || catching_up;
+        if !known {
+            s.hinted_to = 0;
+        }
+        if s.catch_up {
+            if let Some(last) = req.hints.last() {
+                s.hinted_to = s.hinted_to.max(last.0.saturating_add(1));
+            }
+        }
         let acked = if known && !catching_up {
             // Hints to a root that never lost this limiter's session make up only for
             // batches the limiter dropped (its first batch then starts past the one after

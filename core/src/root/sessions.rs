@@ -42,6 +42,10 @@ pub(super) struct Session {
     /// and has sent no request without hints since: its hints, over as many calls as they
     /// take, bring what this root lost, not only what the limiter had to drop.
     pub(super) catch_up: bool,
+    /// One past the highest id of the hints this root took from it while it caught up (0:
+    /// none). Catching up goes on in id order; hints that start at or below it again are
+    /// its whole view sent once more after a failed call, in case this root lost it.
+    pub(super) hinted_to: QuotaId,
     /// Copied from a live root of the shard ([`super::copy`]) with the counts of its
     /// batches up to `acked`, and not heard from since: its first sync is met as by a root
     /// that never lost it, though it names the instance this root replaced.

@@ -36,6 +36,8 @@ pub(super) struct RootLink {
     /// and summed them): the view holds them (folded in, as if no root had answered), and
     /// the hints this root gets next must not.
     pub summed_unmerged: Vec<Arc<DeltaBatch>>,
+    /// When this root last answered (0: not since this engine began).
+    pub answered_at: u64,
 }
 
 /// The most hints one call carries: a restarted root with a million active keys gets them
@@ -67,6 +69,7 @@ impl RootLink {
             hint_began: 0,
             in_view,
             summed_unmerged: Vec::new(),
+            answered_at: 0,
         }
     }
 
@@ -122,8 +125,14 @@ impl RootLink {
     /// answer and this call brought it no hints, so they are only what it summed since it
     /// started; merged, they would make the view look newer than its start, and the hints
     /// of the next request (read from the view as it was before) then merge by max,
-    /// losing counts (`SyncRequest::view_age_ns`).
-    pub fn acknowledge(&mut self, e: zroots::Entry<'_>, resp: &SyncResponse) -> (usize, bool) {
+    /// losing counts (`SyncRequest::view_age_ns`). `hold`: the fills stay out of the view
+    /// although the root did not restart (`SyncEngine::holds_view`).
+    pub fn acknowledge(
+        &mut self,
+        e: zroots::Entry<'_>,
+        resp: &SyncResponse,
+        hold: bool,
+    ) -> (usize, bool) {
         let known = e.get(zroots::INSTANCE);
         let flags = e.get(zroots::FLAGS) & !zroots::FLAG_HINTS;
         // A root that restarted lost its counters: tell it what we know next round, unless
@@ -140,10 +149,12 @@ impl RootLink {
         e.set(zroots::INSTANCE, resp.root_instance);
         e.set(zroots::SINCE, resp.version);
         e.set(zroots::ACKED, resp.acked_seq);
+        let summed = self.pending.iter().filter(|b| b.seq <= resp.acked_seq).cloned();
         if restarted {
             // What this instance summed (an earlier one's sums died with it).
-            self.summed_unmerged =
-                self.pending.iter().filter(|b| b.seq <= resp.acked_seq).cloned().collect();
+            self.summed_unmerged = summed.collect();
+        } else if hold {
+            self.summed_unmerged.extend(summed);
         } else {
             self.in_view = resp.acked_seq;
             self.summed_unmerged.clear();
