@@ -1150,46 +1150,61 @@ fn a_root_back_from_the_dead_counts_pending_batches_once() {
     assert!((f - 57.0).abs() < 0.01, "the hint (50) and the batch it lacks (7): {f}");
 }
 
+/// Which roots each of three nodes reaches in a step: `reach[k][i]`, node `k`, root `i`.
+type Reach = [[bool; 2]; 3];
+
+/// Three nodes count 10, 11 and 12 units a step (500 ms) on one quota and sync each step
+/// with two roots: 3 steps, `down` steps with both roots down, both roots back empty, the
+/// `after` steps, then 4 steps with both. Returns each root's counter and the count.
+fn both_roots_back(down: usize, after: &[Reach]) -> ([f64; 2], f64) {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let mut nodes: Vec<_> = (0..3).map(|_| node(&clock, 2)).collect();
+    // The quota comes with the first answer: nothing counts before it.
+    for n in &mut nodes {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    }
+    let mut counted = 0.0;
+    let mut step = |nodes: &mut Vec<Node>, r0: &mut RootState, r1: &mut RootState, reach: Reach| {
+        clock.advance(Duration::from_millis(500));
+        for (k, n) in nodes.iter_mut().enumerate() {
+            n.limiter.account("a", 10 + k as u64).unwrap();
+            counted += 10.0 + k as f64;
+            let a = if reach[k][0] { Some(&mut *r0) } else { None };
+            let b = if reach[k][1] { Some(&mut *r1) } else { None };
+            round(n, &mut [a, b], clock.now_nanos());
+        }
+    };
+    let all = [[true; 2]; 3];
+    for _ in 0..3 {
+        step(&mut nodes, &mut r0, &mut r1, all);
+    }
+    for _ in 0..down {
+        step(&mut nodes, &mut r0, &mut r1, [[false; 2]; 3]);
+    }
+    r0 = root_with(&qs);
+    r1 = root_with(&qs);
+    for &reach in after {
+        step(&mut nodes, &mut r0, &mut r1, reach);
+    }
+    for _ in 0..4 {
+        step(&mut nodes, &mut r0, &mut r1, all);
+    }
+    let now = clock.now_nanos();
+    ([&r0, &r1].map(|r| r.counter(1, now).unwrap().fill), counted)
+}
+
 /// Both roots killed at once and back empty, together or one a round after the other, or
 /// between two rounds (no call failed: the limiters learn of it from the answers): the
 /// hints of views older than each root add to what it summed, so both hold every count.
 #[test]
 fn both_roots_back_from_the_dead_hold_every_count() {
+    let r0_only = [[true, false]; 3];
     for (down, late) in [(2, false), (2, true), (1, true), (0, false), (0, true)] {
-        let clock = ManualClock::at(S);
-        let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
-        let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
-        let mut nodes: Vec<_> = (0..3).map(|_| node(&clock, 2)).collect();
-        // The quota comes with the first answer: nothing counts before it.
-        for n in &mut nodes {
-            round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
-        }
-        let mut counted = 0.0;
-        let mut step = |nodes: &mut Vec<Node>, roots: &mut [Option<&mut RootState>]| {
-            clock.advance(Duration::from_millis(500));
-            for (k, n) in nodes.iter_mut().enumerate() {
-                n.limiter.account("a", 10 + k as u64).unwrap();
-                counted += 10.0 + k as f64;
-                round(n, roots, clock.now_nanos());
-            }
-        };
-        for _ in 0..3 {
-            step(&mut nodes, &mut [Some(&mut r0), Some(&mut r1)]);
-        }
-        for _ in 0..down {
-            step(&mut nodes, &mut [None, None]);
-        }
-        r0 = root_with(&qs);
-        r1 = root_with(&qs);
-        if late {
-            step(&mut nodes, &mut [Some(&mut r0), None]);
-        }
-        for _ in 0..3 {
-            step(&mut nodes, &mut [Some(&mut r0), Some(&mut r1)]);
-        }
-        let now = clock.now_nanos();
-        for (i, r) in [&r0, &r1].into_iter().enumerate() {
-            let f = r.counter(1, now).unwrap().fill;
+        let after: &[Reach] = if late { &[r0_only] } else { &[] };
+        let (got, counted) = both_roots_back(down, after);
+        for (i, f) in got.into_iter().enumerate() {
             assert!((f - counted).abs() < 0.02, "{down} {late}: root {i} holds {f} of {counted}");
         }
     }
@@ -1450,7 +1465,7 @@ fn both_roots_back_with_calls_failing_on_either_hold_every_count() {
     let all = [[t; 2]; 3];
     let r0_only = [[t, f]; 3];
     let n0_r0_only = [[t, f], [t, t], [t, t]];
-    let cases: [(&str, &[[[bool; 2]; 3]]); 7] = [
+    let cases: [(&str, &[Reach]); 7] = [
         ("split, split", &[split, split]),
         ("split", &[split]),
         ("all, split", &[all, split]),
@@ -1460,44 +1475,9 @@ fn both_roots_back_with_calls_failing_on_either_hold_every_count() {
         ("node 0 reaches r0 only, twice", &[n0_r0_only, n0_r0_only]),
     ];
     for (name, after) in cases {
-        let clock = ManualClock::at(S);
-        let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
-        let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
-        let mut nodes: Vec<_> = (0..3).map(|_| node(&clock, 2)).collect();
-        for n in &mut nodes {
-            round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
-        }
-        let mut counted = 0.0;
-        // Node k reaches root i if reach[k][i].
-        let mut step = |nodes: &mut Vec<Node>,
-                        r0: &mut RootState,
-                        r1: &mut RootState,
-                        reach: [[bool; 2]; 3]| {
-            clock.advance(Duration::from_millis(500));
-            for (k, n) in nodes.iter_mut().enumerate() {
-                n.limiter.account("a", 10 + k as u64).unwrap();
-                counted += 10.0 + k as f64;
-                let a = if reach[k][0] { Some(&mut *r0) } else { None };
-                let b = if reach[k][1] { Some(&mut *r1) } else { None };
-                round(n, &mut [a, b], clock.now_nanos());
-            }
-        };
-        for _ in 0..3 {
-            step(&mut nodes, &mut r0, &mut r1, all);
-        }
-        step(&mut nodes, &mut r0, &mut r1, [[f; 2]; 3]);
-        r0 = root_with(&qs);
-        r1 = root_with(&qs);
-        for &reach in after {
-            step(&mut nodes, &mut r0, &mut r1, reach);
-        }
-        for _ in 0..4 {
-            step(&mut nodes, &mut r0, &mut r1, all);
-        }
-        let now = clock.now_nanos();
-        for (i, r) in [&r0, &r1].into_iter().enumerate() {
-            let got = r.counter(1, now).unwrap().fill;
-            assert!((got - counted).abs() < 0.02, "{name}: root {i} holds {got} of {counted}");
+        let (got, counted) = both_roots_back(1, after);
+        for (i, f) in got.into_iter().enumerate() {
+            assert!((f - counted).abs() < 0.02, "{name}: root {i} holds {f} of {counted}");
         }
     }
 }
