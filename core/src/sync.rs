@@ -363,19 +363,24 @@ impl SyncEngine {
     /// the view lacked (the batches other limiters sent it and not the first root, or not
     /// yet) would be lost. Held, the view stays as it was before the restarts, each root
     /// adds the hints to what it summed, and this limiter's batches fold in as in a round no
-    /// root answered. For at most [`VIEW_HOLD_INTERVALS`]: a root that stays down must not
-    /// keep this host from the cluster's counts.
+    /// root answered (and stay pending). For at most [`VIEW_HOLD_INTERVALS`], and only for
+    /// roots that answered within as long before the restart: a root that stays down must
+    /// not keep this host from the cluster's counts.
     fn holds_view(&self, root: usize, now: u64) -> bool {
         let Some(link) = self.roots.get(root) else { return false };
         let shard = link.shard;
         let t = self.restart_at[shard as usize];
-        if t == 0 || now.saturating_sub(t) > self.interval_ns().saturating_mul(VIEW_HOLD_INTERVALS)
-        {
+        let window = self.interval_ns().saturating_mul(VIEW_HOLD_INTERVALS);
+        if t == 0 || now.saturating_sub(t) > window {
             return false;
         }
+        // A root that had not answered for as long before the restart is down, not coming
+        // back with it: when it does, it either started after this view (its hints add)
+        // or knows this limiter (they are skipped). Waiting for it gains nothing.
         self.roots.iter().enumerate().any(|(j, l)| {
             j != root
                 && l.shard == shard
+                && l.answered_at.saturating_add(window) >= t
                 && (l.answered_at < t
                     || l.wants_hints(self.limiter.root_entry(l.entry), &self.active))
         })

@@ -466,8 +466,11 @@ impl RootState {
         // case it lost what it had): taken again, from a view newer than this root's start
         // and so merged by max, they swallowed what this root summed that the view lacked
         // (a limiter that took its hints, then failed a call: `sync::tests`).
+        // But a catch-up goes on after such hints: they may be a call this root took whose
+        // answer was lost, sent again before the rest.
         let first_hint = req.hints.first().map(|h| h.0);
         let catching_up = known && s.catch_up && first_hint.is_some_and(|f| f >= s.hinted_to);
+        let sent_again = known && s.catch_up && first_hint.is_some_and(|f| f < s.hinted_to);
         // Hints from a view answered before this root started hold only counts of before,
         // none of the batches it sums (those were sent to it, so after it started; the
         // ones another root took are skipped by `hinted_seq`). Merged by max, a hint that
@@ -479,7 +482,7 @@ impl RootState {
         let started = self.started.unwrap_or(self.born.unwrap_or(now) as i128);
         let pre_start = !self.copied_in
             && req.view_age_ns.is_some_and(|age| (now as i128) - (age as i128) < started);
-        s.catch_up = !known || catching_up;
+        s.catch_up = !known || catching_up || sent_again;
         if !known {
             s.hinted_to = 0;
         }

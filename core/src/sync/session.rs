@@ -126,7 +126,8 @@ impl RootLink {
     /// started; merged, they would make the view look newer than its start, and the hints
     /// of the next request (read from the view as it was before) then merge by max,
     /// losing counts (`SyncRequest::view_age_ns`). `hold`: the fills stay out of the view
-    /// although the root did not restart (`SyncEngine::holds_view`).
+    /// although the root did not restart (`SyncEngine::holds_view`), and the batches it
+    /// acknowledged stay pending.
     pub fn acknowledge(
         &mut self,
         e: zroots::Entry<'_>,
@@ -149,17 +150,22 @@ impl RootLink {
         e.set(zroots::INSTANCE, resp.root_instance);
         e.set(zroots::SINCE, resp.version);
         e.set(zroots::ACKED, resp.acked_seq);
-        let summed = self.pending.iter().filter(|b| b.seq <= resp.acked_seq).cloned();
         if restarted {
             // What this instance summed (an earlier one's sums died with it).
-            self.summed_unmerged = summed.collect();
-        } else if hold {
-            self.summed_unmerged.extend(summed);
-        } else {
+            self.summed_unmerged =
+                self.pending.iter().filter(|b| b.seq <= resp.acked_seq).cloned().collect();
+        } else if !hold {
             self.in_view = resp.acked_seq;
             self.summed_unmerged.clear();
         }
-        self.pending.retain(|b| b.seq > resp.acked_seq);
+        // Held (and not from a restarted root, whose sums are `summed_unmerged`), the
+        // batches this answer acknowledged stay pending until an answer is merged:
+        // the root skips them as retries, and if it restarts meanwhile its new instance
+        // gets them again, while the view (which holds them, folded in) keeps them out of
+        // the hints. Dropped, they lived only in the dead instance.
+        if restarted || !hold {
+            self.pending.retain(|b| b.seq > resp.acked_seq);
+        }
         e.set(zroots::SKIP, 0);
         (self.pending.len(), restarted)
     }

@@ -1153,10 +1153,22 @@ fn a_root_back_from_the_dead_counts_pending_batches_once() {
 /// Which roots each of three nodes reaches in a step: `reach[k][i]`, node `k`, root `i`.
 type Reach = [[bool; 2]; 3];
 
+/// What happens between two steps of [`restarts`]: a step, or a root back empty.
+#[derive(Clone, Copy)]
+enum Ev {
+    Step(Reach),
+    R0,
+    R1,
+}
+
+fn none() -> Ev {
+    Ev::Step([[false; 2]; 3])
+}
+
 /// Three nodes count 10, 11 and 12 units a step (500 ms) on one quota and sync each step
-/// with two roots: 3 steps, `down` steps with both roots down, both roots back empty, the
-/// `after` steps, then 4 steps with both. Returns each root's counter and the count.
-fn both_roots_back(down: usize, after: &[Reach]) -> ([f64; 2], f64) {
+/// with two roots: 3 steps with both, `evs`, then 4 steps with both. Returns each root's
+/// counter and the count.
+fn restarts(evs: &[Ev]) -> ([f64; 2], f64) {
     let clock = ManualClock::at(S);
     let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
     let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
@@ -1166,30 +1178,23 @@ fn both_roots_back(down: usize, after: &[Reach]) -> ([f64; 2], f64) {
         round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
     }
     let mut counted = 0.0;
-    let mut step = |nodes: &mut Vec<Node>, r0: &mut RootState, r1: &mut RootState, reach: Reach| {
-        clock.advance(Duration::from_millis(500));
-        for (k, n) in nodes.iter_mut().enumerate() {
-            n.limiter.account("a", 10 + k as u64).unwrap();
-            counted += 10.0 + k as f64;
-            let a = if reach[k][0] { Some(&mut *r0) } else { None };
-            let b = if reach[k][1] { Some(&mut *r1) } else { None };
-            round(n, &mut [a, b], clock.now_nanos());
+    let all = Ev::Step([[true; 2]; 3]);
+    let evs = [all; 3].into_iter().chain(evs.iter().copied()).chain([all; 4]);
+    for ev in evs {
+        match ev {
+            Ev::R0 => r0 = root_with(&qs),
+            Ev::R1 => r1 = root_with(&qs),
+            Ev::Step(reach) => {
+                clock.advance(Duration::from_millis(500));
+                for (k, n) in nodes.iter_mut().enumerate() {
+                    n.limiter.account("a", 10 + k as u64).unwrap();
+                    counted += 10.0 + k as f64;
+                    let a = if reach[k][0] { Some(&mut r0) } else { None };
+                    let b = if reach[k][1] { Some(&mut r1) } else { None };
+                    round(n, &mut [a, b], clock.now_nanos());
+                }
+            }
         }
-    };
-    let all = [[true; 2]; 3];
-    for _ in 0..3 {
-        step(&mut nodes, &mut r0, &mut r1, all);
-    }
-    for _ in 0..down {
-        step(&mut nodes, &mut r0, &mut r1, [[false; 2]; 3]);
-    }
-    r0 = root_with(&qs);
-    r1 = root_with(&qs);
-    for &reach in after {
-        step(&mut nodes, &mut r0, &mut r1, reach);
-    }
-    for _ in 0..4 {
-        step(&mut nodes, &mut r0, &mut r1, all);
     }
     let now = clock.now_nanos();
     ([&r0, &r1].map(|r| r.counter(1, now).unwrap().fill), counted)
@@ -1200,14 +1205,62 @@ fn both_roots_back(down: usize, after: &[Reach]) -> ([f64; 2], f64) {
 /// hints of views older than each root add to what it summed, so both hold every count.
 #[test]
 fn both_roots_back_from_the_dead_hold_every_count() {
-    let r0_only = [[true, false]; 3];
+    let r0_only = Ev::Step([[true, false]; 3]);
     for (down, late) in [(2, false), (2, true), (1, true), (0, false), (0, true)] {
-        let after: &[Reach] = if late { &[r0_only] } else { &[] };
-        let (got, counted) = both_roots_back(down, after);
+        let evs: Vec<Ev> = std::iter::repeat_n(none(), down)
+            .chain([Ev::R0, Ev::R1])
+            .chain(late.then_some(r0_only))
+            .collect();
+        let (got, counted) = restarts(&evs);
         for (i, f) in got.into_iter().enumerate() {
             assert!((f - counted).abs() < 0.02, "{down} {late}: root {i} holds {f} of {counted}");
         }
     }
+}
+
+/// A root answers while the view is held (the other root came back and waits for its
+/// hints), then restarts too: the batches it acknowledged in those answers stay pending,
+/// so its new instance gets them (dropped, they lived only in the dead instance: 33 of 330
+/// short). The first root, back alone and empty, is left out: hints read from a view that
+/// merged the other root's answer in the round that met the restart merge by max (see
+/// docs/sync-protocol.md, "What this does not cover").
+#[test]
+fn a_root_restarted_after_answers_kept_out_of_the_view_gets_their_batches() {
+    let (t, f) = (true, false);
+    let r0_only = Ev::Step([[t, f]; 3]);
+    let all = Ev::Step([[t; 2]; 3]);
+    for evs in [
+        vec![Ev::R1, all, r0_only, Ev::R0, none()],
+        vec![Ev::R1, all, r0_only, r0_only, none(), Ev::R0],
+    ] {
+        let ([r0, _], counted) = restarts(&evs);
+        assert!((r0 - counted).abs() < 0.02, "root 0 holds {r0} of {counted}");
+    }
+}
+
+/// A root down since long before the other restarted does not hold the view: the
+/// restarted root's answers are merged as soon as it took its hints.
+#[test]
+fn a_root_down_for_long_does_not_hold_the_view() {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
+    let mut r0 = root_with(&qs);
+    let mut n = node(&clock, 2);
+    round(&mut n, &mut [Some(&mut r0), None], clock.now_nanos());
+    for _ in 0..10 {
+        clock.advance(Duration::from_secs(1));
+        n.limiter.account("a", 1).unwrap();
+        round(&mut n, &mut [Some(&mut r0), None], clock.now_nanos());
+    }
+    r0 = root_with(&qs);
+    let mut merged = vec![];
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [Some(&mut r0), None], clock.now_nanos());
+        merged.push(n.engine.view_at[0] == clock.now_nanos());
+    }
+    // Met (kept out: no hints went), hints taken and merged, merged.
+    assert_eq!(merged, [false, true, true]);
 }
 
 fn capped(id: u64, name: &str, cap: u32) -> QuotaUpdate {
@@ -1475,33 +1528,35 @@ fn both_roots_back_with_calls_failing_on_either_hold_every_count() {
         ("node 0 reaches r0 only, twice", &[n0_r0_only, n0_r0_only]),
     ];
     for (name, after) in cases {
-        let (got, counted) = both_roots_back(1, after);
+        let evs: Vec<Ev> = [none(), Ev::R0, Ev::R1]
+            .into_iter()
+            .chain(after.iter().map(|&r| Ev::Step(r)))
+            .collect();
+        let (got, counted) = restarts(&evs);
         for (i, f) in got.into_iter().enumerate() {
             assert!((f - counted).abs() < 0.02, "{name}: root {i} holds {f} of {counted}");
         }
     }
 }
 
-/// TEMP review: the answer to a mid-stream hints call is lost after the root took it.
+/// The answer to a call with hints is lost after the root took them: the limiter sends
+/// them again, the root skips them (it has them) and goes on catching up with the rest.
 #[test]
-fn tmp_review_lost_answer_mid_hint_stream() {
+fn a_hint_call_whose_answer_was_lost_is_not_the_end_of_the_catch_up() {
     for lost_at in 1..=3usize {
         let clock = ManualClock::at(S);
         let (qs, mut n, before) = ten_daily_counts(&clock);
         let now = clock.now_nanos();
         let mut fresh = root_with(&qs);
-        // Meets the restart (no hints), then hint calls; the `lost_at`-th one's answer is lost.
+        // Meets the restart (no hints), then calls of hints, 4 a call, with a batch each;
+        // the answer to the `lost_at`-th is lost.
         round(&mut n, &mut [Some(&mut fresh)], now);
-        let mut extra = 0.0;
         for k in 1..=8usize {
             n.limiter.account("d1", 1).unwrap();
-            extra += 1.0;
             if k == lost_at {
                 for call in n.engine.begin_round(now) {
-                    let req = call.request.clone();
-                    eprintln!("lost call hints {:?}", req.hints.iter().map(|h| h.0).collect::<Vec<_>>());
-                    fresh.sync(&req, now).unwrap();
-                    n.engine.on_response(call.root, Err("timeout".into()), Duration::ZERO, now);
+                    fresh.sync(&call.request, now).unwrap();
+                    n.engine.on_response(call.root, Err("timed out".into()), Duration::ZERO, now);
                 }
                 n.engine.end_round(now);
             } else {
@@ -1511,72 +1566,7 @@ fn tmp_review_lost_answer_mid_hint_stream() {
         let after: Vec<f64> =
             (1..=10).map(|id| fresh.counter(id, now).map_or(0.0, |c| c.fill)).collect();
         let mut want = before.clone();
-        want[0] += extra;
-        eprintln!("lost_at {lost_at}: {after:?}");
-        eprintln!("want {want:?}");
-    }
-}
-
-/// TEMP review: scenario of steps; `R0`/`R1` restart that root between steps.
-#[derive(Clone, Copy, Debug)]
-enum Ev {
-    Step(Reach),
-    R0,
-    R1,
-}
-
-fn tmp_scenario(evs: &[Ev]) -> ([f64; 2], f64) {
-    let clock = ManualClock::at(S);
-    let qs = [quota(1, "a", 0.001, 1e6, 1e6)];
-    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
-    let mut nodes: Vec<_> = (0..3).map(|_| node(&clock, 2)).collect();
-    for n in &mut nodes {
-        round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
-    }
-    let mut counted = 0.0;
-    let all = [[true; 2]; 3];
-    let evs: Vec<Ev> = [Ev::Step(all); 3]
-        .into_iter()
-        .chain(evs.iter().copied())
-        .chain([Ev::Step(all); 4])
-        .collect();
-    for ev in evs {
-        match ev {
-            Ev::R0 => r0 = root_with(&qs),
-            Ev::R1 => r1 = root_with(&qs),
-            Ev::Step(reach) => {
-                clock.advance(Duration::from_millis(500));
-                for (k, n) in nodes.iter_mut().enumerate() {
-                    n.limiter.account("a", 10 + k as u64).unwrap();
-                    counted += 10.0 + k as f64;
-                    let a = if reach[k][0] { Some(&mut r0) } else { None };
-                    let b = if reach[k][1] { Some(&mut r1) } else { None };
-                    round(n, &mut [a, b], clock.now_nanos());
-                }
-            }
-        }
-    }
-    let now = clock.now_nanos();
-    ([&r0, &r1].map(|r| r.counter(1, now).unwrap().fill), counted)
-}
-
-#[test]
-fn tmp_review_scenarios() {
-    let (t, f) = (true, false);
-    let all = Ev::Step([[t; 2]; 3]);
-    let none = Ev::Step([[f; 2]; 3]);
-    let r0o = Ev::Step([[t, f]; 3]);
-    let r1o = Ev::Step([[f, t]; 3]);
-    let cases: Vec<(&str, Vec<Ev>)> = vec![
-        ("r1 restarts, cut from r1, r0 restarts between rounds", vec![Ev::R1, all, r0o, r0o, Ev::R0, all]),
-        ("r1 restarts, cut from r1, r0 down and back", vec![Ev::R1, all, r0o, r0o, none, Ev::R0]),
-        ("r1 restarts, cut from r1, r0 down, back, r1 reach", vec![Ev::R1, all, r0o, r0o, r1o, Ev::R0]),
-        ("r1 back, r0 killed a round later", vec![Ev::R1, all, Ev::R0, all]),
-        ("r1 restarts, r0 killed, both down", vec![Ev::R1, all, none, Ev::R0]),
-        ("r1 restarts, r0 restarts, none", vec![Ev::R1, all, r0o, Ev::R0, none]),
-    ];
-    for (name, evs) in cases {
-        let (got, counted) = tmp_scenario(&evs);
-        eprintln!("{name}: {got:?} of {counted}");
+        want[0] += 8.0;
+        assert_eq!(after, want, "answer {lost_at} lost");
     }
 }
