@@ -85,11 +85,13 @@ pub struct SyncRequest {
     /// [`SyncResponse::grants`]. Sorted by id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_flight: Vec<InFlightReport>,
-    /// With hints: how long (ns) before this request the limiter last had an answer from a
-    /// root of this shard, i.e. the age of the view its hints were read from. A root that
-    /// started after that answer knows the view holds none of the batches it sums itself,
-    /// so it adds such hints to what it summed rather than taking the max (see
-    /// `RootState::sync_from`); absent, hints merge by max.
+    /// How long (ns) before this request the limiter last had an answer from a root of
+    /// this shard: the age of the view its hints are read from, and the time the batches
+    /// it kept since were counted over. A root that started after that answer knows the
+    /// view holds none of the batches it sums itself, so it adds such hints to what it
+    /// summed rather than taking the max (see `RootState::sync_from`); absent, hints merge
+    /// by max. At a first contact, late batches are credited for that time
+    /// (`RootState::apply_batches`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_age_ns: Option<u64>,
 }

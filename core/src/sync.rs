@@ -551,8 +551,9 @@ impl SyncEngine {
             let hinted_seq =
                 (!hints.is_empty() && acked_elsewhere[i] > 0).then_some(acked_elsewhere[i]);
             let view_at = self.view_at[link.shard as usize];
-            let view_age_ns =
-                (!hints.is_empty() && view_at > 0).then(|| now.saturating_sub(view_at));
+            // Sent with every request: with batches pending since, it is also how long
+            // they were counted over (`RootState::apply_batches`).
+            let view_age_ns = (view_at > 0).then(|| now.saturating_sub(view_at));
             let watch = watch[link.shard as usize].clone();
             // The oldest batches first, within the call's budget (at least one batch).
             let mut budget = self.config.max_call_entries.saturating_sub(hints.len() + watch.len());

@@ -47,8 +47,11 @@
 //!   heal. A late amount is first **credited** with the counter's *spare* drain (the drain
 //!   that found it empty, kept up to
 //!   [`RootConfig::late_credit_ns`](super::RootConfig::late_credit_ns) of the limit, 30 s;
-//!   each amount at most the limit over the time since the limiter last synced, nothing at
-//!   a first contact): what the amount would have used had it come on time. The rest fills
+//!   each amount at most the limit over the time since the limiter last synced; at a
+//!   first contact, since it last had an answer from a root of this shard, as its request
+//!   says, and nothing if it does not; a counter this root does not hold yet, made by a
+//!   late amount, was empty over that time, and its spare is all of it, up to 30 s): what
+//!   the amount would have used had it come on time. The rest fills
 //!   the counter up to `low_burst` only, and what does not fit is **dropped**, not parked
 //!   (`yarl_root_late_credited_total`, `yarl_root_late_dropped_total`): below `low_burst`
 //!   nothing is refused, while counts of then added above it would shut the quota now for
@@ -76,7 +79,7 @@
 //!   contact. One address cannot hold more than `max_limiters_per_addr` sessions, so it
 //!   cannot push the others out.
 
-use super::counters::WARM_RUN;
+use super::counters::{place_of, NO_COUNTER, WARM_RUN};
 use super::demand::{meter, DEMAND_BUCKETS, DEMAND_BUCKET_NS, DEMAND_CAP_FACTOR};
 use super::sessions::Session;
 use super::RootState;
@@ -106,12 +109,18 @@ impl RootState {
         // LATE_BATCHES new batches or more at once: the limiter missed rounds with this
         // root and is catching up, and all of them were counted while this root did not
         // hear from it (the newest too: it decided alone until this call went through),
-        // over at most the time since it last did (a first contact: nothing known, no
-        // credit). Two at once is a slow answer or an early round, not a cut. A session
+        // over at most the time since it last did. Two at once is a slow answer or an early round, not a cut. A session
         // copied from another root (`copy.rs`) brings the batches counted since the copy
         // was taken, on time at that root: not late.
         let fresh = batches.iter().filter(|b| b.seq > acked && b.seq > covered).count();
-        let gap = if s.acked == 0 { 0 } else { now.saturating_sub(s.last_seen) };
+        // At a first contact (this root restarted, or is new to the limiter) the batches
+        // were counted since the limiter's last answer from a root of this shard, if it
+        // says (`view_age_ns`); nothing known otherwise, no credit.
+        let gap = match (s.acked, req.view_age_ns) {
+            (0, Some(age)) => age.min(self.config.late_credit_ns),
+            (0, None) => 0,
+            _ => now.saturating_sub(s.last_seen),
+        };
         let late = (fresh >= LATE_BATCHES && !s.copied).then_some(gap);
         for b in batches {
             if b.seq <= acked {
@@ -302,10 +311,23 @@ impl RootState {
     ) -> u64 {
         let Some(l) = self.delta_limits(id, limits) else { return 0 };
         let cap = demand_cap(&l);
+        let new = place_of(&self.quotas, id) == NO_COUNTER;
+        let most_spare = gap.min(self.config.late_credit_ns);
+        let lends = new && self.in_hint_window(now) || self.lent.contains_key(&id);
         let Some(c) = self.counter_now(id, l.limit(), now) else {
             self.stats.deltas_unknown += 1;
             return 0;
         };
+        if new {
+            // A counter this root does not hold was empty through the gap (idle, dropped
+            // once drained), or was lost with a restart. Without this credit the limiters'
+            // batches of a restart met a new, empty counter at once and filled it toward
+            // `low_burst`: a quota at 0.9 x its limit refused for a second after both roots
+            // were killed (`make chaos`, `sync::tests`). After a restart the credit is only
+            // lent: a hint above zero (drained to now, as the limiters read them) says the
+            // counter never emptied, and takes it back (`lent`).
+            c.spare = l.limit().over(most_spare);
+        }
         let mut shown = false;
         if gap > 0 {
             // A limiter that was cut off goes on with its clients once healed. Left out of
@@ -331,6 +353,9 @@ impl RootState {
         self.stats.deltas_applied += 1;
         self.stats.late_credited += credit;
         self.stats.late_dropped += rest - taken;
+        if lends && credit > 0 {
+            *self.lent.entry(id).or_default() += credit;
+        }
         if taken > 0 || shown {
             self.log_change(id, l.limit());
         }
@@ -347,28 +372,45 @@ impl RootState {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
+        // The counter held `fill` through the gap: no drain was spare, and the late
+        // batches credited with it count whole.
+        let back = if fill > 0 { self.lent.remove(&id).unwrap_or(0) } else { 0 };
+        self.stats.late_credited = self.stats.late_credited.saturating_sub(back);
         let floor = if pre_start { self.pre_start_floor(id, fill, &l, now) } else { None };
+        let mixed = self.in_hint_window(now);
         let Some(c) = self.counter_now(id, l.limit(), now) else { return };
+        let mut changed = back > 0;
+        if changed {
+            c.spare = 0;
+            c.bucket.add(back.min(ceiling.saturating_sub(c.bucket.fill)));
+        }
         if let Some(more) = floor {
             let taken = more.min(ceiling.saturating_sub(c.bucket.fill));
             if taken > 0 {
                 c.bucket.add(taken);
                 self.stats.hints_applied += 1;
                 self.stats.hints_added += 1;
-                self.log_change(id, l.limit());
+                changed = true;
             }
         } else if fill > c.bucket.fill {
             c.bucket.fill = fill;
             c.bucket.carry = 0;
             self.stats.hints_applied += 1;
-            self.log_change(id, l.limit());
+            changed = true;
             // In the hint window, what the counter now holds of older views is unknown.
-            if !self.copied_in
-                && self.born.is_some_and(|b| now.saturating_sub(b) <= self.config.hint_window_ns)
-            {
+            if mixed {
                 self.pre_start.insert(id, Floor::MIXED);
             }
         }
+        if changed {
+            self.log_change(id, l.limit());
+        }
+    }
+
+    /// Whether this root, started without a copy, may still take hints.
+    fn in_hint_window(&self, now: u64) -> bool {
+        !self.copied_in
+            && self.born.is_some_and(|b| now.saturating_sub(b) <= self.config.hint_window_ns)
     }
 
     /// For a hint `fill` of counter `id` read from a view older than this root: how much

@@ -294,11 +294,13 @@ impl RootState {
     /// call looks at up to `max` counters; a pass starts with a list of every counter's id
     /// and ends, forgetting idle limiters, when the list is done. `true` when a pass ended.
     pub fn sweep_step(&mut self, now: u64, max: usize) -> bool {
-        // Past the hint window no hint is taken: the floors of old views are no use.
-        if !self.pre_start.is_empty()
+        // Past the hint window no hint is taken: the floors of old views, and the credits
+        // a hint would take back, are no use.
+        if !(self.pre_start.is_empty() && self.lent.is_empty())
             && self.born.is_some_and(|b| now.saturating_sub(b) > self.config.hint_window_ns)
         {
             self.pre_start = Default::default();
+            self.lent = Default::default();
         }
         if self.sweep_left == 0 {
             self.sweep_left = self.counters.places();

@@ -329,6 +329,10 @@ pub struct RootState {
     /// once a hint from a newer view lifted the counter by max: what it holds of whose is
     /// then unknown, and later hints of that counter merge by max too.
     pre_start: IdMap<claims::Floor>,
+    /// Per counter made by a late batch in the hint window: the credit its late batches
+    /// had from drain that was assumed, not seen (see `RootState::add_late`); a hint above
+    /// zero takes it back.
+    lent: IdMap<u64>,
     /// Whether this root took a copy of another ([`RootState::copy_in`]): the copy holds
     /// whatever an older view could add, so every hint merges by max.
     copied_in: bool,
@@ -369,6 +373,7 @@ impl RootState {
             born: None,
             started: None,
             pre_start: IdMap::default(),
+            lent: IdMap::default(),
             copied_in: false,
             stats: RootStats::default(),
         }

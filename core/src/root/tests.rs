@@ -496,9 +496,10 @@ fn late_batches_are_credited_with_drain_the_counter_spent_at_zero() {
     assert_eq!(r.parked_count(), 0);
 }
 
-/// Late counts of a counter with no spare (swept away, or new) fill it up to low_burst and
-/// no further; a first contact (a root that restarted, a new limiter) gets no credit; two
-/// batches at once (a slow answer) are not late and count whole.
+/// Late counts of a counter with no spare fill it up to low_burst and no further; a first
+/// contact that does not say how long its batches were counted over (a limiter that
+/// predates `view_age_ns`) gets no credit; two batches at once (a slow answer) are not late
+/// and count whole. A counter swept away was empty through the gap: all of it is spare.
 #[test]
 fn late_counts_without_credit_fill_to_low_burst_and_two_batches_are_not_late() {
     let mut r = RootState::new(RootConfig::default());
@@ -508,14 +509,60 @@ fn late_counts_without_credit_fill_to_low_burst_and_two_batches_are_not_late() {
     assert_eq!(r.counter_count(), 0);
     let resend: Vec<_> = (2..=11).map(|s| (s, vec![(1, 30_000)])).collect();
     r.sync(&req("b", resend.clone()), 6 * S).unwrap();
-    assert_eq!(fill(&r, 1, 6 * S), 150.0);
-    assert_eq!((r.stats().late_credited, r.stats().late_dropped), (0, 150_000));
+    assert_eq!(fill(&r, 1, 6 * S), 0.0, "5 s since b last synced: 500 units of spare");
+    assert_eq!((r.stats().late_credited, r.stats().late_dropped), (300_000, 0));
     r.sync(&req("c", resend), 6 * S).unwrap();
     assert_eq!(fill(&r, 1, 6 * S), 150.0);
-    assert_eq!((r.stats().late_credited, r.stats().late_dropped), (0, 450_000));
+    assert_eq!((r.stats().late_credited, r.stats().late_dropped), (300_000, 150_000));
     r.sync(&req("b", vec![(12, vec![(1, 100_000)]), (13, vec![(1, 100_000)])]), 6 * S).unwrap();
     assert_eq!(fill(&r, 1, 6 * S), 325.0, "up to the ceiling, the rest parked");
     assert_eq!(r.parked_count(), 1);
+}
+
+/// Both roots killed under a quota: the limiters meet the restarted root with the batches
+/// they counted meanwhile, saying how long since their last answer. The counter is new
+/// there; it was drained for that long (the hints that follow bring what it held, drained
+/// to now), so the batches share that drain as credit, and only what the whole cluster
+/// counted beyond it fills the counter. Before, a quota at 0.9 x met the batches at once
+/// and was refused for a second (`make chaos`).
+#[test]
+fn batches_met_by_a_restarted_root_share_the_drain_since_the_limiters_last_answer() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    // 90 units over each of 3 seconds, from each of two limiters: 1.8 x the limit.
+    let batches: Vec<_> = (1..=3).map(|s| (s, vec![(1, 90_000)])).collect();
+    let met = |name| SyncRequest { view_age_ns: Some(3 * S), ..req(name, batches.clone()) };
+    r.sync(&met("a"), 10 * S).unwrap();
+    assert_eq!(fill(&r, 1, 10 * S), 0.0, "270 of the 300 drained");
+    r.sync(&met("b"), 10 * S).unwrap();
+    // 30 units of drain left: the other 240 fill up to low_burst, the rest dropped.
+    assert_eq!(fill(&r, 1, 10 * S), 150.0);
+    assert_eq!((r.stats().late_credited, r.stats().late_dropped), (300_000, 90_000));
+}
+
+/// The drain a restarted root credits late batches of a counter it does not hold with is
+/// assumed: a hint above zero (drained to now, as limiters read them) says the counter
+/// never emptied, and the credit is taken back. Kept, a quota at 3 x its limit admitted
+/// 2.2 x for a second after both roots were killed (`make chaos`).
+#[test]
+fn a_hint_above_zero_takes_back_the_credit_of_a_counter_that_never_emptied() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0), recommended(2, 100.0)], 0);
+    let batches: Vec<_> = (1..=3).map(|s| (s, vec![(1, 90_000), (2, 90_000)])).collect();
+    r.sync(&SyncRequest { view_age_ns: Some(3 * S), ..req("a", batches) }, 10 * S).unwrap();
+    assert_eq!((fill(&r, 1, 10 * S), fill(&r, 2, 10 * S)), (0.0, 0.0));
+    // The next request's hints, read from the view before the restart: counter 1 still
+    // held 20 units, counter 2 had drained (no hint).
+    let hints = SyncRequest {
+        hints: vec![(1, 20_000)],
+        view_age_ns: Some(3 * S),
+        root_instance: Some(r.instance()),
+        ..req("a", vec![])
+    };
+    r.sync(&hints, 10 * S).unwrap();
+    assert_eq!(fill(&r, 1, 10 * S), 290.0, "270 counted whole, and the 20 held");
+    assert_eq!(fill(&r, 2, 10 * S), 0.0);
+    assert_eq!(r.stats().late_credited, 270_000);
 }
 
 /// The credit is what the counter spent at zero, at most the limit over the time since the

@@ -1570,3 +1570,64 @@ fn a_hint_call_whose_answer_was_lost_is_not_the_end_of_the_catch_up() {
         assert_eq!(after, want, "answer {lost_at} lost");
     }
 }
+
+/// Both roots killed under a quota at 0.9 x, down for up to 3 s and back one after the
+/// other: the batches each host counted meanwhile reach the restarted roots at once. Taken
+/// whole by a counter new there, they filled it toward `low_burst` (146 of 150 units) and
+/// the quota was refused for a second (`make chaos`, both roots killed: 10 requests of
+/// `cool` refused); credited with the drain since each host's last answer, they fill it
+/// only with what the cluster counted beyond its limit.
+#[test]
+fn a_quota_under_its_limit_is_not_refused_when_both_roots_come_back() {
+    for down in 0..6 {
+        for gap in 0..3 {
+            for clumped in [false, true] {
+                let (refused, most) = both_roots_down(down, gap, clumped);
+                let case = format!("down {down} rounds, root 1 {gap} more, clumped {clumped}");
+                assert_eq!(refused, 0, "{case}: the others read as adding up to {most}/s");
+                assert!(most <= 100.0, "{case}: the others read as adding {most}/s");
+            }
+        }
+    }
+}
+
+/// Three hosts at 30 units/s each on a quota of 100/s, rounds every 500 ms; root 0 down
+/// for `down` rounds from round 10, root 1 for `gap` more. The requests refused, and the
+/// most any host read the others as adding.
+fn both_roots_down(down: usize, gap: usize, clumped: bool) -> (u32, f64) {
+    let clock = ManualClock::at(S);
+    let qs = [quota(1, "a", 100.0, 150.0, 300.0)];
+    let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
+    let mut nodes: Vec<_> = (0..3).map(|_| node(&clock, 2)).collect();
+    for n in &mut nodes {
+        round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
+    }
+    let (mut refused, mut most) = (0, 0.0f64);
+    for step in 0..30 {
+        if step == 10 + down {
+            r0 = root_with(&qs);
+        }
+        if step == 10 + down + gap {
+            r1 = root_with(&qs);
+        }
+        let up0 = !(10..10 + down).contains(&step);
+        let up1 = !(10..10 + down + gap).contains(&step);
+        for n in nodes.iter_mut() {
+            clock.advance(Duration::from_millis(166));
+            for k in 0..15 {
+                if !clumped || k % 5 == 0 {
+                    clock.advance(Duration::from_micros(100));
+                }
+                if n.limiter.account("a", 1).unwrap().outcome != Outcome::Passed {
+                    refused += 1;
+                }
+            }
+            let a = if up0 { Some(&mut r0) } else { None };
+            let b = if up1 { Some(&mut r1) } else { None };
+            round(n, &mut [a, b], clock.now_nanos());
+            let inflow = n.limiter.with_counters(|c| c.inflow(c.slot_of(1).unwrap())) / 1000.0;
+            most = most.max(inflow);
+        }
+    }
+    (refused, most)
+}
