@@ -203,6 +203,15 @@ pub struct SyncEngine {
     /// [`VIEW_HOLD_INTERVALS`] have passed, answers stay out of the view
     /// ([`Self::holds_view`]).
     restart_at: Vec<u64>,
+    /// Per shard, this round: some answer was kept out of the view (a restarted root, or
+    /// held), and some answer was merged into it. A shard with the first and not the
+    /// second is *held*: nothing new is known of the cluster, so its counters keep their
+    /// rates (what the others add). Taken as news, the answers of a restarted root (an
+    /// empty demand meter) zeroed them, and every host admitted the whole limit alone
+    /// while the view was held (`make chaos`, both roots killed: 2.4 x the limit for a
+    /// second).
+    kept_out: Vec<bool>,
+    merged: Vec<bool>,
     /// Per shard: no root of it answered the last round. This host then decided on its
     /// own count, and its batches reach the roots late, past their meters: what it counted
     /// meanwhile is no share of a cluster-wide rate.
@@ -325,6 +334,8 @@ impl SyncEngine {
             view_at: vec![0; shards as usize],
             restart_seen: false,
             restart_at: vec![0; shards as usize],
+            kept_out: vec![false; shards as usize],
+            merged: vec![false; shards as usize],
             silent: vec![false; shards as usize],
         })
     }
@@ -659,6 +670,8 @@ impl SyncEngine {
             self.limiter.raise_epoch(resp.epoch);
         }
         self.merge_counters(&resp.counters, resp.root_epoch, shard, !restarted && !hold, now);
+        let seen = if restarted || hold { &mut self.kept_out } else { &mut self.merged };
+        seen[shard as usize] = true;
         if restarted {
             self.restart_seen = true;
         } else if !hold {
@@ -863,6 +876,8 @@ impl SyncEngine {
         for (shard, silent) in self.silent.iter_mut().enumerate() {
             *silent = !round.shard_answered(shard as u32);
         }
+        self.kept_out.fill(false);
+        self.merged.fill(false);
         self.limiter.sweep_keys(now);
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
@@ -883,6 +898,10 @@ impl SyncEngine {
         let active = &mut self.active;
         // Which shards' counters count no own share this round (none, nearly always).
         let silent = Some(&self.silent).filter(|v| v.contains(&true));
+        let held: Vec<bool> =
+            self.kept_out.iter().zip(&self.merged).map(|(&k, &m)| k && !m).collect();
+        let held = Some(&held).filter(|v| v.contains(&true));
+        let held_shard = |id| held.is_some_and(|v| v[Shard::of(id, shards) as usize]);
         self.limiter.with_counters_paced(self.pacer, |c| {
             let warm = |run: &[u32]| c.warm(run.iter().copied());
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
@@ -919,8 +938,9 @@ impl SyncEngine {
                 active.retain_in_chunks(WARM_CHUNK, warm, |s| {
                     let Some(id) = c.id_of(s) else { return false };
                     let (own, facts) = walk.at(s, id);
-                    if round.silent_shard(id, shards) {
-                        // No root of its shard answered: nothing is known, keep the rates.
+                    if round.silent_shard(id, shards) || held_shard(id) {
+                        // No root of its shard answered, or none into the view: nothing is
+                        // known, keep the rates.
                         return true;
                     }
                     if !round.early && own.is_none() {
