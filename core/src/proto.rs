@@ -85,7 +85,7 @@ pub struct SyncRequest {
     /// [`SyncResponse::grants`]. Sorted by id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_flight: Vec<InFlightReport>,
-    /// How long (ns) before this request the limiter last had an answer from a root of
+    /// How long (ns) before this request the limiter last merged an answer from a root of
     /// this shard: the age of the view its hints are read from, and the time the batches
     /// it kept since were counted over. A root that started after that answer knows the
     /// view holds none of the batches it sums itself, so it adds such hints to what it

@@ -48,7 +48,7 @@
 //!   that found it empty, kept up to
 //!   [`RootConfig::late_credit_ns`](super::RootConfig::late_credit_ns) of the limit, 30 s;
 //!   each amount at most the limit over the time since the limiter last synced; at a
-//!   first contact, since it last had an answer from a root of this shard, as its request
+//!   first contact, since it last merged an answer from a root of this shard, as its request
 //!   says, and nothing if it does not; a counter this root does not hold yet, made by a
 //!   late amount, was empty over that time, and its spare is all of it, up to 30 s): what
 //!   the amount would have used had it come on time. The rest fills
@@ -59,7 +59,9 @@
 //!   takes their attempts at the rate they came over the gap (the limiter goes on with its
 //!   clients once healed, and every limiter must suppress for them now). A counter
 //!   that never reaches `low_burst` (a parent summing everything, with bursts above any
-//!   total) has no spare and takes every late unit, so sums stay exact. Dropping only
+//!   total) has no spare and takes every late unit, so sums stay exact (made by a late
+//!   amount after a restart, it gets spare, but the first hint from a view before the
+//!   restart takes that credit back). Dropping only
 //!   lowers counts, which whoever holds the sync token could do anyway by not sending
 //!   them; the price is paid by honest limiters that miss rounds (a cut, a lossy link, a
 //!   root stalled for two intervals): their late counts above `low_burst` go uncounted.
@@ -114,7 +116,7 @@ impl RootState {
         // was taken, on time at that root: not late.
         let fresh = batches.iter().filter(|b| b.seq > acked && b.seq > covered).count();
         // At a first contact (this root restarted, or is new to the limiter) the batches
-        // were counted since the limiter's last answer from a root of this shard, if it
+        // were counted since the limiter last merged an answer from a root of this shard, if it
         // says (`view_age_ns`); nothing known otherwise, no credit.
         let gap = match (s.acked, req.view_age_ns) {
             (0, Some(age)) => age.min(self.config.late_credit_ns),
@@ -372,17 +374,20 @@ impl RootState {
             self.stats.hints_capped += 1;
         }
         let fill = fill.min(ceiling);
-        // The counter held `fill` through the gap: no drain was spare, and the late
-        // batches credited with it count whole.
-        let back = if fill > 0 { self.lent.remove(&id).unwrap_or(0) } else { 0 };
-        self.stats.late_credited = self.stats.late_credited.saturating_sub(back);
+        // Read from a view older than this root, and still above zero drained to now: the
+        // counter held it through the gap, no drain was spare, and the late batches
+        // credited with it count whole. (A newer view holds this root's credited sums.)
+        let back = if fill > 0 && pre_start { self.lent.remove(&id).unwrap_or(0) } else { 0 };
         let floor = if pre_start { self.pre_start_floor(id, fill, &l, now) } else { None };
         let mixed = self.in_hint_window(now);
         let Some(c) = self.counter_now(id, l.limit(), now) else { return };
-        let mut changed = back > 0;
-        if changed {
+        let mut changed = false;
+        let mut taken_back = 0;
+        if back > 0 {
             c.spare = 0;
-            c.bucket.add(back.min(ceiling.saturating_sub(c.bucket.fill)));
+            taken_back = back.min(ceiling.saturating_sub(c.bucket.fill));
+            c.bucket.add(taken_back);
+            changed = taken_back > 0;
         }
         if let Some(more) = floor {
             let taken = more.min(ceiling.saturating_sub(c.bucket.fill));
@@ -402,6 +407,7 @@ impl RootState {
                 self.pre_start.insert(id, Floor::MIXED);
             }
         }
+        self.stats.late_credited = self.stats.late_credited.saturating_sub(taken_back);
         if changed {
             self.log_change(id, l.limit());
         }

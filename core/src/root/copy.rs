@@ -22,7 +22,8 @@
 //! A copy of a root still in its hint window also carries how long before the copy it
 //! started and what it holds of views older than that (`RootState::pre_start`): the root
 //! that takes it goes on adding hints of such views where the copied root would have, and
-//! merges hints of newer views, which may repeat what the copy holds, by max. Without it
+//! merges hints of newer views, which may repeat what the copy holds, by max; and the
+//! credit late batches had that such a hint takes back (`RootState::lent`). Without it
 //! (the copied root is past its window) every hint merges by max.
 
 use super::claims::Floor;
@@ -64,6 +65,11 @@ pub struct PreStartCopy {
     /// Per counter: the highest hint of such a view it added, drained to the copy
     /// (milli-units), or none once a hint of a newer view lifted the counter by max.
     pub floors: Vec<(QuotaId, Option<u64>)>,
+    /// Per counter: the credit its late batches had that a hint of such a view would take
+    /// back (milli-units; see "Late batches" in `root/claims.rs`). Absent from roots that
+    /// predate it.
+    #[serde(default)]
+    pub lent: Vec<(QuotaId, u64)>,
 }
 
 /// One limiter's session in a [`RootCopy`].
@@ -128,6 +134,7 @@ impl RootCopy {
                 (Some(mut a), Some(b)) => {
                     a.started_ago_ns = a.started_ago_ns.max(b.started_ago_ns);
                     a.floors.extend(b.floors);
+                    a.lent.extend(b.lent);
                     Some(a)
                 }
                 _ => None,
@@ -192,6 +199,7 @@ impl RootState {
                     (id, fill)
                 })
                 .collect(),
+            lent: self.lent.iter().map(|(&id, &v)| (id, v)).collect(),
         });
         copy
     }
@@ -222,6 +230,11 @@ impl RootState {
                     if self.stripe.contains(id) {
                         let floor = f.map_or(Floor::MIXED, |fill| Floor { fill, at: taken_at });
                         self.pre_start.insert(id, floor);
+                    }
+                }
+                for &(id, v) in &p.lent {
+                    if self.stripe.contains(id) {
+                        self.lent.insert(id, v);
                     }
                 }
             }

@@ -195,7 +195,8 @@ impl RootState {
         }
         let c = self.counters.get_mut(q.counter)?;
         if new {
-            // Nothing was counted before it: no spare drain either.
+            // Nothing was counted before it: no spare drain either (a late amount that
+            // makes it sets its own, `RootState::add_late`).
             c.bucket.at = now;
         }
         c.limit = limit;
@@ -213,6 +214,7 @@ impl RootState {
         if let Some((_, c)) = self.counters.remove(place) {
             self.kill_change(c.log_at, c.version);
         }
+        self.lent.remove(&id);
     }
 
     /// Drops the counter at slab place `p`, if one is there, and its entry in the change
@@ -224,6 +226,7 @@ impl RootState {
         if let Some(q) = self.quotas.get_mut(&id) {
             q.counter = NO_COUNTER;
         }
+        self.lent.remove(&id);
         self.kill_change(c.log_at, c.version);
         // A key has nothing beside its counter: it goes too (see `keys.rs`).
         self.forget_key(id);

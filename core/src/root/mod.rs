@@ -329,9 +329,10 @@ pub struct RootState {
     /// once a hint from a newer view lifted the counter by max: what it holds of whose is
     /// then unknown, and later hints of that counter merge by max too.
     pre_start: IdMap<claims::Floor>,
-    /// Per counter made by a late batch in the hint window: the credit its late batches
-    /// had from drain that was assumed, not seen (see `RootState::add_late`); a hint above
-    /// zero takes it back.
+    /// Per counter made by a late batch in the hint window: the credit late batches had
+    /// from its spare since (drain assumed, not seen: see `RootState::add_late`); a hint
+    /// above zero from a view older than this root takes it back. Goes with the counter,
+    /// and all of it when the hint window ends.
     lent: IdMap<u64>,
     /// Whether this root took a copy of another ([`RootState::copy_in`]): the copy holds
     /// whatever an older view could add, so every hint merges by max.

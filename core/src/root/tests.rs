@@ -565,6 +565,36 @@ fn a_hint_above_zero_takes_back_the_credit_of_a_counter_that_never_emptied() {
     assert_eq!(r.stats().late_credited, 270_000);
 }
 
+/// Only a hint from a view older than the root takes the credit back: a newer view holds
+/// what the root summed, credit included. And a root started from a copy of one still in
+/// its hint window takes it back too (without the copied `lent`, it stayed short by it).
+#[test]
+fn lent_credit_is_taken_back_only_by_old_views_and_goes_with_a_copy() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    let batches: Vec<_> = (1..=3).map(|s| (s, vec![(1, 90_000)])).collect();
+    r.sync(&SyncRequest { view_age_ns: Some(3 * S), ..req("a", batches) }, 10 * S).unwrap();
+    // `b` merged an answer of this root: its view is newer than the root's start.
+    let newer = SyncRequest { hints: vec![(1, 5_000)], view_age_ns: Some(0), ..req("b", vec![]) };
+    r.sync(&newer, 10 * S).unwrap();
+    assert_eq!(fill(&r, 1, 10 * S), 5.0);
+    assert_eq!(r.stats().late_credited, 270_000, "nothing taken back");
+    let copy = r.copy_out(10 * S);
+    let mut c = RootState::new(RootConfig::default());
+    c.apply_quotas([recommended(1, 100.0)], 0);
+    c.copy_in(&copy, 0, 10 * S).unwrap();
+    c.start(10 * S);
+    let older = SyncRequest {
+        hints: vec![(1, 20_000)],
+        view_age_ns: Some(3 * S),
+        root_instance: Some(r.instance()),
+        ..req("a", vec![])
+    };
+    r.sync(&older, 10 * S).unwrap();
+    c.sync(&older, 10 * S).unwrap();
+    assert_eq!((fill(&r, 1, 10 * S), fill(&c, 1, 10 * S)), (275.0, 275.0));
+}
+
 /// The credit is what the counter spent at zero, at most the limit over the time since the
 /// late limiter last synced: a counter idle for a minute does not swallow a burst that a
 /// limiter one interval behind sends in three batches.
