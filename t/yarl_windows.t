@@ -151,7 +151,11 @@ $t->run_root('B', '--db', $db);
 ok($t->wait_for(sub { root_fill('A') >= $before - 0.1 && root_fill('B') >= $before - 0.1 }, 10),
 	"restarted roots hold the hour's count again: $before before, "
 	. root_fill('A') . ', ' . root_fill('B') . ' after');
-ok(root_fill('A') <= $before + 0.01 && root_fill('B') <= $before + 0.01, 'and not more of it');
+# Each request that passed at random in the drop zone is one more in the hour: the roots may
+# hold it (up to the counter's ceiling, high_burst and a quarter second of the limit), or a
+# kill may lose it with the claim it was parked in.
+my $most = $before + $extra_passed + 0.01;
+ok(root_fill('A') <= $most && root_fill('B') <= $most, "and not more of it (at most $most)");
 diag(sprintf('error after a kill -9 of both roots: %.4f of %.4f (the drain meanwhile)',
 	$before - root_fill('A'), $before));
 ok($t->wait_for(sub { !grep { !$_->{ok} } @{$t->stats($t->port(8080))->{roots} // [{}]} }, 5),
@@ -162,7 +166,17 @@ refused_everywhere('after a kill -9 of both roots');
 ($st, $q) = $t->admin('PUT', '/v1/quotas/client_*', { limit => 3, per => '1d' });
 is($st, 200, 'a template of 3 per day') or diag(explain($q));
 ok($t->wait_quota($t->port(8080), 'client_*', 5), 'nginx 1 fetched it');
-my @a = map { status_of(http_get($t->port(8080), '/client/index.html?key=a')) } 1 .. 4;
+# Until a round reports a new key, each unit after its first stands for every live nginx
+# (a client new to every host at once gets one burst in all): the first request is synced
+# before the others are sent, so that all three pass here.
+my @a = (status_of(http_get($t->port(8080), '/client/index.html?key=a')));
+ok($t->wait_for(sub {
+	my ($s, $k) = $t->admin('GET', '/v1/quotas/client_a', undef, 'A');
+	$s == 200 && ref $k && ($k->{counter}{fill} // 0) >= 0.99
+}, 5), 'root A counts the first request of key a');
+# Two sync intervals: nginx 1's next round brings the key's count back.
+sleep 0.5;
+push @a, map { status_of(http_get($t->port(8080), '/client/index.html?key=a')) } 2 .. 4;
 is("@a", '200 200 200 429', 'key a: three pass, the fourth is refused');
 $r = http_get($t->port(8080), '/client/index.html?key=a');
 is(header_of($r, 'Retry-After'), 28800, 'Retry-After: eight hours, in seconds');
