@@ -520,7 +520,7 @@ def report(c, marks, t_start, load_errors, strict):
         try:
             _, m = call("GET", HOST, ROOT_PORTS[r], "/metrics")
             shown = ("hints_applied", "hints_added", "hints_redundant", "late_credited",
-                     "late_dropped", "duplicate_batches")
+                     "late_credit_taken_back", "late_dropped", "duplicate_batches")
             vals = dict(line.split()[:2] for line in str(m).splitlines()
                         if line.startswith("yarl_root_") and not line.startswith("#"))
             print(f"root {r}: " + ", ".join(

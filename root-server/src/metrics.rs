@@ -220,8 +220,13 @@ impl Metrics {
         );
         counter(
             "yarl_root_late_credited_total",
-            "Units of late batches (counted while a limiter could not reach this root) credited with drain their counter spent at zero meanwhile.",
+            "Units of late batches (counted while a limiter could not reach this root, or before a restart of this root) credited with drain their counter spent at zero meanwhile.",
             s.stats.late_credited / 1000,
+        );
+        counter(
+            "yarl_root_late_credit_taken_back_total",
+            "Units of that credit taken back by hints from views before this root's restart: their counter never emptied.",
+            s.stats.late_credit_taken_back / 1000,
         );
         counter(
             "yarl_root_late_dropped_total",

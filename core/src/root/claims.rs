@@ -111,9 +111,9 @@ impl RootState {
         // LATE_BATCHES new batches or more at once: the limiter missed rounds with this
         // root and is catching up, and all of them were counted while this root did not
         // hear from it (the newest too: it decided alone until this call went through),
-        // over at most the time since it last did. Two at once is a slow answer or an early round, not a cut. A session
-        // copied from another root (`copy.rs`) brings the batches counted since the copy
-        // was taken, on time at that root: not late.
+        // over at most the time since it last did. Two at once is a slow answer or an
+        // early round, not a cut. A session copied from another root (`copy.rs`) brings
+        // the batches counted since the copy was taken, on time at that root: not late.
         let fresh = batches.iter().filter(|b| b.seq > acked && b.seq > covered).count();
         // At a first contact (this root restarted, or is new to the limiter) the batches
         // were counted since the limiter last merged an answer from a root of this shard, if it
@@ -407,7 +407,7 @@ impl RootState {
                 self.pre_start.insert(id, Floor::MIXED);
             }
         }
-        self.stats.late_credited = self.stats.late_credited.saturating_sub(taken_back);
+        self.stats.late_credit_taken_back += taken_back;
         if changed {
             self.log_change(id, l.limit());
         }

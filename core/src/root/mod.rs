@@ -219,6 +219,9 @@ pub struct RootStats {
     /// Late batches' admitted milli-units credited with drain their counter spent at zero
     /// meanwhile (see "Late batches" in `root/claims.rs`).
     pub late_credited: u64,
+    /// Of [`late_credited`](Self::late_credited), what hints from views before a restart
+    /// took back: the counter never emptied. Kept apart so that both stay monotonic.
+    pub late_credit_taken_back: u64,
     /// Late batches' admitted milli-units dropped above a counter's `low_burst` instead of
     /// parked.
     pub late_dropped: u64,

@@ -69,6 +69,7 @@ impl RootStats {
         self.hints_late += o.hints_late;
         self.hints_redundant += o.hints_redundant;
         self.late_credited += o.late_credited;
+        self.late_credit_taken_back += o.late_credit_taken_back;
         self.late_dropped += o.late_dropped;
         self.resets += o.resets;
         self.dropped_before_reset += o.dropped_before_reset;

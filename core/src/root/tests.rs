@@ -562,7 +562,8 @@ fn a_hint_above_zero_takes_back_the_credit_of_a_counter_that_never_emptied() {
     r.sync(&hints, 10 * S).unwrap();
     assert_eq!(fill(&r, 1, 10 * S), 290.0, "270 counted whole, and the 20 held");
     assert_eq!(fill(&r, 2, 10 * S), 0.0);
-    assert_eq!(r.stats().late_credited, 270_000);
+    // Both counters' credit stays counted; counter 1's is also counted as taken back.
+    assert_eq!((r.stats().late_credited, r.stats().late_credit_taken_back), (540_000, 270_000));
 }
 
 /// Only a hint from a view older than the root takes the credit back: a newer view holds
@@ -593,6 +594,7 @@ fn lent_credit_is_taken_back_only_by_old_views_and_goes_with_a_copy() {
     r.sync(&older, 10 * S).unwrap();
     c.sync(&older, 10 * S).unwrap();
     assert_eq!((fill(&r, 1, 10 * S), fill(&c, 1, 10 * S)), (275.0, 275.0));
+    assert_eq!((r.stats().late_credited, r.stats().late_credit_taken_back), (270_000, 270_000));
 }
 
 /// The credit is what the counter spent at zero, at most the limit over the time since the

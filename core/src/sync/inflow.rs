@@ -65,10 +65,10 @@ fn own_rate(s: &Sample) -> f64 {
 }
 
 /// [`Estimator::StaticOrMeasured`]: the static share, raised to what the fill's change
-/// between the two syncs says came in, at least ([`chance`]), when that is more. During a surge the cluster adds far
-/// more than `limit` per second until the drops catch up, and the constant under-reads it
-/// for a whole interval; at steady state the drops hold the cluster at the limit and the
-/// static share is the larger.
+/// between the two syncs says came in, at least ([`chance`]), when that is more. During a
+/// surge the cluster adds far more than `limit` per second until the drops catch up, and
+/// the constant under-reads it for a whole interval; at steady state the drops hold the
+/// cluster at the limit and the static share is the larger.
 ///
 /// Only a bucket that cannot have emptied in between says what flowed in: one that held at
 /// least `limit · dt` drained the full `limit · dt`, so the inflow is the fill's change plus
