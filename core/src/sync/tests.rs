@@ -1580,10 +1580,12 @@ fn a_hint_call_whose_answer_was_lost_is_not_the_end_of_the_catch_up() {
 #[test]
 fn a_quota_under_its_limit_is_not_refused_when_both_roots_come_back() {
     for down in 0..6 {
-        for gap in 0..3 {
-            for clumped in [false, true] {
-                let (refused, most, least) = both_roots_down(down, gap, clumped);
-                let case = format!("down {down} rounds, root 1 {gap} more, clumped {clumped}");
+        for gap in 0..7 {
+            for (clumped, copied) in [(false, false), (true, false), (false, true), (true, true)] {
+                let (refused, most, least) = both_roots_down(down, gap, clumped, copied);
+                let case = format!(
+                    "down {down} rounds, root 1 {gap} turns more, clumped {clumped}, copied {copied}"
+                );
                 assert_eq!(refused, 0, "{case}: the others read as adding up to {most}/s");
                 assert!(most <= 100.0, "{case}: the others read as adding {most}/s");
                 if down == 0 {
@@ -1598,11 +1600,14 @@ fn a_quota_under_its_limit_is_not_refused_when_both_roots_come_back() {
     }
 }
 
-/// Three hosts at 30 units/s each on a quota of 100/s, rounds every 500 ms; both roots
-/// restarted at round 10 + `down`, down from round 10, root 1 for `gap` more. The requests
-/// refused, and the most and, in the round the roots came back, the least any host read
-/// the others as adding.
-fn both_roots_down(down: usize, gap: usize, clumped: bool) -> (u32, f64, f64) {
+/// Three hosts at 30 units/s each on a quota of 100/s, rounds every 500 ms, early rounds
+/// taken when a host wants one (as the agent polls); both roots restarted at round
+/// 10 + `down`, down from round 10, root 1 for `gap` host turns more (three turns to a
+/// round; `copied`: as a copy of root 0 taken then, as `yarl-root` starts when a sibling
+/// answers). The requests refused, and
+/// the most and, in the round the roots came back, the least any host read the others as
+/// adding.
+fn both_roots_down(down: usize, gap: usize, clumped: bool, copied: bool) -> (u32, f64, f64) {
     let clock = ManualClock::at(S);
     let qs = [quota(1, "a", 100.0, 150.0, 300.0)];
     let (mut r0, mut r1) = (root_with(&qs), root_with(&qs));
@@ -1611,34 +1616,45 @@ fn both_roots_down(down: usize, gap: usize, clumped: bool) -> (u32, f64, f64) {
         round(n, &mut [Some(&mut r0), Some(&mut r1)], clock.now_nanos());
     }
     let (mut refused, mut most, mut least) = (0, 0.0f64, f64::MAX);
-    for step in 0..30 {
-        if step == 10 + down {
+    // In host turns (three to a round): root 0 down from `down0`, root 1 `gap` turns more.
+    let (from, down0) = (30, 30 + 3 * down);
+    let down1 = down0 + gap;
+    for turn in 0..90 {
+        if turn == down0 {
             r0 = root_with(&qs);
         }
-        if step == 10 + down + gap {
+        if turn == down1 {
             r1 = root_with(&qs);
+            if copied {
+                let now = clock.now_nanos();
+                r1.copy_in(&r0.copy_out(now), 0, now).unwrap();
+                r1.start(now);
+            }
         }
-        let up0 = !(10..10 + down).contains(&step);
-        let up1 = !(10..10 + down + gap).contains(&step);
-        for n in nodes.iter_mut() {
-            clock.advance(Duration::from_millis(166));
-            for k in 0..15 {
-                if !clumped || k % 5 == 0 {
-                    clock.advance(Duration::from_micros(100));
-                }
-                if n.limiter.account("a", 1).unwrap().outcome != Outcome::Passed {
-                    refused += 1;
-                }
+        let (up0, up1) = (!(from..down0).contains(&turn), !(from..down1).contains(&turn));
+        let n = &mut nodes[turn % 3];
+        clock.advance(Duration::from_millis(166));
+        for k in 0..15 {
+            if !clumped || k % 5 == 0 {
+                clock.advance(Duration::from_micros(100));
             }
-            let a = if up0 { Some(&mut r0) } else { None };
-            let b = if up1 { Some(&mut r1) } else { None };
-            round(n, &mut [a, b], clock.now_nanos());
-            let inflow = n.limiter.with_counters(|c| c.inflow(c.slot_of(1).unwrap())) / 1000.0;
-            most = most.max(inflow);
-            if step == 10 + down {
-                // The first round after the restart: every answer kept out of the view.
-                least = least.min(inflow);
+            if n.limiter.account("a", 1).unwrap().outcome != Outcome::Passed {
+                refused += 1;
             }
+            if n.engine.wants_early_round(clock.now_nanos()) {
+                let a = if up0 { Some(&mut r0) } else { None };
+                let b = if up1 { Some(&mut r1) } else { None };
+                round(n, &mut [a, b], clock.now_nanos());
+            }
+        }
+        let a = if up0 { Some(&mut r0) } else { None };
+        let b = if up1 { Some(&mut r1) } else { None };
+        round(n, &mut [a, b], clock.now_nanos());
+        let inflow = n.limiter.with_counters(|c| c.inflow(c.slot_of(1).unwrap())) / 1000.0;
+        most = most.max(inflow);
+        if (down0..down0 + 3).contains(&turn) {
+            // The first round after the restart: every answer kept out of the view.
+            least = least.min(inflow);
         }
     }
     (refused, most, least)
