@@ -295,23 +295,18 @@ fn counter_view_reports_rate_and_probability() {
     assert_eq!(v.drop_probability, 1.0);
 }
 
-/// Step `k` of two limiters, each sending 300 units admitted + 600 refused of quota 2 once
-/// a second, half a second apart: 1800 units/s attempted in all, whenever the window is
-/// read (from the root's first sync on).
-fn attempts_1800_per_s(r: &mut RootState, seq: &mut [u64; 2], k: u64) -> SyncResponse {
-    let l = (k % 2) as usize;
-    seq[l] += 1;
-    let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)], epoch: None };
-    let q = SyncRequest { batches: vec![b], ..req(&format!("l{l}"), vec![]) };
-    r.sync(&q, k * S / 2 + 1).unwrap()
-}
-
 #[test]
 fn demand_counts_rejected_attempts_too() {
     let mut r = root();
+    // Two limiters, each sending 300 units admitted + 600 refused once a second, half a
+    // second apart: 1800 units/s attempted in all, whenever the window is read.
     let mut seq = [0u64; 2];
     for k in 1..=20u64 {
-        let resp = attempts_1800_per_s(&mut r, &mut seq, k);
+        let l = (k % 2) as usize;
+        seq[l] += 1;
+        let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)], epoch: None };
+        let q = SyncRequest { batches: vec![b], ..req(&format!("l{l}"), vec![]) };
+        let resp = r.sync(&q, k * S / 2 + 1).unwrap();
         if k > 5 {
             let (_, _, demand) = resp.counters[0];
             assert!((1_700_000..=1_900_000).contains(&demand), "{k}: {demand}");
@@ -333,9 +328,14 @@ fn demand_counts_rejected_attempts_too() {
 #[test]
 fn a_root_younger_than_the_window_reads_demand_over_its_uptime() {
     let mut r = root();
+    // As above: 1800 units/s attempted in all, from the root's first sync on.
     let mut seq = [0u64; 2];
     for k in 1..=6u64 {
-        let resp = attempts_1800_per_s(&mut r, &mut seq, k);
+        let l = (k % 2) as usize;
+        seq[l] += 1;
+        let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)], epoch: None };
+        let q = SyncRequest { batches: vec![b], ..req(&format!("l{l}"), vec![]) };
+        let resp = r.sync(&q, k * S / 2 + 1).unwrap();
         let (_, _, demand) = resp.counters[0];
         if k == 1 {
             // Not a whole bucket yet: unknown.
