@@ -2,7 +2,6 @@
 
 use super::changes::Change;
 use super::counters::RootCounter;
-use super::demand;
 use super::interest::{Inbox, Noted};
 use super::sessions::Session;
 use super::RootState;
@@ -159,14 +158,6 @@ impl RootState {
             Some(noted) => self.by_interest(s, noted, since, now),
             None => self.changes.since(since).map(|c| c.answered(now)).collect(),
         };
-        if let Some(born) = self.born {
-            let k = demand::young_root_scale(born, now);
-            if k > 1.0 {
-                for c in &mut counters {
-                    c.2 = (c.2 as f64 * k) as u64;
-                }
-            }
-        }
         // What this limiter admitted beyond a ceiling is parked, not lost: it sees it in the
         // fills it gets back, or it would admit that much again (others do not see it).
         if !s.parked.is_empty() {

@@ -60,19 +60,6 @@ impl DemandWindow {
     }
 }
 
-/// What to multiply a window's [`DemandWindow::rate`] by when the root began metering at
-/// `since`, less than a window before `now`: it holds only what came since, and read as a
-/// whole window it showed a fraction of the demand (a quarter, half a second after a
-/// restart); the limiters then read the rest of the cluster as adding that little, and
-/// each admitted up to the whole limit alone. Counters made later by a root older than a
-/// window are unaffected: before them nothing came.
-pub(super) fn young_root_scale(since: u64, now: u64) -> f64 {
-    let window = DEMAND_BUCKETS * DEMAND_BUCKET_NS;
-    let full = now / DEMAND_BUCKET_NS * DEMAND_BUCKET_NS;
-    let span = full.saturating_sub(since).clamp(DEMAND_BUCKET_NS, window);
-    window as f64 / span as f64
-}
-
 /// An exponentially weighted rate: `amount` arriving at `now` on a meter reading `rate` at
 /// `at` with time constant `tau` (all ns).
 pub(super) fn meter(rate: &mut f64, at: &mut u64, amount: u64, now: u64, tau: u64) {
