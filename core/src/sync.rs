@@ -34,6 +34,7 @@
 use crate::limiter::Limiter;
 use crate::proto::{DeltaBatch, SyncRequest, SyncResponse, PROTOCOL_VERSION};
 use crate::quota::{Epoch, QuotaId};
+use crate::root::demand::DEMAND_WINDOW_NS;
 use crate::shard::Shard;
 use crate::zone::keys::is_key_id;
 use crate::zone::roots as zroots;
@@ -218,6 +219,18 @@ pub struct SyncEngine {
     silent: Vec<bool>,
 }
 
+/// How an answer's counters reach the view ([`SyncEngine::merge_counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    /// Not at all: the answer is kept out.
+    No,
+    /// By max.
+    Yes,
+    /// By max, but a report below the view keeps what the request path extrapolates from
+    /// it: a root of the shard restarted lately.
+    KeepingExtrapolation,
+}
+
 /// A key a root reported while this limiter did not hold it ([`SyncEngine::adopt_keys`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct Reported {
@@ -364,6 +377,14 @@ impl SyncEngine {
     /// The sync interval in clock nanoseconds.
     fn interval_ns(&self) -> u64 {
         u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a root of `shard` restarted lately enough that views may still be held, or
+    /// extrapolated from a held view's time (see `CounterAccess::merge_report`).
+    fn lately_held(&self, shard: u32, now: u64) -> bool {
+        let t = self.restart_at[shard as usize];
+        let span = self.interval_ns().saturating_mul(2 * VIEW_HOLD_INTERVALS + 1);
+        t != 0 && now.saturating_sub(t) <= span
     }
 
     /// Whether root `root`'s answer stays out of the view, though the root did not restart:
@@ -669,7 +690,12 @@ impl SyncEngine {
         if !resp.more {
             self.limiter.raise_epoch(resp.epoch);
         }
-        self.merge_counters(&resp.counters, resp.root_epoch, shard, !restarted && !hold, now);
+        let merge = match (restarted || hold, self.lately_held(shard, now)) {
+            (true, _) => Merge::No,
+            (false, true) => Merge::KeepingExtrapolation,
+            (false, false) => Merge::Yes,
+        };
+        self.merge_counters(&resp.counters, resp.root_epoch, shard, merge, now);
         let seen = if restarted || hold { &mut self.kept_out } else { &mut self.merged };
         seen[shard as usize] = true;
         if restarted {
@@ -721,7 +747,7 @@ impl SyncEngine {
         counters: &[(QuotaId, u64, u64)],
         root_epoch: Option<Epoch>,
         shard: u32,
-        merge: bool,
+        merge: Merge,
         now: u64,
     ) {
         let (round, active, limiter, shards) =
@@ -783,13 +809,15 @@ impl SyncEngine {
                     }
                     facts.demand = facts.demand.max(demand);
                     active.insert(s);
-                    if !merge {
+                    if merge == Merge::No {
                         // Not in the view: this round's batch is folded in at the round's
                         // end unless another root reports it.
                         continue;
                     }
-                    c.merge_report(s, fill, now);
-                    if let Some(v) = round.report(entry, id) {
+                    let batch = round.report(entry, id);
+                    let keep = merge == Merge::KeepingExtrapolation;
+                    c.merge_report(s, fill, batch.unwrap_or(0), keep, now);
+                    if let Some(v) = batch {
                         // The root's fill includes this round's batch: take it out of
                         // `inflight` now, or the estimate counts it twice until the slowest
                         // root answers.
@@ -902,6 +930,20 @@ impl SyncEngine {
             self.kept_out.iter().zip(&self.merged).map(|(&k, &m)| k && !m).collect();
         let held = Some(&held).filter(|v| v.contains(&true));
         let held_shard = |id| held.is_some_and(|v| v[Shard::of(id, shards) as usize]);
+        // A held shard's counters keep (close to) the time of their last view
+        // (`anchor_held`), which may be this many intervals old before the hold ends, and
+        // one more; and so for as long again after, until reports tell more than that view
+        // (`merge_report`).
+        if self.kept_out.contains(&true) {
+            let stretch = interval_ns.saturating_mul(VIEW_HOLD_INTERVALS + 1);
+            self.limiter.stretch_horizon(stretch, now.saturating_add(stretch));
+        }
+        let young: Vec<bool> = self
+            .restart_at
+            .iter()
+            .map(|&t| t != 0 && now.saturating_sub(t) < DEMAND_WINDOW_NS)
+            .collect();
+        let young = Some(&young).filter(|v| v.contains(&true));
         self.limiter.with_counters_paced(self.pacer, |c| {
             let warm = |run: &[u32]| c.warm(run.iter().copied());
             for (k, &(s, id, v, _)) in round.entries.iter().enumerate() {
@@ -915,7 +957,11 @@ impl SyncEngine {
                 if !round.reported[k] {
                     // No root took it (none answered, or none knows the quota yet): fold it
                     // into the local view so it keeps draining.
-                    c.anchor(s, v, now);
+                    if held_shard(id) {
+                        c.anchor_held(s, v, now);
+                    } else {
+                        c.anchor(s, v, now);
+                    }
                     c.sub_inflight(s, v);
                 }
                 if c.has_pending(s) {
@@ -923,11 +969,12 @@ impl SyncEngine {
                 }
                 active.insert(s);
             }
-            if !round.any_ok {
-                for &(s, ..) in &round.entries {
-                    c.set_rates(s, 0.0, 0.0);
-                }
-            } else {
+            // No root answered: nothing is known, and the rates stay as they were (estimates
+            // do not extrapolate while the view is not fresh). Zeroed, they were still zero
+            // in the next round if its answers were held (both roots restarted, one round
+            // missed by the restart): that host read the others as adding nothing and passed
+            // all of `hot`, the whole limit alone, for a second (`make chaos`).
+            if round.any_ok {
                 // What the rest of the cluster adds: reported counters are hot, the others
                 // did not change at any root this round and are cold. A cold counter leaves
                 // the set as soon as it has nothing left (no fill, no counts in flight), or
@@ -962,6 +1009,18 @@ impl SyncEngine {
                     // cut). Until its counts are metered again it counts as no share.
                     let alone = silent
                         .is_some_and(|v| v.get(Shard::of(id, shards) as usize) == Some(&true));
+                    // A root younger than its demand window reads the cluster's demand
+                    // as what came in since it started over the whole window: a quarter of
+                    // it half a second in. Taken so, the static share read the rest of the
+                    // cluster as adding nothing, and every host passed its whole demand
+                    // (`make chaos`, both roots killed: 2 x the limit for half a second).
+                    // Until the window is full, the demand held before stands as a floor.
+                    let young = young.is_some_and(|v| v[Shard::of(id, shards) as usize]);
+                    let demand = if young {
+                        (facts.demand as f64).max(c.demand(s))
+                    } else {
+                        facts.demand as f64
+                    };
                     let sample = inflow::Sample {
                         limit: c.limit(s),
                         before,
@@ -970,9 +1029,9 @@ impl SyncEngine {
                         round_ns,
                         interval_ns,
                         inflow: c.inflow(s),
-                        demand: facts.demand as f64,
+                        demand,
                     };
-                    c.set_rates(s, inflow::estimate(estimator, &sample), facts.demand as f64);
+                    c.set_rates(s, inflow::estimate(estimator, &sample), demand);
                     true
                 });
             }

@@ -5,7 +5,7 @@
 use super::writer::Writer;
 use super::{Estimator, Limiter};
 use crate::quota::{Epoch, QuotaId};
-use crate::units::{drain_once, Rate};
+use crate::units::{drain_once, drained, Rate};
 use crate::zone::roots::{Entry, Roots};
 use crate::zone::slot::{Rates, Slot, ID, INFLIGHT, LIMIT, LOCAL, RATES, REJECTED};
 use crate::zone::{hdr, SLOT_WORDS};
@@ -314,11 +314,50 @@ impl CounterAccess<'_> {
 
     /// Merges a root's report: `base = max(drained base, reported)`. Every root sums every
     /// limiter's deltas, so the largest report is the most complete; max is also idempotent.
-    pub fn merge_report(&self, s: u32, fill: u64, now: u64) {
+    /// `batch`: this limiter's batch of the round, which the report holds and which
+    /// leaves `inflight` next.
+    ///
+    /// With `keep` (a root of the shard restarted lately), a report below the view and the
+    /// batch tells nothing new (a restarted root that lacks the cluster's counts): the view
+    /// takes the batch and keeps what the request path extrapolates from it
+    /// ([`rebase`](Self::rebase)). Moved to `now` at the full drain, a view held while both
+    /// roots restarted (see [`anchor_held`](Self::anchor_held)) lost what the others added
+    /// while held as soon as the second root took its hints: every host read the bucket
+    /// nearly empty and passed its whole demand. Not otherwise: reports lag the view by a
+    /// reply's latency now and then, and kept so on the keys of a Zipf load, the
+    /// extrapolation refused cold keys (docs/accuracy.md: 4 against 1).
+    pub fn merge_report(&self, s: u32, fill: u64, batch: u64, keep: bool, now: u64) {
         if let Some(x) = self.slot(s) {
-            let v = self.synced(s, now).max(fill);
-            x.write_base(v, now);
+            let synced = self.synced(s, now);
+            let known = synced.saturating_add(batch);
+            if !keep || fill >= known {
+                x.write_base(fill.max(synced), now);
+                return;
+            }
+            let own = x.get(LOCAL).saturating_add(x.get(INFLIGHT));
+            self.rebase(&x, known, own.saturating_sub(batch), now);
         }
+    }
+
+    /// Sets `x`'s view so that it drains, at the full rate, to `synced` at `now` (what hints
+    /// read), while the request path's estimate with `own` of this limiter's counts still in
+    /// it stays what it is now (the rest of the cluster's inflow extrapolated from the
+    /// view's time): the view's time goes back from `now` by as long as that inflow takes
+    /// to add the difference, at most to where it was. With no inflow, `(synced, now)`.
+    fn rebase(&self, x: &Slot<'_>, synced: u64, own: u64, now: u64) {
+        let (_, at) = x.read_base();
+        let rates = Rates::unpack(x.get(RATES));
+        let fresh = self.limiter.hdr(hdr::FRESH).load(Relaxed) != 0;
+        let rate = Rate::from_word(x.get(LIMIT)).unwrap_or_default();
+        if at == 0 || at >= now || !fresh || rates.inflow <= 0.0 || rate.milli() == 0 {
+            x.write_base(synced, now);
+            return;
+        }
+        let horizon = self.limiter.horizon_at(now);
+        let e = x.estimate(now, true, horizon, self.limiter.peers_cell());
+        let gap = (e - own as f64 - synced as f64).max(0.0);
+        let back = (gap / rates.inflow * 1e9).min((now - at) as f64) as u64;
+        x.write_base(synced.saturating_add(drained(rate, back, 0).0), now - back);
     }
 
     /// Gives a key that no root has reported to this limiter yet (`at` still 0) the fill a
@@ -349,6 +388,11 @@ impl CounterAccess<'_> {
         self.slot(s).map_or(0.0, |x| Rates::unpack(x.get(RATES)).inflow)
     }
 
+    /// The cluster's demand as last recorded, milli-units/s.
+    pub fn demand(&self, s: u32) -> f64 {
+        self.slot(s).map_or(0.0, |x| Rates::unpack(x.get(RATES)).demand)
+    }
+
     /// The estimator configured on the limiter.
     pub fn estimator(&self) -> Estimator {
         self.limiter.estimator
@@ -364,6 +408,25 @@ impl CounterAccess<'_> {
             let fill = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE).ceil() as u64;
             x.write_base(fill.saturating_sub(x.get(LOCAL)), now);
         }
+    }
+
+    /// [`anchor`](Self::anchor) for a round whose answers all stayed out of the view (a
+    /// root of the counter's shard restarted and the view is held). The roots are there and
+    /// the rest of the cluster goes on adding, which the request path extrapolates from the
+    /// view's time (its horizon stretched while held, see `hdr::HELD_UNTIL`). Moved to
+    /// `now` at the full drain, as `anchor` does, every held round dropped what the others
+    /// added since the last view, and each host read the bucket emptying and admitted its
+    /// whole demand (`make chaos`, both roots killed: every nginx passed all of `hot`, 3 x
+    /// its limit, for a second). So hints (read at the full drain) see what `anchor` would
+    /// leave, and the request path what it saw before the batch left `inflight`
+    /// ([`rebase`](Self::rebase)).
+    pub fn anchor_held(&self, s: u32, v: u64, now: u64) {
+        let Some(x) = self.slot(s) else { return };
+        debug_assert!(x.get(INFLIGHT) >= v);
+        let fill = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE).ceil() as u64;
+        let local = x.get(LOCAL);
+        // Once `v` leaves `inflight`, what stays of this limiter's own counts is `local`.
+        self.rebase(&x, fill.saturating_sub(local), local, now);
     }
 
     /// Records this limiter's own rate on `s` in its last round (milli-units per second),

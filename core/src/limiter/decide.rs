@@ -113,7 +113,7 @@ impl Limiter {
             return Ok(true);
         }
         let mut chain = Chain::default();
-        let (fresh, horizon) = (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns());
+        let (fresh, horizon) = (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_at(now));
         let peers = self.peers_cell();
         loop {
             chain.push(idx);
@@ -255,7 +255,7 @@ impl Limiter {
     ) -> Walk {
         let (mut idx, mut slot) = leaf;
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
-        let horizon = self.horizon_ns();
+        let horizon = self.horizon_at(now);
         let peers = self.peers_cell();
         // Seconds `local` has been counting, for the local guard; only read when it is on.
         let guard_dt = if self.local_guard && weight > 0 {
@@ -280,7 +280,7 @@ impl Limiter {
                 // worth absorbs arrival noise. (Subtracting what the others were last seen
                 // adding reacts faster but rejects a lone busy host under the limit:
                 // docs/accuracy.md.)
-                let room = limit * (dt + horizon as f64 * 1e-10);
+                let room = limit * (dt + self.horizon_ns() as f64 * 1e-10);
                 let own = slot.get(LOCAL).saturating_add(slot.get(INFLIGHT));
                 if own.saturating_add(weight) as f64 > room {
                     p = 1.0;
@@ -357,7 +357,7 @@ impl Limiter {
     fn shadow_decision(&self, at: Shadowed, name: &[u8]) -> Decision {
         let (fill, low, limit) = self.slot(at.idx).map_or((0.0, 0, 1.0), |s| {
             let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
-            let fill = s.estimate(at.now, fresh, self.horizon_ns(), self.peers_cell());
+            let fill = s.estimate(at.now, fresh, self.horizon_at(at.now), self.peers_cell());
             (fill, s.get(LOW), Rate::per_sec_of(s.get(LIMIT)))
         });
         Decision {

@@ -80,7 +80,7 @@ impl Limiter {
             high_burst: milli_to_units(slot.high_burst()),
             dry_run: slot.shadow(),
             parent,
-            fill: slot.estimate(now, fresh, self.horizon_ns(), self.peers_cell()) / MILLI as f64,
+            fill: slot.estimate(now, fresh, self.horizon_at(now), self.peers_cell()) / MILLI as f64,
             rejections: slot.get(REJECTS) >> 32,
         })
     }
@@ -92,7 +92,7 @@ impl Limiter {
         let Some((first, mut slot)) = self.lookup(name.as_ref()) else { return Vec::new() };
         let now = self.clock.now_nanos();
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
-        let horizon = self.horizon_ns();
+        let horizon = self.horizon_at(now);
         let peers = self.peers_cell();
         let mut out = Vec::with_capacity(3);
         // A key is a partition of its template's policy (see `ratelimit`).

@@ -209,7 +209,7 @@ impl Limiter {
     /// by a client cannot reset the bucket that limits it, and the sprayed ones go first.
     fn evictable_in_window(&self, table: &KeyTable<'_>, h0: u64, now: u64) -> Option<(u32, u64)> {
         let fresh = self.hdr(hdr::FRESH).load(Relaxed) != 0;
-        let horizon = self.horizon_ns();
+        let horizon = self.horizon_at(now);
         let mut best: Option<(u32, u64, f64)> = None;
         for pos in table.window(h0) {
             let Some(s) = table.slot(pos) else { continue };

@@ -508,9 +508,26 @@ impl Limiter {
         self.estimator
     }
 
-    /// The horizon in force, ns.
+    /// The horizon configured, ns.
     pub(crate) fn horizon_ns(&self) -> u64 {
         self.horizon_ns.load(Relaxed)
+    }
+
+    /// The horizon estimates extrapolate within at `now`, ns: the configured one, stretched
+    /// while a view is held ([`Self::stretch_horizon`]).
+    #[inline]
+    pub(crate) fn horizon_at(&self, now: u64) -> u64 {
+        let h = self.horizon_ns.load(Relaxed);
+        if now < self.hdr(hdr::HELD_UNTIL).load(Relaxed) {
+            return h.saturating_add(self.hdr(hdr::HELD_STRETCH).load(Relaxed));
+        }
+        h
+    }
+
+    /// Stretches the horizon by `ns` for every process on the block until `until`.
+    pub(crate) fn stretch_horizon(&self, ns: u64, until: u64) {
+        self.hdr(hdr::HELD_STRETCH).store(ns, Relaxed);
+        self.hdr(hdr::HELD_UNTIL).store(until, Relaxed);
     }
 
     /// Limiters the roots last counted as live (0 before any answer): see

@@ -767,7 +767,7 @@ impl Limiter {
         let crowded = live > u64::from(cap) / 2;
         let nearly_full = live > u64::from(cap) / 8 * 7;
         let (fresh, horizon, now_ms) =
-            (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_ns(), now / 1_000_000);
+            (self.hdr(hdr::FRESH).load(Relaxed) != 0, self.horizon_at(now), now / 1_000_000);
         let start = self.hdr(hdr::KEY_HAND).load(Relaxed) as u32 % cap;
         let budget = cap.div_ceil(16);
         let mut freed = 0;

@@ -11,6 +11,8 @@ pub(super) const DEMAND_BUCKET_NS: u64 = 250_000_000;
 /// landed would be biased high, and suppress too much).
 pub(super) const DEMAND_BUCKETS: u64 = 8;
 pub(super) const DEMAND_SLOTS: usize = DEMAND_BUCKETS as usize + 1;
+/// The span of the demand window, ns: a root younger than this reads demand low.
+pub(crate) const DEMAND_WINDOW_NS: u64 = DEMAND_BUCKETS * DEMAND_BUCKET_NS;
 
 /// Attempted (admitted + refused) milli-units per 250 ms bucket, over the last 2 s.
 #[derive(Debug, Clone, Copy, Default)]

@@ -30,7 +30,7 @@ mod changes;
 mod claims;
 mod copy;
 mod counters;
-mod demand;
+pub(crate) mod demand;
 mod inflight;
 mod interest;
 mod keys;

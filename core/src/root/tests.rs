@@ -959,8 +959,8 @@ fn apply_striped(stripes: &mut [RootState], updates: &[QuotaUpdate], now: u64) {
 
 /// Drives one root and the same root in `count` stripes with the same syncs (classic and
 /// by interest, resent batches, hints, parked claims, a reset and a deletion) and checks
-/// that the striped answers say what the single root's say.
-fn striped_matches_single(seed: u64, count: u32) {
+/// that the striped answers say what the single root's say. Returns the stripes' stats.
+fn striped_matches_single(seed: u64, count: u32) -> RootStats {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut single = RootState::new(RootConfig::default());
     let mut stripes = RootState::striped(RootConfig::default(), count);
@@ -1065,13 +1065,13 @@ fn striped_matches_single(seed: u64, count: u32) {
         stats.add_stripe(&s.stats());
     }
     assert_eq!(single.stats(), stats);
-    assert!(stats.claims_parked > 0 && stats.resets == 1 && stats.hints_applied > 0, "{stats:?}");
     assert_eq!(single.quota_count(), stripes[0].quota_count());
     assert_eq!(single.limiter_count(), stripes[0].limiter_count());
     let held: usize = stripes.iter().map(RootState::counter_count).sum();
     assert_eq!(single.counter_count(), held);
     let parked: usize = stripes.iter().map(RootState::parked_count).sum();
     assert_eq!(single.parked_count(), parked);
+    stats
 }
 
 /// What `limiter` has parked for `id` at the single root (its answers include it).
@@ -1082,7 +1082,13 @@ fn single_parked(r: &RootState, limiter: &str, id: u64) -> u64 {
 #[test]
 fn a_striped_root_answers_as_one_root() {
     for (seed, count) in [(1, 2), (2, 3), (3, 4), (4, 2)] {
-        striped_matches_single(seed, count);
+        let stats = striped_matches_single(seed, count);
+        // These workloads take every path; a random one may apply no hint (proptest found
+        // seed 2950624127506362463).
+        assert!(
+            stats.claims_parked > 0 && stats.resets == 1 && stats.hints_applied > 0,
+            "{stats:?}"
+        );
     }
 }
 

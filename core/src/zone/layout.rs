@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 13;
+pub const LAYOUT_VERSION: u64 = 14;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -112,6 +112,13 @@ pub(crate) mod hdr {
         pub const LIMITER_KEY = 11;
         /// Bumped every time the block is prepared again (an nginx reload reusing the zone).
         pub const GENERATION = 10;
+        /// Until when (limiter clock, ns) the request path extrapolates the rest of the
+        /// cluster's inflow `HELD_STRETCH` ns longer than its own horizon: a few intervals
+        /// past the last round whose answers a shard's view held (see
+        /// `CounterAccess::anchor_held`), whose counters' last view grows older than the
+        /// horizon meanwhile. A deadline, so it lapses with an agent that stops.
+        pub const HELD_UNTIL = 12;
+        pub const HELD_STRETCH = 13;
 
         pub const EPOCH = 16;
         pub const QUOTAS = 17;

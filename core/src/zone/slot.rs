@@ -6,7 +6,7 @@
 //! | 1 | name tag (low 32 bits: the upper half of the name's hash) · parent slot + 1 (high 32 bits; 0 = none) |
 //! | 2, 3, 4 | `limit` (milli-units/s), `low_burst`, `high_burst` (milli-units; the top bit of word 4 is [`SHADOW`]) |
 //! | 5 | seqlock counter over `base`/`at` (low 32 bits) · offset of the name's arena tail (high 32 bits) |
-//! | 6, 7 | `base`: the cluster fill (max over roots), milli-units, as of `at` (ns) |
+//! | 6, 7 | `base`: the cluster fill (max over roots), milli-units, as of `at` (ns) (full drain; see `CounterAccess::rebase`) |
 //! | 8 | `local`: accounted here, not yet taken by a sync round |
 //! | 9 | `inflight`: taken by the current round, not yet reported back by a root |
 //! | 10 | `rejected`: refused weight not yet taken by a round (demand signal) |
