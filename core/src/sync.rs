@@ -379,6 +379,15 @@ impl SyncEngine {
         u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Whether `shard`'s view was merged, or held, within a horizon before `began` (a
+    /// round's start: judged at its end, a round of an interval that had waited for its
+    /// timeouts would be past a horizon as long as the interval).
+    fn recent_view(&self, shard: u32, began: u64) -> bool {
+        let t = self.view_at[shard as usize];
+        (t != 0 && began.saturating_sub(t) <= self.limiter.horizon_ns())
+            || self.lately_held(shard, began)
+    }
+
     /// Whether a root of `shard` restarted lately enough that views may still be held, or
     /// extrapolated from a held view's time (see `CounterAccess::merge_report`).
     fn lately_held(&self, shard: u32, now: u64) -> bool {
@@ -909,7 +918,14 @@ impl SyncEngine {
         self.limiter.sweep_keys(now);
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
-        self.limiter.set_cluster_fresh(round.fresh());
+        // A round no root answered keeps the view fresh for a horizon after the last one
+        // merged: what the rest of the cluster adds goes on for that long, and dropped at
+        // once, every host whose round fell in a moment all roots were down (both killed
+        // and restarted, 100 ms) decided alone for a whole interval: 3 x the limit
+        // (`make chaos`, both roots killed, up to 1.87 x over the second after).
+        let fresh =
+            (0..self.shards).all(|s| round.shard_answered(s) || self.recent_view(s, round.began));
+        self.limiter.set_cluster_fresh(fresh);
         self.limiter.count_round(now);
         if round.any_ok && !round.more {
             self.maybe_refetch(now);
@@ -923,6 +939,17 @@ impl SyncEngine {
     fn settle(&mut self, round: &RoundState, round_ns: u64, now: u64) {
         let (interval_ns, shards) = (self.interval_ns(), self.shards);
         let prune = self.limiter.zone_status().rounds % 16 == 0;
+        // Shards no root answered this round whose view is recent (see `end_round`): their
+        // batches fold in as while held, the others' inflow still extrapolated.
+        let recent: Vec<bool> = (0..shards)
+            .map(|s| !round.shard_answered(s) && self.recent_view(s, round.began))
+            .collect();
+        if recent.contains(&true) {
+            // Their views' time stays back (`anchor_held`): extrapolated up to the next
+            // round, not only to a horizon after the last view.
+            let stretch = interval_ns.saturating_mul(2);
+            self.limiter.stretch_horizon(stretch, now.saturating_add(interval_ns), now);
+        }
         let active = &mut self.active;
         // Which shards' counters count no own share this round (none, nearly always).
         let silent = Some(&self.silent).filter(|v| v.contains(&true));
@@ -930,13 +957,14 @@ impl SyncEngine {
             self.kept_out.iter().zip(&self.merged).map(|(&k, &m)| k && !m).collect();
         let held = Some(&held).filter(|v| v.contains(&true));
         let held_shard = |id| held.is_some_and(|v| v[Shard::of(id, shards) as usize]);
+        let recent_shard = |id| recent[Shard::of(id, shards) as usize];
         // A held shard's counters keep (close to) the time of their last view
         // (`anchor_held`), which may be this many intervals old before the hold ends, and
         // one more; and so for as long again after, until reports tell more than that view
         // (`merge_report`).
         if self.kept_out.contains(&true) {
             let stretch = interval_ns.saturating_mul(VIEW_HOLD_INTERVALS + 1);
-            self.limiter.stretch_horizon(stretch, now.saturating_add(stretch));
+            self.limiter.stretch_horizon(stretch, now.saturating_add(stretch), now);
         }
         let young: Vec<bool> = self
             .restart_at
@@ -955,9 +983,9 @@ impl SyncEngine {
                     continue;
                 }
                 if !round.reported[k] {
-                    // No root took it (none answered, or none knows the quota yet): fold it
-                    // into the local view so it keeps draining.
-                    if held_shard(id) {
+                    // No root took it (none answered, or none knows the quota yet, or the
+                    // answers were held): fold it into the local view so it keeps draining.
+                    if held_shard(id) || recent_shard(id) {
                         c.anchor_held(s, v, now);
                     } else {
                         c.anchor(s, v, now);

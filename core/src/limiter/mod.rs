@@ -524,8 +524,13 @@ impl Limiter {
         h
     }
 
-    /// Stretches the horizon by `ns` for every process on the block until `until`.
-    pub(crate) fn stretch_horizon(&self, ns: u64, until: u64) {
+    /// Stretches the horizon by `ns` for every process on the block until `until`, or by
+    /// more and longer if a stretch in force at `now` says so.
+    pub(crate) fn stretch_horizon(&self, ns: u64, until: u64, now: u64) {
+        let (old_ns, old_until) =
+            (self.hdr(hdr::HELD_STRETCH).load(Relaxed), self.hdr(hdr::HELD_UNTIL).load(Relaxed));
+        let (ns, until) =
+            if now < old_until { (ns.max(old_ns), until.max(old_until)) } else { (ns, until) };
         self.hdr(hdr::HELD_STRETCH).store(ns, Relaxed);
         self.hdr(hdr::HELD_UNTIL).store(until, Relaxed);
     }

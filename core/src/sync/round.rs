@@ -163,12 +163,6 @@ impl RoundState {
         });
     }
 
-    /// Every shard answered: a counter of a silent shard is as stale as when no root
-    /// answers.
-    pub fn fresh(&self) -> bool {
-        self.ok_shards.iter().all(|&ok| ok) && self.any_ok
-    }
-
     /// Some root of `shard` answered.
     pub fn shard_answered(&self, shard: u32) -> bool {
         self.ok_shards.get(shard as usize).copied().unwrap_or(self.any_ok)
