@@ -272,7 +272,8 @@ pub fn render(i: &Input<'_>) -> String {
         ("yarl_epoch", "Highest quota epoch held.", z.epoch.to_string()),
         (
             "yarl_cluster_fresh",
-            "1 if the last sync round reached a root (cluster-wide counts are current).",
+            "1 if the last sync round reached a root of every shard, or one answered within a \
+             horizon (a sync interval by default) before it (cluster-wide counts are current).",
             u8::from(z.cluster_fresh).to_string(),
         ),
         (
