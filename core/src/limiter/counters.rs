@@ -412,8 +412,9 @@ impl CounterAccess<'_> {
 
     /// [`anchor`](Self::anchor) for a round whose answers all stayed out of the view (a
     /// root of the counter's shard restarted and the view is held), or that no root answered
-    /// within a horizon of the last view. The rest of the cluster goes on adding, which the request path extrapolates from the
-    /// view's time (its horizon stretched while held, see `hdr::HELD_UNTIL`). Moved to
+    /// within a horizon of the last view. The rest of the cluster goes on adding, which the
+    /// request path extrapolates from the view's time (its horizon stretched meanwhile, see
+    /// `hdr::HELD_UNTIL`). Moved to
     /// `now` at the full drain, as `anchor` does, every held round dropped what the others
     /// added since the last view, and each host read the bucket emptying and admitted its
     /// whole demand (`make chaos`, both roots killed: every nginx passed all of `hot`, 3 x
