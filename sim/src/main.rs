@@ -108,6 +108,21 @@ fn main() -> Result<()> {
     .into_iter()
     .map(|(name, c)| (name, ex::evaluate_zipf(&ex::zipf_keys(), &Strategy::Yarl(c))))
     .collect();
+    // One seed's few refusals of cold keys are a handful of rare events: the default again
+    // over more seeds, so the report does not rest on one draw. Each run seeds its own
+    // thread's generators (`run`), so the threads change nothing.
+    let zipf_seeds: Vec<ex::ZipfRow> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (1..=ZIPF_SEEDS)
+            .map(|i| {
+                scope.spawn(move || {
+                    let mut s = ex::zipf_keys();
+                    s.seed = ex::SEED + i;
+                    ex::evaluate_zipf(&s, &Strategy::Yarl(d))
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().expect("a Zipf run")).collect()
+    });
 
     eprintln!("running the daily quota");
     let daily: Vec<(String, ex::DailyRow, RunResult)> = ex::daily_cases()
@@ -124,7 +139,7 @@ fn main() -> Result<()> {
 
     let mut md = report(&rows, &sweep);
     md.push_str(&keys_report(&keys));
-    md.push_str(&zipf_report(&zipf));
+    md.push_str(&zipf_report(&zipf, &zipf_seeds));
     md.push_str(&daily_report(&daily));
     md.push_str(&concurrency_report(&conc));
     let path = out.join("accuracy.md");
@@ -695,7 +710,40 @@ fn report(rows: &[(String, Row)], sweep: &[SweepPoint]) -> String {
 }
 
 /// The key-space section: quotas per client that are quiet, then burst.
-fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
+/// Seeds of the Zipf scenario run besides the report's own.
+const ZIPF_SEEDS: u64 = 8;
+
+/// The default on the same [`ZIPF_SEEDS`] seeds with the demand signal taken as read,
+/// measured on 2026-11-28 (the build before `decision::demand_excess_share`): cold keys'
+/// refusals, the false ones.
+const ZIPF_SEEDS_BEFORE: (u32, u32) = (77, 41);
+
+/// The Zipf rows of several seeds together.
+struct ZipfTotals {
+    hot_mean: f64,
+    hot_min: f64,
+    hot_max: f64,
+    refused: f64,
+    ideal_refused: f64,
+    false_refused: usize,
+    gap_s: f64,
+}
+
+impl ZipfTotals {
+    fn of(rows: &[ex::ZipfRow]) -> Self {
+        ZipfTotals {
+            hot_mean: rows.iter().map(|r| r.hot_mean).sum::<f64>() / rows.len().max(1) as f64,
+            hot_min: rows.iter().map(|r| r.hot_min).fold(f64::INFINITY, f64::min),
+            hot_max: rows.iter().map(|r| r.hot_max).fold(0.0, f64::max),
+            refused: rows.iter().map(|r| r.cold_rejected).sum(),
+            ideal_refused: rows.iter().map(|r| r.ideal_cold_rejected).sum(),
+            false_refused: rows.iter().map(|r| r.cold_false).sum(),
+            gap_s: rows.iter().map(|r| r.cold_false_gap_s).fold(0.0, f64::max),
+        }
+    }
+}
+
+fn zipf_report(rows: &[(&str, ex::ZipfRow)], seeds: &[ex::ZipfRow]) -> String {
     let mut m = String::new();
     let w = &mut m;
     let _ = writeln!(w, "## Many keys, a few hot (Zipf)\n");
@@ -738,17 +786,38 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
             r.hot_mean, r.hot_min, r.hot_max, r.cold_rejected, r.cold_false, r.cold_false_gap_s
         );
     }
+    let all = ZipfTotals::of(seeds);
+    let _ = writeln!(
+        w,
+        "| the default on {} other seeds (the hot keys' mean of their means; refusals summed; \
+         the exact buckets refused {}) | {:.3} | {:.3} | {:.3} | {} | {} | {:.3} s |",
+        seeds.len(),
+        all.ideal_refused,
+        all.hot_mean,
+        all.hot_min,
+        all.hot_max,
+        all.refused,
+        all.false_refused,
+        all.gap_s
+    );
     let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     let _ = writeln!(
         w,
-        "\nTargets, for the default: the hot keys' mean within 3 % of their limit: {:.3} \
-         ({}); no false rejection of a cold key: {} ({}; the exact bucket stood {:.3} s of the \
-         limit below `low_burst` then).",
+        "\nTargets, for the default: the hot keys' mean within 3 % of their limit: {:.3}, and \
+         {:.3} to {:.3} on the other seeds ({}); no false rejection of a cold key: {}, and {} \
+         on the other seeds ({}; the exact bucket stood up to {:.3} s of the limit below \
+         `low_burst` then).",
         first.hot_mean,
-        verdict((first.hot_mean - 1.0).abs() <= 0.03),
+        seeds.iter().map(|r| r.hot_mean).fold(f64::INFINITY, f64::min),
+        seeds.iter().map(|r| r.hot_mean).fold(0.0, f64::max),
+        verdict(
+            (first.hot_mean - 1.0).abs() <= 0.03
+                && seeds.iter().all(|r| (r.hot_mean - 1.0).abs() <= 0.03)
+        ),
         first.cold_false,
-        verdict(first.cold_false == 0),
-        first.cold_false_gap_s
+        all.false_refused,
+        verdict(first.cold_false == 0 && all.false_refused == 0),
+        first.cold_false_gap_s.max(all.gap_s)
     );
     let _ = writeln!(
         w,
@@ -787,20 +856,38 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)]) -> String {
          next interval, on a fill already near `low_burst`. A surge is now what came in at \
          least, less three standard deviations of a Poisson count (a clump of a 10/s key is \
          no surge; 3 × of a 1000/s quota loses 5 %), and the static share is the cluster's \
-         demand when that is under the limit. What is still refused are clumps of the warmest \
-         keys' arrivals (0.8 to 0.9 × their limit), in which the exact bucket refused {} \
-         requests itself; of YARL's {} refusals {} came while the exact bucket stood below \
-         `low_burst`, by at most {:.2} requests of the key. It is \
-         decided on the cluster's count: a root adds each host's round of counts at once, so \
-         a bucket that one exact bucket found empty between requests looks up to an interval \
-         of the key's traffic fuller (as for the quiet keys above), and near `low_burst` that \
-         is enough for the first draws of the drop zone. The row without the roots' reports \
-         shows the other kind: refusals of keys the exact bucket held empty, on the guess \
-         that a key new to a host is met by every host at once.\n",
-        first.ideal_cold_rejected,
-        first.cold_rejected,
-        first.cold_false,
-        first.cold_false_gap_s * ex::KEY_LIMIT
+         demand when that is under the limit.\n"
+    );
+    let _ = writeln!(
+        w,
+        "The demand signal had the same fault. Above `low_burst` a quota turns away the share \
+         of the cluster's attempted demand above its limit, and the roots' 2 s meter reads a \
+         clump of a key sending 8.3/s as up to 17.5/s. As it counted before, every refusal of \
+         a cold key with this seed came from it (3, one false), near `low_burst`, where the drop zone alone gave 2 % \
+         odds and the demand 43 %. The demand now counts once it is above the limit by more \
+         than chance (three standard deviations of a Poisson count over the meter's 2 s), and \
+         then as read (its lower bound would loosen every quota's steady state: 3 × of 100/s \
+         would turn away 0.62, not 0.67). On the {} other seeds, as it counted before: {} \
+         refusals of cold keys, {} of them false, the hot keys' means as now.\n",
+        seeds.len(),
+        ZIPF_SEEDS_BEFORE.0,
+        ZIPF_SEEDS_BEFORE.1
+    );
+    let _ = writeln!(
+        w,
+        "What is still refused is of two kinds. Clumps of the warmest keys' arrivals (0.89 to \
+         0.9 × their limit), in which the exact bucket refused too ({} with this seed, {} on \
+         the others): the roots count the same stream, each unit up to an interval late (at \
+         its host's next round), so their bucket meets the key's clumps at other moments than \
+         the exact bucket fed the requests as they come. A bucket draining 10/s fed 9/s of \
+         Poisson arrivals stands above `low_burst` (15 units) about 3 % of the time, in YARL's \
+         view as in the exact bucket, but not at the same moments, and a draw of the drop zone \
+         in such a moment is a false rejection. A count that comes late cannot avoid them without \
+         refusing less than the exact bucket does. And the second request of a key on a host \
+         within 10 ms of its first, before the agent's poll gives it the roots' report: it is \
+         counted on the guess, for every live limiter (50 units where the exact bucket may be \
+         nearly empty: the gaps above a second).\n",
+        first.ideal_cold_rejected, all.ideal_refused,
     );
     m
 }

@@ -5,7 +5,8 @@
 //! adds: decisions are local and the counters only approximate, by design.
 
 use super::{Limiter, WeightError, MAX_CHAIN};
-use crate::decision::{drop_probability, retry_after_secs, Decision, Outcome};
+use crate::decision::{demand_excess_share, drop_probability, retry_after_secs, Decision, Outcome};
+use crate::root::demand::DEMAND_WINDOW_NS;
 use crate::units::{Rate, MAX_WEIGHT_UNITS, MILLI};
 use crate::zone::slot::Slot;
 use crate::zone::slot::{
@@ -290,9 +291,7 @@ impl Limiter {
                 // Suppress exactly the share of the attempted demand above the
                 // limit. Demand doesn't fall when we reject, so this does not oscillate.
                 let demand = Rates::demand_of(slot.get(RATES));
-                if demand > limit {
-                    p = p.max(1.0 - limit / demand);
-                }
+                p = p.max(demand_excess_share(demand, limit, DEMAND_WINDOW_NS));
             }
             let rejected = p > 0.0 && (p >= 1.0 || self.random.unit() < p);
             if rejected || chain.len < MAX_CHAIN {

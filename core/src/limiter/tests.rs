@@ -373,6 +373,26 @@ fn demand_above_the_limit_suppresses_its_excess_share() {
 }
 
 #[test]
+fn a_clump_of_a_key_under_its_limit_is_not_read_as_demand_above_it() {
+    // docs/accuracy.md's Zipf keys: 10/s, bursts 1.5/3 s; a key sending 8.3/s that the
+    // roots' 2 s meter read at 17.5/s refused near `low_burst` at 43 %.
+    let (l, clock) = setup();
+    l.set_cluster_fresh(true);
+    l.apply_quotas(&[q(1, "k", 1, 10.0, 15.0, 30.0, None)]);
+    let now = clock.now_nanos();
+    set_fill(&l, "k", 15.25, now);
+    let refused = |l: &Limiter| (0..20_000).filter(|_| !l.check("k").allowed()).count() as f64;
+    l.with_counters(|c| c.set_rates(0, 0.0, 17_500.0));
+    // The drop zone alone: 0.25 / 15.
+    let frac = refused(&l) / 20_000.0;
+    assert!((frac - 0.25 / 15.0).abs() < 0.005, "{frac}");
+    // 25/s over 2 s is 50 units, 21 more than chance allows above 10/s: taken as read.
+    l.with_counters(|c| c.set_rates(0, 0.0, 25_000.0));
+    let frac = refused(&l) / 20_000.0;
+    assert!((frac - 0.6).abs() < 0.015, "{frac}");
+}
+
+#[test]
 fn refused_accounts_are_counted_as_demand_on_the_whole_chain() {
     let (l, _) = setup();
     l.apply_quotas(&[

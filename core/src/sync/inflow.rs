@@ -7,6 +7,7 @@
 //!
 //! Units: fills in milli-units, times in clock nanoseconds, rates in milli-units per second.
 
+use crate::decision::chance;
 use crate::limiter::Estimator;
 
 /// What a round learned of one counter that some root reported.
@@ -91,20 +92,6 @@ fn static_or_surge(correction_ratio: f64, s: &Sample) -> f64 {
     let came = b2 as f64 - b1 as f64 + limit * dt;
     let total = (came - chance(came)) / dt;
     stat.max(total - own_rate(s))
-}
-
-/// How many standard deviations of a Poisson count of unit requests a surge is measured
-/// below what came in.
-const SURGE_Z: f64 = 3.0;
-
-/// [`SURGE_Z`] standard deviations of the number of unit requests (1000 milli-units each)
-/// in `came` milli-units, in milli-units: the part of what came in that a steady stream may
-/// have brought by chance, so that the surge taken is what came in at least (the lower
-/// bound of a 3-sigma interval). Small beside a surge of a busy quota (3 x of 1000/s over
-/// a second: 164 units of 3000), most of one at 10/s (a clump of 15 units where 9 were
-/// expected measures 3.4 units/s, under the limit).
-fn chance(came: f64) -> f64 {
-    SURGE_Z * (1000.0 * came.max(0.0)).sqrt()
 }
 
 /// [`Estimator::Measured`]: the fill's change between the two syncs plus the drain at
@@ -214,7 +201,7 @@ mod tests {
         assert_eq!(estimate(Estimator::StaticOrMeasured { correction_ratio: 2.0 }, &s), 0.0);
     }
 
-    /// What came in, less [`SURGE_Z`] standard deviations of a Poisson count of unit
+    /// What came in, less three standard deviations of a Poisson count of unit
     /// requests, per second of `secs`.
     fn at_least(came: f64, secs: f64) -> f64 {
         (came - 3.0 * (1000.0 * came).sqrt()) / secs
