@@ -98,8 +98,9 @@ ROOT_PORT=$(free_port)
 # answer let a concurrency share's lease (3 s by default) end, and the concurrency variant
 # then refused every request it got ("no share") in some runs. That variant measures the
 # request path's acquire and release, not the root's latency, so shares are leased for 30 s
-# here. (A host that hears from no root for longer than the lease refuses capped requests:
-# that is the guarantee, docs/behaviour.md.)
+# here, and each round starts once the agent has caught up (wait_synced). (A host that
+# hears from no root for longer than the lease refuses capped requests: that is the
+# guarantee, docs/behaviour.md.)
 start_root "$DIR" "$ROOT_PORT" env YARL_IN_FLIGHT_LEASE=30s taskset -c 1 chrt --idle 0
 load_bench_quotas "$ROOT_URL" "$DIR" "$TENANTS" "$BUCKETS" "$LEAVES"
 # The template of the key variants, as large as the quotas: a bucket per key, no quota each.
@@ -182,6 +183,25 @@ wait_quotas() {
     echo "the zone did not load $QUOTAS quotas" >&2
     curl -s "http://127.0.0.1:$port/stats" >&2
     exit 1
+}
+
+# Waits (at most 2 minutes) until the sync agent behind PORT has no batch waiting for the
+# root and its last call went through. The root, on wrk's CPU at SCHED_IDLE, gets almost
+# nothing while wrk runs: after the 30 s that make the template's million keys, or a round
+# of variants, its answers come late, the agent's calls time out (500 ms) and their
+# batches pile up, and a concurrency share can end with its lease. Each round starts from a
+# synced cluster, as a host whose root keeps up would be.
+wait_synced() {
+    local port=$1 s
+    for _ in $(seq 1 240); do
+        s=$(curl -sf "http://127.0.0.1:$port/stats" || true)
+        if [ -n "$s" ] && ! grep -q '"pending_batches":[1-9]' <<<"$s" \
+            && grep -q '"consecutive_failures":0' <<<"$s"; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    echo "  warning: the sync agent behind port $port still had batches waiting after 2 minutes"
 }
 
 # Sum of Pss (kB) of nginx's master and workers.
@@ -297,6 +317,8 @@ for workers in $WORKER_SET; do
         BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d2s -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}" >/dev/null
     done
     for round in $(seq 1 "$ROUNDS"); do
+        wait_synced "$port"
+        wait_synced "$cport"
         order=$(rotated "$round" $VARIANTS)
         for v in $order; do
             cpu0=$(workers_cpu_ns "${VDIR[$v]}")
