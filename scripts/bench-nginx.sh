@@ -190,13 +190,15 @@ wait_quotas() {
 # nothing while wrk runs: after the 30 s that make the template's million keys, or a round
 # of variants, its answers come late, the agent's calls time out (500 ms) and their
 # batches pile up, and a concurrency share can end with its lease. Each round starts from a
-# synced cluster, as a host whose root keeps up would be.
+# synced cluster, as a host whose root keeps up would be, and so does the concurrency
+# variant (a round of 10 variants is longer than the 30 s lease from BENCH_SECONDS=3 on).
 wait_synced() {
     local port=$1 s
     for _ in $(seq 1 240); do
         s=$(curl -sf "http://127.0.0.1:$port/stats" || true)
+        # Every root: none with batches waiting or a failed last call, and one answered.
         if [ -n "$s" ] && ! grep -q '"pending_batches":[1-9]' <<<"$s" \
-            && grep -q '"consecutive_failures":0' <<<"$s"; then
+            && ! grep -q '"consecutive_failures":[1-9]' <<<"$s" && grep -q '"ok":true' <<<"$s"; then
             return 0
         fi
         sleep 0.5
@@ -321,6 +323,7 @@ for workers in $WORKER_SET; do
         wait_synced "$cport"
         order=$(rotated "$round" $VARIANTS)
         for v in $order; do
+            if [ "$v" = conc1 ]; then wait_synced "${VPORT[$v]}"; fi
             cpu0=$(workers_cpu_ns "${VDIR[$v]}")
             out=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}")
             cpu1=$(workers_cpu_ns "${VDIR[$v]}")

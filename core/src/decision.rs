@@ -153,7 +153,8 @@ mod tests {
     fn demand_counts_once_it_is_above_the_limit_by_more_than_chance() {
         const W: u64 = 2_000_000_000;
         assert_eq!(demand_excess_share(9_000.0, 10_000.0, W), 0.0);
-        // 35 units in 2 s where 20 are the limit: within 3 sigma of a 10/s stream's count.
+        // 35 units in 2 s where 20 are the limit: less 3 sigma of a count of 35 (17.7), no
+        // more than the limit.
         assert_eq!(demand_excess_share(17_500.0, 10_000.0, W), 0.0);
         // Then as read, not its lower bound.
         assert_eq!(demand_excess_share(25_000.0, 10_000.0, W), 0.6);
