@@ -174,6 +174,14 @@ pub struct ZipfRow {
     /// The most the exact bucket's fill stood below `low_burst` at one of them, in seconds
     /// of the key's limit.
     pub cold_false_gap_s: f64,
+    /// Keys offered between 0.9 and 2 times their limit: over it or near it, and slow enough
+    /// that the demand signal often does not count (`decision::demand_excess_share`).
+    pub mid: usize,
+    /// What YARL admitted of them over what the exact buckets admitted: all together, and
+    /// the lowest and highest key.
+    pub mid_ratio: f64,
+    pub mid_min: f64,
+    pub mid_max: f64,
 }
 
 /// Runs the Zipf scenario with `yarl` and with the ideal bucket.
@@ -185,6 +193,12 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
     let secs = s.seconds as f64 - k.from_s;
     let hot: Vec<usize> = (0..k.keys).filter(|&i| k.pattern_rate(i) >= 2.0).collect();
     let cold: Vec<usize> = (0..k.keys).filter(|&i| k.pattern_rate(i) <= 0.9).collect();
+    let mid: Vec<usize> = (0..k.keys)
+        .filter(|&i| {
+            let r = k.pattern_rate(i);
+            r > 0.9 && r < 2.0
+        })
+        .collect();
     let admitted = |r: &RunResult, i: usize| r.bursts.get(i).map_or(0.0, |b| b.0) / secs / s.limit;
     let hot_rates: Vec<f64> = hot.iter().map(|&i| admitted(&got, i)).collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
@@ -202,6 +216,10 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
         .map(|&(key, t)| low - fills.get(&(key, t.to_bits())).copied().unwrap_or(0.0))
         .filter(|&gap| gap >= 0.0)
         .collect();
+    let mid_ratios: Vec<f64> = mid
+        .iter()
+        .map(|&i| admitted(&got, i) / admitted(&ideal, i).max(f64::MIN_POSITIVE))
+        .collect();
     ZipfRow {
         hot: hot.len(),
         hot_mean: mean(&hot_rates),
@@ -213,6 +231,11 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
         ideal_cold_rejected: cold.iter().map(|&i| refused(&ideal, i)).sum(),
         cold_false: false_gaps.len(),
         cold_false_gap_s: false_gaps.iter().copied().fold(0.0, f64::max) / s.limit,
+        mid: mid.len(),
+        mid_ratio: mid.iter().map(|&i| admitted(&got, i)).sum::<f64>()
+            / mid.iter().map(|&i| admitted(&ideal, i)).sum::<f64>().max(f64::MIN_POSITIVE),
+        mid_min: mid_ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        mid_max: mid_ratios.iter().copied().fold(0.0, f64::max),
     }
 }
 
@@ -513,4 +536,101 @@ pub fn evaluate(s: &Strategy) -> (Row, Runs) {
             / steady.root_messages.len().max(1) as f64,
     };
     (row, Runs { steady, step, step_hot, sparse, echo })
+}
+
+/// Limits of the low-rate rows, units per second.
+pub const LOW_RATE_LIMITS: [f64; 4] = [1.0, 10.0, 50.0, 1000.0];
+/// Loads of the low-rate rows, times the limit.
+pub const LOW_RATE_LOADS: [f64; 3] = [1.2, 1.5, 3.0];
+/// How long the low-rate rows run: a limit of 1/s admits few enough that a mean needs
+/// minutes.
+pub const LOW_RATE_SECONDS: u64 = 300;
+/// The window the low-rate rows' CV is taken over, seconds: per second, a limit of 1/s is
+/// all Poisson noise.
+pub const LOW_RATE_WINDOW_S: usize = 5;
+
+/// One quota at a steady overload over 50 hosts, at a low limit: YARL's default, the same
+/// without the demand signal (the drop zone alone) and one exact central bucket.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LowRateRow {
+    pub limit: f64,
+    pub load: f64,
+    /// `low_burst` and `high_burst`, seconds of the limit.
+    pub low_s: f64,
+    pub high_s: f64,
+    /// Mean admitted / limit from [`WARMUP_S`], and the CV of what was admitted per
+    /// [`LOW_RATE_WINDOW_S`]: the default, the zone alone, the exact bucket.
+    pub mean: f64,
+    pub cv: f64,
+    pub zone_mean: f64,
+    pub zone_cv: f64,
+    pub ideal_mean: f64,
+    pub ideal_cv: f64,
+}
+
+/// Larger bursts tried at the lowest limit, seconds of the limit (`low_burst`, `high_burst`).
+pub const LOW_RATE_BURSTS: [(f64, f64); 2] = [(3.0, 6.0), (5.0, 10.0)];
+
+/// Where the demand signal stops counting: the same steady overload at limits from 1/s to
+/// 1000/s (`decision::demand_excess_share` asks the meter's count to pass the limit's by
+/// three times its square root), with the default bursts, and at the lowest limit with
+/// larger ones.
+pub fn low_rate_rows() -> Vec<LowRateRow> {
+    let d = chosen_default();
+    let mut cases: Vec<(f64, f64, f64, f64)> = LOW_RATE_LIMITS
+        .iter()
+        .flat_map(|&l| LOW_RATE_LOADS.iter().map(move |&x| (l, x, d.low_s, d.high_s)))
+        .collect();
+    for (low_s, high_s) in LOW_RATE_BURSTS {
+        cases.extend(LOW_RATE_LOADS.iter().map(|&x| (LOW_RATE_LIMITS[0], x, low_s, high_s)));
+    }
+    // Each run seeds its own generators (`run`), so the threads change nothing.
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = cases
+            .into_iter()
+            .map(|(limit, load, low_s, high_s)| {
+                scope.spawn(move || {
+                    let mut s = base(Load::steady(load, Spread::Uniform), LOW_RATE_SECONDS);
+                    s.limit = limit;
+                    let d = YarlConfig { low_s, high_s, ..d };
+                    let of = |st: Strategy| {
+                        let r = run(&s, &st);
+                        (r.mean_ratio(WARMUP_S..usize::MAX), windowed_cv(&r, LOW_RATE_WINDOW_S))
+                    };
+                    let (mean, cv) = of(Strategy::Yarl(d));
+                    let (zone_mean, zone_cv) =
+                        of(Strategy::Yarl(YarlConfig { demand: false, ..d }));
+                    let (ideal_mean, ideal_cv) =
+                        of(Strategy::IdealBucket { low_s: d.low_s, high_s: d.high_s });
+                    LowRateRow {
+                        limit,
+                        load,
+                        low_s,
+                        high_s,
+                        mean,
+                        cv,
+                        zone_mean,
+                        zone_cv,
+                        ideal_mean,
+                        ideal_cv,
+                    }
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().expect("a low-rate run")).collect()
+    })
+}
+
+/// The CV of what `r` admitted per `w` seconds, from [`WARMUP_S`] (whole windows only).
+fn windowed_cv(r: &RunResult, w: usize) -> f64 {
+    let sums: Vec<f64> = r.admitted[WARMUP_S.min(r.admitted.len())..]
+        .chunks_exact(w.max(1))
+        .map(|c| c.iter().sum())
+        .collect();
+    let n = sums.len() as f64;
+    let mean = sums.iter().sum::<f64>() / n.max(1.0);
+    if mean == 0.0 {
+        return 0.0;
+    }
+    (sums.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n).sqrt() / mean
 }
