@@ -289,7 +289,8 @@ impl Limiter {
             }
             if self.demand && fill > low as f64 && fresh {
                 // Suppress exactly the share of the attempted demand above the
-                // limit. Demand doesn't fall when we reject, so this does not oscillate.
+                // limit. Demand doesn't fall when we reject, so this does not feed back on
+                // itself.
                 let demand = Rates::demand_of(slot.get(RATES));
                 p = p.max(demand_excess_share(demand, limit, DEMAND_WINDOW_NS));
             }
