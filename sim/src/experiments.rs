@@ -597,7 +597,10 @@ pub fn low_rate_rows() -> Vec<LowRateRow> {
                     let d = YarlConfig { low_s, high_s, ..d };
                     let of = |st: Strategy| {
                         let r = run(&s, &st);
-                        (r.mean_ratio(WARMUP_S..usize::MAX), windowed_cv(&r, LOW_RATE_WINDOW_S))
+                        (
+                            r.mean_ratio(WARMUP_S..usize::MAX),
+                            r.cv_per(WARMUP_S..usize::MAX, LOW_RATE_WINDOW_S),
+                        )
                     };
                     let (mean, cv) = of(Strategy::Yarl(d));
                     let (zone_mean, zone_cv) =
@@ -621,18 +624,4 @@ pub fn low_rate_rows() -> Vec<LowRateRow> {
             .collect();
         runs.into_iter().map(|r| r.join().expect("a low-rate run")).collect()
     })
-}
-
-/// The CV of what `r` admitted per `w` seconds, from [`WARMUP_S`] (whole windows only).
-fn windowed_cv(r: &RunResult, w: usize) -> f64 {
-    let sums: Vec<f64> = r.admitted[WARMUP_S.min(r.admitted.len())..]
-        .chunks_exact(w.max(1))
-        .map(|c| c.iter().sum())
-        .collect();
-    let n = sums.len() as f64;
-    let mean = sums.iter().sum::<f64>() / n.max(1.0);
-    if mean == 0.0 {
-        return 0.0;
-    }
-    (sums.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n).sqrt() / mean
 }

@@ -20,17 +20,15 @@ impl RunResult {
 
     /// Coefficient of variation of the admitted weight per second over `secs` (the "saw").
     pub fn cv(&self, secs: Range<usize>) -> f64 {
-        let w = self.window(secs);
-        if w.is_empty() {
-            return 0.0;
-        }
-        let n = w.len() as f64;
-        let mean = w.iter().sum::<f64>() / n;
-        if mean == 0.0 {
-            return 0.0;
-        }
-        let var = w.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n;
-        var.sqrt() / mean
+        cv_of(self.window(secs))
+    }
+
+    /// The same per `per` seconds (whole spans only): at a limit of a few per second the
+    /// per-second figure is all Poisson noise.
+    pub fn cv_per(&self, secs: Range<usize>, per: usize) -> f64 {
+        let sums: Vec<f64> =
+            self.window(secs).chunks_exact(per.max(1)).map(|c| c.iter().sum()).collect();
+        cv_of(&sums)
     }
 
     /// Admitted during the 2 s from `step_s`, as a multiple of what the limit allows in 2 s.
@@ -73,6 +71,20 @@ impl RunResult {
         let end = secs.end.min(self.rejected.len());
         self.rejected[secs.start.min(end)..end].iter().sum()
     }
+}
+
+/// The coefficient of variation of `w` (population), 0 when it is empty or its mean is 0.
+fn cv_of(w: &[f64]) -> f64 {
+    if w.is_empty() {
+        return 0.0;
+    }
+    let n = w.len() as f64;
+    let mean = w.iter().sum::<f64>() / n;
+    if mean == 0.0 {
+        return 0.0;
+    }
+    let var = w.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n;
+    var.sqrt() / mean
 }
 
 #[cfg(test)]
