@@ -9,7 +9,7 @@
 //! turn first and gives it up within about a second if its body stalls.
 
 use crate::db::{NewQuota, StoreError, StoredQuota};
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{parse_json, ApiError, ErrorBody};
 use crate::guard::{declared_length, read_body_paced};
 use crate::openapi::{NamePrefix, QuotaName};
 use crate::AppState;
@@ -317,23 +317,6 @@ pub(crate) enum AdminErrors {
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline for a batch body (256 MiB: 4.3 MB/s).
 const BATCH_BODY_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Parses a JSON body; an error names where it is (`limit: invalid type: string "x",
-/// expected f64`, `[3].dry_run: …`), not only its line and column.
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            ApiError::BadJson(inner.to_string())
-        } else {
-            ApiError::BadJson(format!("{path}: {inner}"))
-        }
-    })?;
-    de.end().map_err(|e| ApiError::BadJson(e.to_string()))?;
-    Ok(value)
-}
 
 fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     p.map(|Path(n)| n)

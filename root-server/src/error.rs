@@ -224,3 +224,20 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+/// Parses a JSON body; an error names where it is (`limit: invalid type: string "x",
+/// expected f64`, `[3].dry_run: …`), not only its line and column.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::BadJson(inner.to_string())
+        } else {
+            ApiError::BadJson(format!("{path}: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| ApiError::BadJson(e.to_string()))?;
+    Ok(value)
+}

@@ -107,7 +107,9 @@ impl SyncEncoding {
                         max_entries,
                     )));
                 }
-                serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))
+                // The plain decoder is the fast one; a body it refuses is decoded again to
+                // name where the error is (`batches[0].deltas[3]: invalid value ...`).
+                serde_json::from_slice(body).or_else(|_| crate::error::parse_json(body))
             }
             // Every list's length is checked against the bytes left and the entry budget
             // before it is allocated (see the v2 module docs).

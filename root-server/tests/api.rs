@@ -516,8 +516,15 @@ async fn sync_route() {
         (
             r#"{"v":1,"limiter":"l","batches":[{"seq":1,"deltas":[[1,-5,0]]}]}"#,
             StatusCode::BAD_REQUEST,
-            "bad JSON",
+            "bad JSON: batches[0].deltas[0]",
         ),
+        // A v1 body's type errors name the field, as the admin routes' do.
+        (
+            r#"{"v":1,"limiter":"l","batches":[{"seq":"1","deltas":[]}]}"#,
+            StatusCode::BAD_REQUEST,
+            "bad JSON: batches[0].seq: invalid type: string \"1\"",
+        ),
+        (r#"{"v":1,"limiter":7}"#, StatusCode::BAD_REQUEST, "bad JSON: limiter: invalid type"),
     ] {
         let (s, v) = call(&st, POST, "/v1/sync", Some(body), None).await;
         assert_eq!(s, status, "{body}: {v}");
