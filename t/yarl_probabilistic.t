@@ -33,8 +33,10 @@ ok($t->wait_quota($p, 'p', 5), 'quota arrived');
 
 # The core also suppresses the share of attempted demand above the limit; a
 # burst of 200 units at a 0.001/s limit is such demand. Wait until the roots' demand meter
-# has seen quiet rounds, so only the zone formula decides.
-sub quiet { sleep 2 }
+# has seen quiet rounds, so only the zone formula decides: its window is 2 s of whole 250 ms
+# buckets, a unit reaches it up to a round after it was counted, and the nginx hears of
+# the meter a round later still, so 3 s.
+sub quiet { sleep 3 }
 
 sub rejected_fraction {
 	my ($n) = @_;

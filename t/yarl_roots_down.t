@@ -62,7 +62,9 @@ my $p99 = (sort { $a <=> $b } @lim)[int(0.99 * @lim)];
 diag(sprintf 'median %.3f ms with the module, %.3f ms without; p99 %.3f ms',
 	$ml * 1000, $mp * 1000, $p99 * 1000);
 ok($ml < $mp * 1.5 + 0.001, 'median latency unchanged');
-ok($p99 < 0.05, 'no request waits for a sync call (p99 under 50 ms, sync timeout is 300 ms)');
+# A request that waited for a sync call would take its 300 ms timeout; 150 ms leaves room
+# for a loaded machine's stalls.
+ok($p99 < 0.15, 'no request waits for a sync call (p99 under 150 ms, sync timeout is 300 ms)');
 is(header_of(http_get($p, '/limited/index.html?a=x'), 'X-Yarl-Status'), 'UNLIMITED',
 	'$yarl_status UNLIMITED without quotas');
 

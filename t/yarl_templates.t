@@ -77,7 +77,16 @@ for my $k (@keys) {
 	is(get($t, $k), 429, "$k: the 3rd on nginx 1, a new key standing for both nginx");
 	is(get($u, $k), 200, "$k: the 3rd passed on nginx 2, its first sight there");
 }
-sleep(1);    # a few rounds: both nginx learn every key's cluster-wide fill
+# A few rounds: both nginx learn every key's cluster-wide fill (3 units).
+ok($t->wait_for(sub {
+	for my $n (@nginx) {
+		for my $k (@keys) {
+			my $s = $n->stats($n->port(8080), "/stats?quota=api_key_$k") // {};
+			return 0 if ((($s->{quota} // {})->{fill}) // 0) < 2.9;
+		}
+	}
+	1;
+}, 5), 'both nginx learn every key\'s cluster-wide fill');
 for my $k (@keys) {
 	is(get($t, $k), 429, "$k: the 4th is refused on nginx 1");
 	is(get($u, $k), 429, "$k: and on nginx 2");

@@ -51,9 +51,11 @@ async fn write_through_one_root_reaches_limiters_of_another() {
                 assert_eq!(v["epoch"].as_u64(), Some(epoch));
                 break;
             }
+            // Two polls, and a second for a loaded machine's scheduling (both roots, their
+            // pollers and this client share two threads); the figure is printed below.
             assert!(
-                written.elapsed() <= 2 * poll,
-                "root B did not serve {name} within 2 x {poll:?}"
+                written.elapsed() <= 2 * poll + Duration::from_secs(1),
+                "root B did not serve {name} within 2 x {poll:?} (+1 s)"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -63,7 +65,7 @@ async fn write_through_one_root_reaches_limiters_of_another() {
     let r = client.delete(format!("{url_b}/v1/quotas/shared0")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let tomb: Value = r.json().await.unwrap();
-    let deadline = Instant::now() + 2 * poll;
+    let deadline = Instant::now() + 2 * poll + Duration::from_secs(1);
     loop {
         let (_, v) = sync(&client, &url_a, "limiter-a", tomb["epoch"].as_u64().unwrap() - 1).await;
         if v["quotas"]

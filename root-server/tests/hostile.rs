@@ -411,7 +411,9 @@ async fn hostile_inputs_against_a_real_root() {
         let (s, v) = ctx.admin(Method::PUT, &format!("/v1/quotas/honest{i}"), body).await;
         assert_eq!(s, 200, "an honest PUT with 39 stalled ones open: {v}");
     }
-    assert!(t0.elapsed() < Duration::from_secs(1), "honest PUTs took {:?}", t0.elapsed());
+    // Waiting behind the stalled ones would take their 10 s body deadline; 3 s leaves room
+    // for a loaded machine.
+    assert!(t0.elapsed() < Duration::from_secs(3), "honest PUTs took {:?}", t0.elapsed());
     let batch =
         json!([{"name": "honest_batch", "limit": 1.0, "low_burst": 1.0, "high_burst": 1.0}]);
     let (s, v) = ctx.admin(Method::POST, "/v1/quotas:batch", batch).await;
@@ -430,6 +432,17 @@ async fn hostile_inputs_against_a_real_root() {
             _ => idle_conns.push(s),
         }
     }
+    // A root slow to accept may close a refused one after the 50 ms above: look again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    idle_conns.retain_mut(|s| {
+        s.set_nonblocking(true).unwrap();
+        let gone = match s.read(&mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        closed += usize::from(gone);
+        !gone
+    });
     assert!(idle_conns.len() <= 64 && closed >= 36, "{} open, {closed} closed", idle_conns.len());
     let other = Client::builder()
         .local_address(Some("127.0.0.2".parse().unwrap()))
