@@ -233,11 +233,29 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path.is_empty() || path == "." {
-            ApiError::BadJson(inner.to_string())
+            bad_json(inner.to_string())
         } else {
-            ApiError::BadJson(format!("{path}: {inner}"))
+            bad_json(format!("{path}: {inner}"))
         }
     })?;
-    de.end().map_err(|e| ApiError::BadJson(e.to_string()))?;
+    de.end().map_err(|e| bad_json(e.to_string()))?;
     Ok(value)
+}
+
+/// Longest JSON error message answered and logged, in bytes.
+const MAX_JSON_ERROR: usize = 1024;
+
+/// A [`ApiError::BadJson`] of at most [`MAX_JSON_ERROR`] bytes: serde quotes whole strings
+/// of the body (`invalid type: string "…"`) and the path names its keys, so a hostile body
+/// could otherwise make an answer and a log line as large as itself.
+pub(crate) fn bad_json(mut message: String) -> ApiError {
+    if message.len() > MAX_JSON_ERROR {
+        let mut end = MAX_JSON_ERROR;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    ApiError::BadJson(message)
 }

@@ -109,7 +109,13 @@ impl SyncEncoding {
                 }
                 // The plain decoder is the fast one; a body it refuses is decoded again to
                 // name where the error is (`batches[0].deltas[3]: invalid value ...`).
-                serde_json::from_slice(body).or_else(|_| crate::error::parse_json(body))
+                serde_json::from_slice(body).map_err(|e| {
+                    match crate::error::parse_json::<SyncRequest>(body) {
+                        Err(named) => named,
+                        // The same decoder cannot accept it; if it ever did, still refused.
+                        Ok(_) => crate::error::bad_json(e.to_string()),
+                    }
+                })
             }
             // Every list's length is checked against the bytes left and the entry budget
             // before it is allocated (see the v2 module docs).

@@ -530,6 +530,13 @@ async fn sync_route() {
         assert_eq!(s, status, "{body}: {v}");
         assert!(err(&v).contains(msg), "{body}: {v}");
     }
+    // serde quotes the body's strings whole: the message is cut at 1 KiB.
+    let long =
+        format!(r#"{{"v":1,"limiter":"l","batches":[{{"seq":"{}"}}]}}"#, "x".repeat(100_000));
+    let (s, v) = call(&st, POST, "/v1/sync", Some(&long), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(err(&v).starts_with("bad JSON: batches[0].seq: invalid type: string \"xxx"), "{v}");
+    assert!(err(&v).len() < 1100 && err(&v).ends_with('…'), "{} bytes", err(&v).len());
     let (s, v) = call(&st, GET, "/healthz", None, None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v, json!({"status": "ok", "database": "up", "epoch": 1}));

@@ -411,9 +411,7 @@ async fn hostile_inputs_against_a_real_root() {
         let (s, v) = ctx.admin(Method::PUT, &format!("/v1/quotas/honest{i}"), body).await;
         assert_eq!(s, 200, "an honest PUT with 39 stalled ones open: {v}");
     }
-    // Waiting behind the stalled ones would take their 10 s body deadline; 3 s leaves room
-    // for a loaded machine.
-    assert!(t0.elapsed() < Duration::from_secs(3), "honest PUTs took {:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(1), "honest PUTs took {:?}", t0.elapsed());
     let batch =
         json!([{"name": "honest_batch", "limit": 1.0, "low_burst": 1.0, "high_burst": 1.0}]);
     let (s, v) = ctx.admin(Method::POST, "/v1/quotas:batch", batch).await;
