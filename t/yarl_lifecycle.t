@@ -35,7 +35,10 @@ sub threads {
 
 my @workers = $t->worker_pids();
 is(scalar @workers, 2, 'two workers');
-my ($n, $master, $agent) = threads();
+# A worker takes the agent role at a tick after start, and a thread takes its name once it
+# runs: wait for the first, then there must be exactly one.
+my ($n, $master, $agent);
+$t->wait_for(sub { ($n, $master, $agent) = threads(); $n >= 1 }, 5);
 is($n, 1, 'one sync thread among the workers');
 is($master, 0, 'no thread in the master');
 

@@ -85,6 +85,19 @@ sub root_fill {
 	return $q->{counter} ? $q->{counter}{fill} : 0;
 }
 
+# Sleeps `$secs`, and then waits until each nginx of `@ns` made at least `$rounds` sync rounds
+# since the sleep began: a loaded machine may run them late.
+sub settle {
+	my ($secs, $rounds, @ns) = @_;
+	my $of = sub { ((($_[0]->stats($_[0]->port(8080))) // {})->{rounds}) // 0 };
+	my @r0 = map { $of->($_) } @ns;
+	sleep $secs;
+	for my $i (0 .. $#ns) {
+		$ns[$i]->wait_for(sub { $of->($ns[$i]) >= $r0[$i] + $rounds }, 5)
+			or diag("nginx $i: fewer than $rounds rounds in $secs s and 5 s more");
+	}
+}
+
 my $r = http_get($t->port(8080), '/index.html');
 is(status_of($r), 200, 'the first request passes');
 is(header_of($r, 'RateLimit-Policy'), '"hourly";q=20;w=3600', 'RateLimit-Policy: q=20;w=3600');
@@ -95,7 +108,7 @@ is($passed, 9, 'ten requests pass on nginx 1');
 ok($t->wait_for(sub { fill($u) >= 9.9 }, 5), 'nginx 2 sees them: ' . fill($u));
 # Until nginx 1's burst is a round old, nginx 2 expects it to go on (what the rest of the
 # cluster adds is estimated from the last rounds) and counts a little ahead.
-sleep 1;
+settle(1, 3, $u);
 $passed = grep { status_of(http_get($u->port(8080), '/index.html')) == 200 } 1 .. 10;
 is($passed, 10, 'ten more pass on nginx 2: twenty in the hour');
 ok($t->wait_for(sub { fill($t) >= 19.9 && fill($u) >= 19.9 }, 5),
@@ -131,7 +144,7 @@ sub refused_everywhere {
 	}
 }
 # As above: a round later, nobody extrapolates the burst any more.
-sleep 1;
+settle(1, 3, @nginx);
 refused_everywhere('in the hour');
 ok($t->wait_for(sub { root_fill('A') >= 19.9 && root_fill('B') >= 19.9 }, 5),
 	'both roots count twenty: ' . root_fill('A') . ', ' . root_fill('B'));
@@ -175,7 +188,7 @@ ok($t->wait_for(sub {
 	$s == 200 && ref $k && ($k->{counter}{fill} // 0) >= 0.99
 }, 5), 'root A counts the first request of key a');
 # Two sync intervals: nginx 1's next round brings the key's count back.
-sleep 0.5;
+settle(0.5, 2, $t);
 push @a, map { status_of(http_get($t->port(8080), '/client/index.html?key=a')) } 2 .. 4;
 is("@a", '200 200 200 429', 'key a: three pass, the fourth is refused');
 $r = http_get($t->port(8080), '/client/index.html?key=a');
