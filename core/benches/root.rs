@@ -77,6 +77,7 @@ impl Cluster {
                 seq,
                 deltas: ids.into_iter().map(|id| (id, 1000 * self.rng.u64(1..=3), 0)).collect(),
                 epoch: Some(QUOTAS),
+                drained: Vec::new(),
             }],
             hints: vec![],
             seen_epoch: Some(QUOTAS),

@@ -133,6 +133,15 @@ pub struct DeltaBatch {
     /// at a later epoch, so a root drops its deltas for that quota.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<Epoch>,
+    /// Empty, or one amount per entry of `deltas`: of its admitted milli-units, what this
+    /// limiter's own exact bucket had already drained when the batch was cut. Sent only for
+    /// a batch cut long after the previous one (the limiter's sync agent stalled, or another
+    /// worker took the agent's role over): its counts were made over that whole time, and a
+    /// root credits what drained with the drain its counter wasted meanwhile, as it does for
+    /// late batches. Only the limiter knows when within the span its counts came; counts made
+    /// at the end of a quiet span have drained nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drained: Vec<u64>,
 }
 
 /// The root's answer.
@@ -233,5 +242,15 @@ pub enum SyncError {
         acked: u64,
         /// How far ahead it may be now.
         max_ahead: u64,
+    },
+    /// A batch's `drained` list is neither empty nor one amount per delta.
+    #[error("batches[{index}].drained has {len} amounts for {deltas} deltas (0 or one per delta)")]
+    BadDrained {
+        /// The batch's place in the request.
+        index: usize,
+        /// Amounts in its `drained`.
+        len: usize,
+        /// Entries in its `deltas`.
+        deltas: usize,
     },
 }

@@ -49,6 +49,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Intervals between two cuts of the counts beyond which a batch says what of its counts
+/// had drained ([`DeltaBatch::drained`](crate::proto::DeltaBatch::drained)): rounds come
+/// every interval, sooner when early, so only an agent that stopped running them (a
+/// stalled worker, a role taken over) cuts after a longer span.
+const LONG_CUT: u64 = 2;
+
 /// Longest an answer stays out of the view after a root of its shard restarted, in
 /// intervals (see [`SyncEngine::holds_view`]).
 const VIEW_HOLD_INTERVALS: u64 = 4;
@@ -160,6 +166,13 @@ pub struct SyncEngine {
     active: SlotSet,
     /// The first round scanned the block (active slots, a batch left in flight).
     started: bool,
+    /// When this host's counts were last cut into a batch: by this engine, or, before its
+    /// first cut, at the last round of the engine before it (0: unknown).
+    last_cut: u64,
+    /// Per slot, in slot order: what of its `local` counts had drained when this engine
+    /// began by resending a batch left in flight (see [`Self::recover`]); spent by the next
+    /// cut.
+    drained_before: Vec<(u32, u64)>,
     round: RoundState,
     /// Shards of the counter space (1: unsharded).
     shards: u32,
@@ -332,6 +345,8 @@ impl SyncEngine {
             roots,
             active: SlotSet::default(),
             started: false,
+            last_cut: 0,
+            drained_before: Vec::new(),
             round: RoundState::default(),
             shards,
             last_began: None,
@@ -433,7 +448,7 @@ impl SyncEngine {
     }
 
     /// The batch a previous engine left in flight, rebuilt from the slots' `inflight`.
-    fn recover(&mut self) -> Option<(u64, Vec<Entry>)> {
+    fn recover(&mut self, now: u64) -> Option<(u64, Vec<Entry>)> {
         use crate::zone::slot::{BASE, INFLIGHT, LOCAL};
         let l = &self.limiter;
         let active = l.scan_slots(|s| s.get(BASE) > 0 || s.get(LOCAL) > 0 || s.get(INFLIGHT) > 0);
@@ -449,6 +464,17 @@ impl SyncEngine {
                 .filter_map(|s| Some((s, c.id_of(s)?, c.inflight(s), 0)))
                 .collect::<Vec<_>>()
         });
+        // This round's answer moves each view to now, from where the counts still in
+        // `local` (made while the engine before this one stalled, maybe for seconds) drain
+        // as if they came now; the next cut says what of them had drained before.
+        let pending = l.scan_slots(|s| s.get(LOCAL) > 0);
+        self.drained_before = l.with_counters(|c| {
+            pending
+                .into_iter()
+                .map(|s| (s, c.own_drained(s, c.local(s), 0, now)))
+                .filter(|&(_, d)| d > 0)
+                .collect()
+        });
         Some((seq, entries))
     }
 
@@ -458,18 +484,24 @@ impl SyncEngine {
             None
         } else {
             self.started = true;
-            self.recover()
+            // The engine before this one (another worker's, stalled or gone) last cut the
+            // counts when its last round began.
+            self.last_cut = self.limiter.round_began();
+            self.recover(now)
         };
         let early = std::mem::take(&mut self.early_next);
-        let (seq, entries, watched) = match recovered {
-            Some((seq, entries)) => (seq, entries, Vec::new()),
+        let (seq, entries, drained, watched) = match recovered {
+            Some((seq, entries)) => (seq, entries, Vec::new(), Vec::new()),
             None => {
-                let (entries, watched) = self.take_counts(now, early);
+                let (entries, drained, watched) = self.take_counts(now, early);
+                self.last_cut = now;
+                self.drained_before = Vec::new();
                 let seq = if entries.is_empty() { 0 } else { self.limiter.next_seq() };
-                (seq, entries, watched)
+                (seq, entries, drained, watched)
             }
         };
-        let round = RoundState::new(now, early, entries, self.shards);
+        let mut round = RoundState::new(now, early, entries, self.shards);
+        round.drained = drained;
         self.limiter.set_round_began(now);
         if !round.entries.is_empty() {
             self.limiter.set_inflight_seq(seq);
@@ -491,9 +523,10 @@ impl SyncEngine {
     }
 
     /// Takes what was counted since the last round out of the dirty slots: the batch, in
-    /// slot order, and the quotas that were only checked (named to the roots when answers go
-    /// by interest).
-    fn take_counts(&self, now: u64, early: bool) -> (Vec<Entry>, Vec<QuotaId>) {
+    /// slot order, what of each entry this limiter's own bucket drained (empty unless the
+    /// counts were made over more than [`LONG_CUT`] intervals), and the quotas that were
+    /// only checked (named to the roots when answers go by interest).
+    fn take_counts(&self, now: u64, early: bool) -> (Vec<Entry>, Vec<u64>, Vec<QuotaId>) {
         let interest = self.config.interest;
         let dirty = self.limiter.take_dirty();
         let since = match self.limiter.round_began() {
@@ -501,6 +534,14 @@ impl SyncEngine {
             b => now.saturating_sub(b).max(1),
         } as f64
             * 1e-9;
+        // Counts made over a long span (the agent's worker stalled, or another took the
+        // role over) reach a root as one batch, which it would count whole at once: every
+        // host then read the quota jump by the whole span's counts (`make chaos`, the agent
+        // stopped: a quota at 0.9 x its limit refused). Said with what had drained, the root
+        // credits that part as it does late batches.
+        let long =
+            self.last_cut != 0 && now.saturating_sub(self.last_cut) > LONG_CUT * self.interval_ns();
+        let mut drained = Vec::new();
         let (mut entries, mut watched, mut keys) = (Vec::new(), Vec::new(), Vec::new());
         let first_key = self.limiter.key_slots().start;
         self.limiter.with_counters_paced(self.pacer, |c| {
@@ -519,7 +560,17 @@ impl SyncEngine {
                         keys.push((s, id));
                     }
                     match (v > 0 || r > 0, id) {
-                        (true, Some(id)) => entries.push((s, id, v, r)),
+                        (true, Some(id)) => {
+                            entries.push((s, id, v, r));
+                            if long {
+                                let before = self
+                                    .drained_before
+                                    .binary_search_by_key(&s, |d| d.0)
+                                    .map_or(0, |k| self.drained_before[k].1);
+                                let d = c.own_drained(s, v, c.local(s), now);
+                                drained.push(d.saturating_add(before).min(v));
+                            }
+                        }
                         // Only checked (answers by interest): named, not counted.
                         (false, Some(id)) if interest => watched.push(id),
                         _ => {}
@@ -528,7 +579,7 @@ impl SyncEngine {
             }
         });
         self.limiter.learn_keys(&keys);
-        (entries, watched)
+        (entries, drained, watched)
     }
 
     /// The round's calls: one to each root that is not backing off, with every batch it

@@ -59,6 +59,10 @@ struct Burst {
     spacing_ms: u64,
     /// Where in the quiet part of the gap rounds fall (fractions of it).
     rounds: Vec<f64>,
+    /// The sync agent runs no round from the burst's start for this long, ms (its worker
+    /// stalled): the first round after brings the counts of the whole stall, saying what of
+    /// them drained.
+    stall_ms: u64,
 }
 
 fn burst() -> impl Strategy<Value = Burst> {
@@ -68,12 +72,14 @@ fn burst() -> impl Strategy<Value = Burst> {
         1u64..60,
         0u64..15,
         prop::collection::vec(0.0f64..1.0, 0..4),
+        prop_oneof![3 => Just(0u64), 1 => 0u64..6_000],
     )
-        .prop_map(|(gap_ms, requests, spacing_ms, rounds)| Burst {
+        .prop_map(|(gap_ms, requests, spacing_ms, rounds, stall_ms)| Burst {
             gap_ms,
             requests,
             spacing_ms,
             rounds,
+            stall_ms,
         })
 }
 
@@ -150,6 +156,8 @@ struct Rounds {
     rng: fastrand::Rng,
     next: u64,
     last_activity: u64,
+    /// No round before this time (a stalled agent).
+    stalled_until: u64,
 }
 
 impl Rounds {
@@ -160,8 +168,14 @@ impl Rounds {
 
     /// Runs the rounds due up to `t` (the clock ends at `t`).
     fn until(&mut self, n: &mut Node, t: u64, quiet: &[f64]) {
-        let quiet_from = self.last_activity + 3 * INTERVAL.as_nanos() as u64;
+        // A stalled agent resumes its rounds where the stall ends.
+        let quiet_from =
+            self.last_activity.max(self.stalled_until) + 3 * INTERVAL.as_nanos() as u64;
         while self.next <= t.min(quiet_from) {
+            if self.next < self.stalled_until {
+                self.next = self.stalled_until;
+                continue;
+            }
             n.advance_to(self.next);
             n.round();
             self.next += self.step();
@@ -191,7 +205,8 @@ fn run(
     seed: u64,
 ) -> Result<Vec<(u64, u64)>, String> {
     let mut n = Node::new(with_root, limits);
-    let mut rounds = Rounds { rng: fastrand::Rng::with_seed(seed), next: 0, last_activity: 0 };
+    let mut rounds =
+        Rounds { rng: fastrand::Rng::with_seed(seed), next: 0, last_activity: 0, stalled_until: 0 };
     rounds.next = n.now() + rounds.step();
     let mut exact = LeakyBucket { fill: 0, at: n.now(), carry: 0 };
     let mut own = exact;
@@ -200,6 +215,7 @@ fn run(
     for b in bursts {
         let start = n.now() + b.gap_ms * MS;
         rounds.until(&mut n, start, &b.rounds);
+        rounds.stalled_until = rounds.stalled_until.max(start + b.stall_ms * MS);
         let (mut got, mut want) = (0, 0);
         for k in 0..b.requests {
             rounds.until(&mut n, start + k * b.spacing_ms * MS, &[]);
@@ -272,7 +288,13 @@ fn bursts_after_pauses_match_the_exact_bucket() {
     for with_root in [false, true] {
         let bursts: Vec<Burst> = pauses
             .iter()
-            .map(|&gap_ms| Burst { gap_ms, requests: 100, spacing_ms: 0, rounds: vec![0.5] })
+            .map(|&gap_ms| Burst {
+                gap_ms,
+                requests: 100,
+                spacing_ms: 0,
+                rounds: vec![0.5],
+                stall_ms: 0,
+            })
             .collect();
         let got = run(with_root, limits, 1, &bursts, 7).unwrap();
         for (i, &(got, want)) in got.iter().enumerate() {

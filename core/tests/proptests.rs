@@ -173,7 +173,7 @@ proptest! {
         let mut per_limiter: Vec<Vec<DeltaBatch>> = vec![vec![]; 4];
         for (l, id, amount) in deltas {
             let seq = per_limiter[l].len() as u64 + 1;
-            per_limiter[l].push(DeltaBatch { seq, deltas: vec![(id, amount, 0)], epoch: None });
+            per_limiter[l].push(DeltaBatch { seq, deltas: vec![(id, amount, 0)], epoch: None, drained: Vec::new() });
         }
         let mut a = root(&quotas);
         for (l, batches) in per_limiter.iter().enumerate() {

@@ -26,8 +26,18 @@ fn request() -> impl Strategy<Value = SyncRequest> {
         num(),
         num(),
         prop::collection::vec(
-            (num(), prop::collection::vec((num(), num(), num()), 0..20), prop::option::of(num()))
-                .prop_map(|(seq, deltas, epoch)| DeltaBatch { seq, deltas, epoch }),
+            (
+                num(),
+                prop::collection::vec((num(), num(), num()), 0..20),
+                prop::option::of(num()),
+                any::<bool>(),
+            )
+                .prop_map(|(seq, deltas, epoch, long)| {
+                    // Either no amounts or one per delta, as a limiter sends them.
+                    let drained =
+                        if long { deltas.iter().map(|d| d.1 / 2).collect() } else { vec![] };
+                    DeltaBatch { seq, deltas, epoch, drained }
+                }),
             0..5,
         ),
         prop::collection::vec((num(), num()), 0..20),
@@ -203,7 +213,9 @@ proptest! {
         let bytes = v2::encode_request(&r);
         let cut = cut.index(bytes.len());
         // What each earlier revision of the format would have carried of it.
-        let mut no_age = r.clone();
+        let mut no_drained = r.clone();
+        no_drained.batches.iter_mut().for_each(|b| b.drained.clear());
+        let mut no_age = no_drained.clone();
         no_age.view_age_ns = None;
         let mut no_reports = no_age.clone();
         no_reports.in_flight.clear();
@@ -231,6 +243,7 @@ proptest! {
                     || (cut >= v2::encode_request(&no_reports).len() && got == no_reports)
                     // Field 15 written makes 12 to 14 written too.
                     || (cut >= v2::encode_request(&no_age).len() && got == no_age)
+                    || (cut >= v2::encode_request(&no_drained).len() && got == no_drained)
             ),
         }
         let _ = v2::decode_request(&junk, 1_000);
@@ -246,8 +259,13 @@ fn sample_request() -> SyncRequest {
         since: 5123,
         epoch: 1042,
         batches: vec![
-            DeltaBatch { seq: 17, deltas: vec![(12, 5000, 0), (40, 1000, 3000)], epoch: None },
-            DeltaBatch { seq: 18, deltas: vec![(12, 2000, 0)], epoch: None },
+            DeltaBatch {
+                seq: 17,
+                deltas: vec![(12, 5000, 0), (40, 1000, 3000)],
+                epoch: None,
+                drained: Vec::new(),
+            },
+            DeltaBatch { seq: 18, deltas: vec![(12, 2000, 0)], epoch: None, drained: Vec::new() },
         ],
         hints: vec![(12, 48000)],
         seen_epoch: None,
@@ -341,10 +359,34 @@ fn hostile_bodies_name_what_is_wrong() {
     let mut b = bytes.clone();
     b.truncate(b.len() - 1);
     assert_eq!(err(&b, 12).to_string(), "bad v2 body at view_age_ns: truncated");
-    // Trailing bytes after every known field are left for later revisions.
+    // Field 16: per batch, what of each delta had drained (the second batch says nothing:
+    // an empty list).
+    let mut with_drained = with_age.clone();
+    with_drained.batches[0].drained = vec![4000, 0];
+    let bytes = v2::encode_request(&with_drained);
+    assert_eq!(v2::decode_request(&bytes, 12).unwrap(), with_drained);
     let mut b = bytes.clone();
+    b.truncate(b.len() - 1);
+    assert_eq!(err(&b, 12).to_string(), "bad v2 body at batch_drained: truncated");
+    // One amount for two deltas: refused by name.
+    let mut one = with_drained.clone();
+    one.batches[0].drained = vec![4000];
+    let bytes = v2::encode_request(&one);
+    assert_eq!(
+        err(&bytes, 12).to_string(),
+        "bad v2 body at batch_drained: neither empty nor one per delta"
+    );
+    // A huge declared length is refused before anything is allocated.
+    let mut b = v2::encode_request(&with_age);
+    b.extend([2, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+    assert_eq!(
+        err(&b, 12).to_string(),
+        "bad v2 body at batch_drained: neither empty nor one per delta"
+    );
+    // Trailing bytes after every known field are left for later revisions.
+    let mut b = v2::encode_request(&with_drained);
     b.extend([1, 2, 3]);
-    assert_eq!(v2::decode_request(&b, 12).unwrap(), with_age);
+    assert_eq!(v2::decode_request(&b, 12).unwrap(), with_drained);
     // An epoch list that does not match the batches is refused, by name.
     let mut b = good.clone();
     b.extend([1, 5, 3, 0, 0, 0]);

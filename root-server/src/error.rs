@@ -187,6 +187,7 @@ impl ApiError {
                 SyncError::TooManyLimiters(_) => "too_many_limiters",
                 SyncError::TooLarge(..) => "too_many_entries",
                 SyncError::SeqTooFarAhead { .. } => "seq_too_far_ahead",
+                SyncError::BadDrained { .. } => "bad_drained",
                 _ => "sync_refused",
             },
             ApiError::Internal(_) => "internal",

@@ -525,6 +525,12 @@ async fn sync_route() {
             "bad JSON: batches[0].seq: invalid type: string \"1\"",
         ),
         (r#"{"v":1,"limiter":7}"#, StatusCode::BAD_REQUEST, "bad JSON: limiter: invalid type"),
+        // What drained of each delta: none, or one per delta.
+        (
+            r#"{"v":1,"limiter":"l","batches":[{"seq":1,"deltas":[[1,5,0],[2,5,0]],"drained":[5]}]}"#,
+            StatusCode::BAD_REQUEST,
+            "batches[0].drained has 1 amounts for 2 deltas",
+        ),
     ] {
         let (s, v) = call(&st, POST, "/v1/sync", Some(body), None).await;
         assert_eq!(s, status, "{body}: {v}");

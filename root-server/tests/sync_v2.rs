@@ -42,6 +42,7 @@ fn request(seq: u64, root_instance: Option<u64>, since: u64) -> SyncRequest {
             seq,
             deltas: vec![(1, 5000, 0), (2, 1000, 2000)],
             epoch: Some(0),
+            drained: Vec::new(),
         }],
         hints: vec![],
         seen_epoch: Some(0),
@@ -126,7 +127,12 @@ async fn hostile_v2_bodies() {
 
     // More entries than a root takes: 413, before they are built.
     let many = SyncRequest {
-        batches: vec![DeltaBatch { seq: 1, deltas: vec![(1, 1, 0); 2_000_001], epoch: None }],
+        batches: vec![DeltaBatch {
+            seq: 1,
+            deltas: vec![(1, 1, 0); 2_000_001],
+            epoch: None,
+            drained: Vec::new(),
+        }],
         ..request(1, None, 0)
     };
     let (s, _, b) = post(&st, V2, v2::encode_request(&many)).await;

@@ -144,6 +144,7 @@ async fn limiter(
                 seq,
                 deltas: std::mem::take(&mut per[k]),
                 epoch: Some(quotas),
+                drained: Vec::new(),
             });
             link.pending.push_back(batch);
             if link.pending.len() > 30 {

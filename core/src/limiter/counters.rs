@@ -259,6 +259,20 @@ impl CounterAccess<'_> {
         })
     }
 
+    /// Of `v` of this limiter's own counts on `s`, what its own exact bucket (the synced
+    /// view and its own counts, each drained from when it came, at the full rate) has
+    /// drained by `now`, when `newer` units of its counts came after them. What the bucket
+    /// still holds is taken as the newest counts (`newer`, then `v`), so older ones drain
+    /// first and nothing is said drained that may not have: counts made at the end of a
+    /// quiet span have drained nothing.
+    pub fn own_drained(&self, s: u32, v: u64, newer: u64, now: u64) -> u64 {
+        self.slot(s).map_or(0, |x| {
+            let held = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE);
+            let kept = (held - newer as f64).clamp(0.0, v as f64).ceil() as u64;
+            v - kept
+        })
+    }
+
     pub fn inflight(&self, s: u32) -> u64 {
         self.slot(s).map_or(0, |x| x.get(INFLIGHT))
     }

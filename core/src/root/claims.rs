@@ -65,6 +65,13 @@
 //!   lowers counts, which whoever holds the sync token could do anyway by not sending
 //!   them; the price is paid by honest limiters that miss rounds (a cut, a lossy link, a
 //!   root stalled for two intervals): their late counts above `low_burst` go uncounted.
+//! * **Long batches**: a batch cut after a long span (the limiter's agent stalled, or another
+//!   worker took its role over) is one new batch, not late, and would count whole. It says
+//!   per delta what of it the limiter's own exact bucket had drained
+//!   ([`DeltaBatch::drained`]); that much is credited with the counter's spare drain, as
+//!   a late amount's is (a counter not held yet has all its spare), and the rest counted.
+//!   Only the limiter knows when within the span its counts came, so nothing else is
+//!   credited; one that says more only drops its own counts.
 //! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
 //!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
 //!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
@@ -137,24 +144,68 @@ impl RootState {
         acked
     }
 
+    /// Applies batch `b`; `late` as for [`Self::claim_delta`].
     fn apply_batch(&mut self, b: &DeltaBatch, s: &mut Session, late: Option<u64>, now: u64) {
         let stripe = self.stripe;
-        for run in b.deltas.chunks(WARM_RUN) {
+        // A late batch is credited by the root's own rule, which already covers its span.
+        let credit = if late.is_none() { b.drained.as_slice() } else { &[] };
+        for (k, run) in b.deltas.chunks(WARM_RUN).enumerate() {
             self.warm(run.iter().map(|d| d.0).filter(|&id| stripe.contains(id)));
-            for &(id, amount, rejected) in run {
+            for (j, &(id, amount, rejected)) in run.iter().enumerate() {
                 // Another stripe's are counted there.
-                if stripe.contains(id) {
-                    self.claim_delta(s, id, (amount, rejected), b.epoch, late, now);
+                if !stripe.contains(id) {
+                    continue;
                 }
+                let drained = credit.get(k * WARM_RUN + j).copied().unwrap_or(0);
+                self.claim_delta(s, id, (amount, rejected), b.epoch, late, drained, now);
             }
         }
     }
 
+    /// Credits up to `drained` of a delta entry's admitted `amount` (what the limiter's own
+    /// bucket drained of it: see [`DeltaBatch::drained`]) with counter `id`'s spare drain, as
+    /// a late amount is; returns the credit, which the counter does not take. Counted with
+    /// the late credits: the same drain, spent once. Not bounded by the time since the
+    /// limiter last synced, as late amounts are: a limiter whose new agent first resent the
+    /// batch its stalled one left in flight synced an interval ago, and its counts span the
+    /// stall. The limiter's own bucket drained at most its limit over that span; one that
+    /// says more only lowers its counts, which not sending them would do too.
+    fn credit_drained(
+        &mut self,
+        id: QuotaId,
+        l: Limits,
+        amount: u64,
+        drained: u64,
+        now: u64,
+    ) -> u64 {
+        if drained == 0 || !self.in_shard(id) {
+            return 0;
+        }
+        let new = place_of(&self.quotas, id) == NO_COUNTER;
+        let lends = new && self.in_hint_window(now) || self.lent.contains_key(&id);
+        let most_spare = l.limit().over(self.config.late_credit_ns);
+        let Some(c) = self.counter_now(id, l.limit(), now) else { return 0 };
+        if new {
+            // Empty through the span (dropped once drained, or never made), as for a late
+            // amount: all of it spare, up to the cap. After a restart, only lent.
+            c.spare = most_spare;
+        }
+        let credit = drained.min(amount).min(c.spare);
+        c.spare -= credit;
+        self.stats.late_credited += credit;
+        if lends && credit > 0 {
+            *self.lent.entry(id).or_default() += credit;
+        }
+        credit
+    }
+
     /// One delta entry (admitted, rejected) of a batch counted at quota epoch `epoch`,
-    /// `late` if the batch is (with the time it may span): held if its quota may not have
-    /// been read yet, dropped if counted before the quota's reset, else added, and what did
-    /// not fit parked with `s`.
+    /// `late` if the batch is (with the time it may span), with what the limiter says had
+    /// drained of it (`drained`): held if its quota may not have been
+    /// read yet, dropped if counted before the quota's reset, else added, and what did not
+    /// fit parked with `s`.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn claim_delta(
         &mut self,
         s: &mut Session,
@@ -162,6 +213,7 @@ impl RootState {
         (amount, rejected): (u64, u64),
         epoch: Option<Epoch>,
         late: Option<u64>,
+        drained: u64,
         now: u64,
     ) {
         // One lookup of the quota for both the reset check and the delta: each is a probe
@@ -179,9 +231,13 @@ impl RootState {
             return;
         }
         let limits = quota.filter(|q| !q.2).map(|q| q.0);
-        let excess = match late {
-            Some(gap) => self.add_late(id, limits, (amount, rejected), gap, now),
-            None => self.add_delta(id, limits, amount, rejected, now),
+        let excess = match (late, limits) {
+            (Some(gap), _) => self.add_late(id, limits, (amount, rejected), gap, now),
+            (None, Some(l)) if drained > 0 => {
+                let credit = self.credit_drained(id, l, amount, drained, now);
+                self.add_delta(id, limits, amount - credit, rejected, now)
+            }
+            (None, _) => self.add_delta(id, limits, amount, rejected, now),
         };
         if excess > 0 {
             self.park(s, id, excess);

@@ -548,6 +548,12 @@ impl RootState {
         if entries > self.config.max_entries {
             return Err(SyncError::TooLarge(entries, self.config.max_entries));
         }
+        for (index, b) in req.batches.iter().enumerate() {
+            let (len, deltas) = (b.drained.len(), b.deltas.len());
+            if len != 0 && len != deltas {
+                return Err(SyncError::BadDrained { index, len, deltas });
+            }
+        }
         Ok(())
     }
 }

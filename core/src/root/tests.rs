@@ -43,6 +43,7 @@ fn req(limiter: &str, batches: Vec<(u64, Vec<(u64, u64)>)>) -> SyncRequest {
                 seq,
                 deltas: deltas.into_iter().map(|(id, d)| (id, d, 0)).collect(),
                 epoch: None,
+                drained: Vec::new(),
             })
             .collect(),
         hints: vec![],
@@ -304,7 +305,12 @@ fn demand_counts_rejected_attempts_too() {
     for k in 1..=20u64 {
         let l = (k % 2) as usize;
         seq[l] += 1;
-        let b = DeltaBatch { seq: seq[l], deltas: vec![(2, 300_000, 600_000)], epoch: None };
+        let b = DeltaBatch {
+            seq: seq[l],
+            deltas: vec![(2, 300_000, 600_000)],
+            epoch: None,
+            drained: Vec::new(),
+        };
         let q = SyncRequest { batches: vec![b], ..req(&format!("l{l}"), vec![]) };
         let resp = r.sync(&q, k * S / 2 + 1).unwrap();
         if k > 5 {
@@ -615,6 +621,49 @@ fn late_credit_is_bounded_by_the_gap_and_by_the_spare_drain() {
     assert_eq!(r.stats().late_credited, 101_000);
     // A counter that never reached zero (a ledger) has no spare: every unit counts.
     assert_eq!(fill(&r, 2, 62 * S), 200.939);
+}
+
+/// One batch whose counts were made over a long span (the limiter's agent stalled): the
+/// root counts it whole unless the limiter says what of it had drained, and credits that
+/// with the drain its counter spent at zero. Counts that drained nothing (made at the end
+/// of the span) count whole: only the limiter knows when within the span they came.
+#[test]
+fn a_long_batch_is_credited_with_what_the_limiter_says_drained() {
+    let run = |drained: Vec<u64>| {
+        let mut r = RootState::new(RootConfig::default());
+        r.apply_quotas([recommended(1, 100.0), quota(2, 2, 0.001, false)], 0);
+        r.sync(&req("a", vec![(1, vec![(1, 30_000), (2, 1_000)])]), 0).unwrap();
+        for k in 1..=4 {
+            r.sync(&req("b", vec![(k, vec![(1, 60_000)])]), k * S).unwrap();
+        }
+        // a's agent stalled for 4 s: its one batch brings 4 s of 30 units a second.
+        let mut q = req("a", vec![(2, vec![(1, 120_000), (2, 120_000)])]);
+        q.batches[0].drained = drained;
+        r.sync(&q, 4 * S).unwrap();
+        (fill(&r, 1, 4 * S), fill(&r, 2, 4 * S), r.stats().late_credited)
+    };
+    // b's last 60 units plus a's whole 120.
+    assert_eq!(run(vec![]), (180.0, 120.996, 0));
+    // 100 of a's 120 had drained by its own bucket, and the counter spent 4 x 40 units at
+    // zero meanwhile: credited. The ledger never reached zero: no spare, every unit counts.
+    assert_eq!(run(vec![100_000, 120_000]), (80.0, 120.996, 100_000));
+    // Say more than the batch holds: never more than its amount.
+    assert_eq!(run(vec![500_000, 0]).2, 120_000);
+    // Never more than the counter's spare drain: a limiter cannot claim a drain the root's
+    // counter did not have. Two seconds at zero after b's 60 units: 140 units.
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    r.sync(&req("b", vec![(1, vec![(1, 60_000)])]), 0).unwrap();
+    r.sync(&req("b", vec![(2, vec![(1, 500_000)])]), 2 * S).unwrap();
+    r.sync(&req("a", vec![(1, vec![(1, 1_000)])]), 2 * S).unwrap();
+    let mut q = req("a", vec![(2, vec![(1, 900_000)])]);
+    q.batches[0].drained = vec![900_000];
+    r.sync(&q, 2 * S).unwrap();
+    assert_eq!(r.stats().late_credited, 140_000);
+    // A list that is neither empty nor one per delta is refused, naming the batch.
+    let mut q = req("a", vec![(3, vec![(1, 1_000), (1, 1_000)])]);
+    q.batches[0].drained = vec![1];
+    assert_eq!(r.sync(&q, 61 * S), Err(SyncError::BadDrained { index: 0, len: 1, deltas: 2 }));
 }
 
 /// A request by interest from `limiter`, continuing from `prev`'s answer.

@@ -46,6 +46,9 @@ pub(super) struct RoundState {
     facts: Vec<Facts>,
     /// Per entry: some root's fill includes it.
     pub reported: Vec<bool>,
+    /// Empty, or per entry: of its admitted count, what this limiter's own bucket had
+    /// drained when it was cut ([`DeltaBatch::drained`]).
+    pub drained: Vec<u64>,
     /// Slots reported by a root that have no entry, in the order the reports came.
     others: Vec<(u32, Facts)>,
     /// Per shard: some root of it answered.
@@ -140,12 +143,24 @@ impl RoundState {
             return vec![None; shards as usize];
         }
         let mut per: Vec<Vec<(QuotaId, u64, u64)>> = vec![Vec::new(); shards as usize];
+        let mut drained: Vec<Vec<u64>> = vec![Vec::new(); shards as usize];
         for &(id, k) in &self.by_id {
             let (_, _, v, r) = self.entries[k as usize];
-            per[Shard::of(id, shards) as usize].push((id, v, r));
+            let shard = Shard::of(id, shards) as usize;
+            per[shard].push((id, v, r));
+            if let Some(&d) = self.drained.get(k as usize) {
+                drained[shard].push(d);
+            }
         }
         per.into_iter()
-            .map(|deltas| Some(Arc::new(DeltaBatch { seq, deltas, epoch: Some(epoch) })))
+            .zip(drained)
+            .map(|(deltas, mut drained)| {
+                // Said only where some count drained: nothing else changes a root's sums.
+                if drained.iter().all(|&d| d == 0) {
+                    drained = Vec::new();
+                }
+                Some(Arc::new(DeltaBatch { seq, deltas, epoch: Some(epoch), drained }))
+            })
             .collect()
     }
 

@@ -458,6 +458,80 @@ fn a_batch_left_in_flight_by_a_dead_engine_is_counted_once() {
     }
 }
 
+/// The agent's worker stops mid-round for 4 s (`kill -STOP`) while the host's other workers
+/// go on counting, then another worker takes the role over: its first round resends the
+/// batch left in flight, its second cuts the 4 s of counts as one batch. Counted whole,
+/// that batch lifted the quota by 4 s of this host's traffic at once, and a quota at 0.9 x
+/// its limit was refused on every host (`make chaos`). The batch says what of it the host's
+/// own bucket had drained, and the root credits it: the counter stays where one exact
+/// bucket of the cluster's traffic would be.
+#[test]
+fn a_batch_cut_after_a_stalled_agent_says_what_drained() {
+    for say in [true, false] {
+        let clock = ManualClock::at(S);
+        let mut r = root_with(&[quota(1, "a", 10.0, 15.0, 30.0)]);
+        let block = crate::zone::Block::for_quotas(1000);
+        crate::zone::prepare(&block, 0).unwrap();
+        let host = shared(&clock, &block);
+        let mut n1 = engine_on(&host);
+        let mut other = node(&clock, 1);
+        let there = other.limiter.clone();
+        // 3 units a second here, 6 on the other host: 0.9 x the limit.
+        let tick = |clock: &ManualClock, k: u64| {
+            if k % 2 == 0 {
+                assert_eq!(host.account("a", 1).unwrap().outcome, Outcome::Passed, "{k}");
+            }
+            assert_eq!(there.account("a", 1).unwrap().outcome, Outcome::Passed, "{k}");
+            clock.advance(Duration::from_millis(1000 / 6));
+        };
+        let mut k = 0;
+        for _ in 0..5 {
+            round(&mut n1, &mut [Some(&mut r)], clock.now_nanos());
+            round(&mut other, &mut [Some(&mut r)], clock.now_nanos());
+            for _ in 0..6 {
+                tick(&clock, k);
+                k += 1;
+            }
+        }
+        // Stopped after sending its batch, before the answer.
+        let calls = n1.engine.begin_round(clock.now_nanos());
+        r.sync(&calls[0].request, clock.now_nanos()).unwrap();
+        drop(n1);
+        for _ in 0..4 {
+            round(&mut other, &mut [Some(&mut r)], clock.now_nanos());
+            for _ in 0..6 {
+                tick(&clock, k);
+                k += 1;
+            }
+        }
+        let mut n2 = engine_on(&host);
+        round(&mut n2, &mut [Some(&mut r)], clock.now_nanos());
+        // One more, just before the cut: it has drained nothing.
+        host.account("a", 1).unwrap();
+        let now = clock.now_nanos();
+        let calls = n2.engine.begin_round(now);
+        let mut req = calls[0].request.clone();
+        let b = req.batches.last().unwrap();
+        assert_eq!(b.deltas, vec![(1, 13_000, 0)], "4 s of 3 units a second, and one");
+        // 12 units, one every 1/3 s into an empty bucket draining 10 a second, all
+        // drained; the last one not.
+        assert_eq!(b.drained, vec![12_000], "what the host's own bucket drained");
+        if !say {
+            req.batches.iter_mut().for_each(|b| b.drained.clear());
+        }
+        let resp = r.sync(&req, now).unwrap();
+        n2.engine.on_response(0, Ok(resp), Duration::ZERO, now);
+        n2.engine.end_round(now);
+        let fill = r.counter(1, now).unwrap().fill;
+        if say {
+            assert!(fill <= 2.0, "the root holds what had not drained: {fill}");
+            assert!(host.quota("a").unwrap().fill <= 2.0);
+        } else {
+            assert!(fill >= 12.0, "counted whole: {fill}");
+        }
+    }
+}
+
 /// Issue 11: `POST /v1/quotas/{name}:reset` writes a new version of the quota with
 /// `reset_epoch` = its epoch. Roots and limiters empty the counter when they apply it, and
 /// nothing counted before it comes back: not through a batch taken before (resent to a root
@@ -1075,7 +1149,12 @@ fn the_printed_limiter_id_does_not_open_its_session() {
             root_instance: None,
             since: 0,
             epoch: 0,
-            batches: vec![crate::proto::DeltaBatch { seq, deltas: vec![(1, 0, 0)], epoch: None }],
+            batches: vec![crate::proto::DeltaBatch {
+                seq,
+                deltas: vec![(1, 0, 0)],
+                epoch: None,
+                drained: Vec::new(),
+            }],
             hints: Vec::new(),
             seen_epoch: None,
             interest: false,

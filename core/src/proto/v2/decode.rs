@@ -237,7 +237,7 @@ impl<'de> Visitor<'de> for OneBatch<'_> {
             }),
         )?;
         // Field 9 of the request, read by `decode_request` when present.
-        Ok(DeltaBatch { seq: seq_no, deltas, epoch: None })
+        Ok(DeltaBatch { seq: seq_no, deltas, epoch: None, drained: Vec::new() })
     }
 }
 
@@ -430,12 +430,15 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
                         let (reports, more) = in_flight_reports(&ctx, more)?;
                         r.in_flight = reports;
                         if !more.is_empty() {
-                            let (age, _) = take::<Option<u64>>(
+                            let (age, more) = take::<Option<u64>>(
                                 more,
                                 "view_age_ns",
                                 "not an option of a varint",
                             )?;
                             r.view_age_ns = age;
+                            if !more.is_empty() {
+                                drained(&mut r.batches, more)?;
+                            }
                         }
                     }
                 }
@@ -443,6 +446,34 @@ pub(super) fn decode_request(body: &[u8], max_entries: usize) -> Result<SyncRequ
         }
     }
     Ok(r)
+}
+
+/// Field 16 of a request: per batch, its `drained` amounts, none or one per delta (checked
+/// before they are allocated, so they take no more than the deltas did).
+fn drained<'a>(batches: &mut [DeltaBatch], bytes: &'a [u8]) -> Result<&'a [u8], DecodeError> {
+    let (n, mut more) = take::<u64>(bytes, "batch_drained", "not a list")?;
+    if n != batches.len() as u64 {
+        return Err(malformed("batch_drained", "not one per batch"));
+    }
+    for b in batches {
+        let (k, after) = take::<u64>(more, "batch_drained", "not a list")?;
+        if k != 0 && k != b.deltas.len() as u64 {
+            return Err(malformed("batch_drained", "neither empty nor one per delta"));
+        }
+        // Each amount takes a byte at least.
+        if k > after.len() as u64 {
+            return Err(malformed("batch_drained", "truncated"));
+        }
+        more = after;
+        let mut out = Vec::with_capacity(k as usize);
+        for _ in 0..k {
+            let (v, after) = take::<u64>(more, "batch_drained", "not a varint")?;
+            out.push(v);
+            more = after;
+        }
+        b.drained = out;
+    }
+    Ok(more)
 }
 
 /// Field 12 of a request: (key id delta, template id) pairs, as bounded as the rest.

@@ -110,14 +110,17 @@ impl Serialize for RequestWire<'_> {
         // Fields 8 and 9 (resets) only when they say something, 10 and 11 (interest) only
         // when asked for: a request from a limiter that predates them stays byte for byte
         // what it was.
-        let aged = r.view_age_ns.is_some();
+        let drained = r.batches.iter().any(|b| !b.drained.is_empty());
+        let aged = drained || r.view_age_ns.is_some();
         let reports = aged || !r.in_flight.is_empty();
         let hinted = reports || r.hinted_seq.is_some();
         let keys = hinted || !r.key_templates.is_empty();
         let interest = keys || r.interest || !r.watch.is_empty();
         let resets =
             interest || r.seen_epoch.is_some() || r.batches.iter().any(|b| b.epoch.is_some());
-        let fields = if aged {
+        let fields = if drained {
+            16
+        } else if aged {
             15
         } else if reports {
             14
@@ -163,6 +166,10 @@ impl Serialize for RequestWire<'_> {
         }
         if aged {
             t.serialize_element(&r.view_age_ns)?;
+        }
+        if drained {
+            let per: Vec<&[u64]> = r.batches.iter().map(|b| b.drained.as_slice()).collect();
+            t.serialize_element(&per)?;
         }
         t.end()
     }
