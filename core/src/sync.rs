@@ -172,7 +172,7 @@ pub struct SyncEngine {
     /// Per slot, in slot order: what of its `local` counts had drained when this engine
     /// began by resending a batch left in flight (see [`Self::recover`]); spent by the next
     /// cut.
-    drained_before: Vec<(u32, u64)>,
+    drained_before: Vec<(u32, QuotaId, u64)>,
     round: RoundState,
     /// Shards of the counter space (1: unsharded).
     shards: u32,
@@ -471,8 +471,8 @@ impl SyncEngine {
         self.drained_before = l.with_counters(|c| {
             pending
                 .into_iter()
-                .map(|s| (s, c.own_drained(s, c.local(s), 0, now)))
-                .filter(|&(_, d)| d > 0)
+                .filter_map(|s| Some((s, c.id_of(s)?, c.own_drained(s, c.local(s), 0, now))))
+                .filter(|&(.., d)| d > 0)
                 .collect()
         });
         Some((seq, entries))
@@ -563,12 +563,20 @@ impl SyncEngine {
                         (true, Some(id)) => {
                             entries.push((s, id, v, r));
                             if long {
+                                // Of the same counter still (a key's slot may go to
+                                // another key).
                                 let before = self
                                     .drained_before
                                     .binary_search_by_key(&s, |d| d.0)
-                                    .map_or(0, |k| self.drained_before[k].1);
+                                    .ok()
+                                    .map(|k| self.drained_before[k])
+                                    .filter(|d| d.1 == id)
+                                    .map_or(0, |d| d.2);
+                                // Not the sum: after the recovered round's answer the
+                                // view drains the stall's counts again from then, so
+                                // what drained since may be the same drain.
                                 let d = c.own_drained(s, v, c.local(s), now);
-                                drained.push(d.saturating_add(before).min(v));
+                                drained.push(d.max(before).min(v));
                             }
                         }
                         // Only checked (answers by interest): named, not counted.
@@ -738,6 +746,9 @@ impl SyncEngine {
         }
 
         if !resp.quotas.is_empty() {
+            // A quota changed, reset or gone may leave a slot to other counts: what drained
+            // of the old ones says nothing of them (dropped: only less is credited).
+            self.drained_before = Vec::new();
             let applied = self.limiter.apply_quotas_with_resets(&resp.quotas);
             for s in applied.resets {
                 self.round.drop_reset(s);

@@ -263,13 +263,23 @@ impl CounterAccess<'_> {
     /// view and its own counts, each drained from when it came, at the full rate) has
     /// drained by `now`, when `newer` units of its counts came after them. What the bucket
     /// still holds is taken as the newest counts (`newer`, then `v`), so older ones drain
-    /// first and nothing is said drained that may not have: counts made at the end of a
-    /// quiet span have drained nothing.
+    /// first: counts made at the end of a quiet span have drained nothing. (The request
+    /// path's estimate extrapolates the others' inflow for a horizon after a sync, this one
+    /// does not: near the start of a span it may say up to that inflow's worth more.)
+    ///
+    /// Nothing for a counter no root has reported yet (a key first seen since the last
+    /// round) while other limiters live: the request path then holds its counts as every
+    /// live limiter's ([`Peers::guess`](crate::zone::slot::Peers::guess)), so its time of
+    /// meeting an empty bucket is not this bucket's.
     pub fn own_drained(&self, s: u32, v: u64, newer: u64, now: u64) -> u64 {
         self.slot(s).map_or(0, |x| {
+            if x.read_base().1 == 0 && !self.limiter.peers_cell().alone() {
+                return 0;
+            }
             let held = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE);
             let kept = (held - newer as f64).clamp(0.0, v as f64).ceil() as u64;
-            v - kept
+            // `v as f64` may round above `v` past 2^53.
+            v.saturating_sub(kept)
         })
     }
 

@@ -71,7 +71,7 @@
 //!   ([`DeltaBatch::drained`]); that much is credited with the counter's spare drain, as
 //!   a late amount's is (a counter not held yet has all its spare), and the rest counted.
 //!   Only the limiter knows when within the span its counts came, so nothing else is
-//!   credited; one that says more only drops its own counts.
+//!   credited; one that says more drops its own counts and the counter's spare.
 //! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
 //!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
 //!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
@@ -169,7 +169,9 @@ impl RootState {
     /// limiter last synced, as late amounts are: a limiter whose new agent first resent the
     /// batch its stalled one left in flight synced an interval ago, and its counts span the
     /// stall. The limiter's own bucket drained at most its limit over that span; one that
-    /// says more only lowers its counts, which not sending them would do too.
+    /// says more lowers its own counts (not sending them would too) and spends spare drain
+    /// other limiters' late batches would have had: no more than a delta up to the
+    /// ceiling does to them.
     fn credit_drained(
         &mut self,
         id: QuotaId,
@@ -397,7 +399,7 @@ impl RootState {
             let span = DEMAND_BUCKETS * DEMAND_BUCKET_NS;
             let attempted = amount.saturating_add(rejected).min(cap) as u128;
             let part = (attempted * span.min(gap) as u128 / gap as u128) as u64;
-            c.demand.add(part, now);
+            c.demand.add_spread(part, now);
             shown |= part > 0;
         }
         let credit = amount.min(c.spare).min(l.limit().over(gap));

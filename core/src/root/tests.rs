@@ -473,12 +473,26 @@ fn late_batches_show_their_demand_at_the_rate_they_came() {
         b.deltas[0].2 = 90_000;
     }
     r.sync(&resend, 11 * S).unwrap();
-    let answer = r.sync(&req("reader", vec![]), 11 * S + S / 4).unwrap();
-    let demand = answer.counters.iter().find(|c| c.0 == 1).unwrap().2;
-    assert_eq!(demand, 150_000, "ten batches of 150 attempted over the 10 s gap");
+    let demand_at = |r: &mut RootState, reader: &str, at: u64| {
+        let answer = r.sync(&req(reader, vec![]), at).unwrap();
+        answer.counters.iter().find(|c| c.0 == 1).map_or(0, |c| c.2)
+    };
+    // Read at once, before the bucket they came in is full.
+    assert_eq!(demand_at(&mut r, "reader", 11 * S), 150_000, "150 attempted a second over the gap");
     // What came in during the gap is not a rate of now, and over the limit it is dropped.
     let rate = r.counter(1, 11 * S + S / 4).unwrap().rate;
     assert!(rate < 5.0, "the admitted-rate meter is left alone: {rate}");
+    // The limiter goes on at that rate on time: its demand reads the same, not its on-time
+    // batches on top of 2 s of the gap's (up to twice its demand, and every limiter
+    // suppressed too much after a heal).
+    for k in 1..=12u64 {
+        let at = 11 * S + k * S / 4;
+        let mut on_time = req("a", vec![(11 + k, vec![(1, 15_000)])]);
+        on_time.batches[0].deltas[0].2 = 22_500;
+        r.sync(&on_time, at).unwrap();
+        let d = demand_at(&mut r, &format!("reader{k}"), at);
+        assert!((140_000..=160_000).contains(&d), "{k} quarters of a second after: {d}");
+    }
 }
 
 /// 0.9 times the limit over two limiters, one of them cut from this root for 10 s: the

@@ -62,6 +62,12 @@ impl<'a> Peers<'a> {
         Peers(Some(cell))
     }
 
+    /// Whether this limiter counts as the only one (before any answer, or the roots know
+    /// of no other).
+    pub(crate) fn alone(self) -> bool {
+        self.get() <= 1.0
+    }
+
     #[inline]
     fn get(self) -> f64 {
         self.0.map_or(1, |c| c.load(Relaxed).max(1)) as f64
