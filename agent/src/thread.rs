@@ -233,8 +233,17 @@ pub async fn drive(
                 (root, r, start.elapsed())
             });
         }
+        // A round can wait for a slow root up to the timeout: keys met meanwhile take what
+        // the roots last said of them then, not at its end (until adopted, a key's second
+        // unit on this host stands for every live limiter's, and refused a client under its
+        // limit: docs/accuracy.md, Zipf keys).
+        let mut poll = tokio::time::interval(EARLY_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = poll.tick() => {
+                    engine.adopt_keys(clock.now_nanos());
+                }
                 joined = set.join_next() => match joined {
                     Some(Ok((root, r, lat))) => off_the_runtime(polite_until, || {
                         engine.on_response(root, r, lat, clock.now_nanos())
@@ -410,5 +419,93 @@ mod tests {
         let n = calls.load(Ordering::Relaxed);
         // 10 intervals, and a round's own time; without the check: thousands.
         assert!((2..=15).contains(&n), "{n} calls in 500 ms");
+    }
+
+    /// Root 0 answers at once, root 1 never (the call times out); counts root 1's calls.
+    struct SecondHangs(Arc<Mutex<RootState>>, Arc<dyn yarl_core::Clock>, Arc<AtomicUsize>);
+
+    impl Transport for SecondHangs {
+        fn call(&self, url: &str, req: SyncRequest, _timeout: Duration) -> CallFuture {
+            if url.contains("r1") {
+                self.2.fetch_add(1, Ordering::Relaxed);
+                return Box::pin(async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Err("never".to_string())
+                });
+            }
+            let r = self.0.lock().sync(&req, self.1.now_nanos()).map_err(|e| e.to_string());
+            Box::pin(async move { r })
+        }
+    }
+
+    /// One round of `engine` against `root`, inline.
+    fn sync_with(engine: &mut SyncEngine, root: &Mutex<RootState>, clock: &dyn yarl_core::Clock) {
+        for call in engine.begin_round(clock.now_nanos()) {
+            let r = root.lock().sync(&call.request, clock.now_nanos()).map_err(|e| e.to_string());
+            engine.on_response(call.root, r, Duration::from_millis(1), clock.now_nanos());
+        }
+        engine.end_round(clock.now_nanos());
+    }
+
+    /// A round waits for its slowest root, up to the timeout: a key met meanwhile takes
+    /// what the roots last reported of it within a poll, not when the round ends.
+    #[test]
+    fn keys_are_adopted_while_a_round_waits_for_a_slow_root() {
+        let template = yarl_core::QuotaUpdate {
+            id: 1,
+            name: "api_key_*".into(),
+            epoch: 1,
+            deleted: false,
+            reset_epoch: 0,
+            limits: yarl_core::Limits::from_units(0.001, 10.0, 20.0).unwrap(),
+            parent: None,
+        };
+        let mut state = RootState::new(RootConfig::default());
+        state.apply_quotas([template], 0);
+        state.set_key_secret((11, 12));
+        let root = Arc::new(Mutex::new(state));
+        // Another host counts the key all along, so every answer reports it.
+        let other = Arc::new(Limiter::builder().capacity(100).build());
+        let clock = other.clock().clone();
+        let mut other_engine =
+            SyncEngine::new(other.clone(), vec!["http://r0".into()], SyncConfig::default())
+                .unwrap();
+        sync_with(&mut other_engine, &root, &*clock);
+        let cfg = SyncConfig {
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_millis(1500),
+            ..SyncConfig::default()
+        };
+        let limiter = Arc::new(Limiter::builder().capacity(100).build());
+        let urls = vec!["http://r0".into(), "http://r1".into()];
+        let engine = SyncEngine::new(limiter.clone(), urls, cfg).unwrap();
+        let slow_calls = Arc::new(AtomicUsize::new(0));
+        let t = SyncThread::spawn(
+            engine,
+            Arc::new(SecondHangs(root.clone(), clock.clone(), slow_calls.clone())),
+        )
+        .unwrap();
+        // Three rounds: two reports of the key, more than an interval apart (a key only
+        // just reported is new to the roots and keeps its guess), and the third waiting.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slow_calls.load(Ordering::Relaxed) < 3 && Instant::now() < deadline {
+            other.account("api_key_x", 1).unwrap();
+            sync_with(&mut other_engine, &root, &*clock);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(slow_calls.load(Ordering::Relaxed) >= 3);
+        // Root 0's answer of the third round is in; root 1 holds it for the timeout.
+        std::thread::sleep(Duration::from_millis(100));
+        let waiting_since = slow_calls.load(Ordering::Relaxed);
+        limiter.account("api_key_x", 1).unwrap();
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while limiter.zone_usage().keys_adopted == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(slow_calls.load(Ordering::Relaxed), waiting_since, "the same round");
+        assert_eq!(limiter.zone_usage().keys_adopted, 1);
+        let fill = limiter.quota("api_key_x").unwrap().fill;
+        assert!(fill > 3.0, "the other host's count and its own: {fill}");
+        t.stop();
     }
 }

@@ -486,10 +486,8 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                 let Decider::Yarl(y) = &mut decider else { continue };
                 let host = &mut y.hosts[h];
                 host.adopt_queued = false;
-                // The agent polls between rounds (a round holds its thread).
-                if !host.in_flight {
-                    host.engine.adopt_keys(at.saturating_add_signed(host.offset));
-                }
+                // The agent polls between rounds and while a round waits for its roots.
+                host.engine.adopt_keys(at.saturating_add_signed(host.offset));
             }
             Event::AtRoot(c) => {
                 let Decider::Yarl(y) = &mut decider else { continue };

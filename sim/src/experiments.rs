@@ -208,11 +208,12 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
     let fills: std::collections::HashMap<(usize, u64), f64> =
         ideal.ideal_fills.iter().map(|&(key, t, f)| ((key, t.to_bits()), f)).collect();
     // How far below `low_burst` the exact bucket stood at each of YARL's refusals of a cold
-    // key that it was certain to admit.
+    // key that it was certain to admit, within the counted time as for every other column
+    // (before it, every key is new to every host at once).
     let false_gaps: Vec<f64> = got
         .key_refusals
         .iter()
-        .filter(|&&(key, _)| k.pattern_rate(key) <= 0.9)
+        .filter(|&&(key, t)| k.pattern_rate(key) <= 0.9 && t >= k.from_s)
         .map(|&(key, t)| low - fills.get(&(key, t.to_bits())).copied().unwrap_or(0.0))
         .filter(|&gap| gap >= 0.0)
         .collect();

@@ -783,7 +783,8 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)], seeds: &[ex::ZipfRow]) -> String {
          theirs. A **false** rejection is one of YARL's that the exact bucket, fed the same \
          requests, was certain to admit (its fill at or below `low_burst`); the last column \
          says how far below `low_burst` it stood at the worst of them (seconds of the key's \
-         limit: `low_burst` is 1.5, so 1.5 is an empty bucket).\n",
+         limit: `low_burst` is 1.5, so 1.5 is an empty bucket), counted over the same span as \
+         the refusals.\n",
         first.hot, first.ideal_hot_mean, first.cold, first.ideal_cold_rejected
     );
     let _ = writeln!(
@@ -882,8 +883,9 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)], seeds: &[ex::ZipfRow]) -> String {
         "With answers of every change (`yarl_sync_answers all`), the roots have reported such \
          a key to every host before it meets it. The sync agent keeps what they reported of \
          keys its host does not hold (fill, demand and when; at most as many as its key table \
-         holds, the older reports going first), and at its next poll (10 ms) gives a key that \
-         a request has just made that fill, drained since, with the cluster's demand up to the \
+         holds, the older reports going first), and at its next poll (every 10 ms, between \
+         rounds and while a round waits for its roots) gives a key that a request has just \
+         made that fill, drained since, with the cluster's demand up to the \
          limit as what the rest of the cluster adds until the host's own round \
          (`SyncEngine::adopt_keys`). A key reported for less than an interval is new to the \
          roots as well (a client meeting every host at once) and keeps the guess. With answers \
@@ -930,7 +932,7 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)], seeds: &[ex::ZipfRow]) -> String {
     );
     let _ = writeln!(
         w,
-        "What is still refused is of two kinds. Clumps of the warmest keys' arrivals (near \
+        "What is still refused is mostly clumps of the warmest keys' arrivals (near \
          0.9 × their limit), in which the exact bucket refused too ({} with this seed, {} on \
          the others): the roots count the same stream, each unit up to an interval late (at \
          its host's next round), so their bucket meets the key's clumps at other moments than \
@@ -938,10 +940,13 @@ fn zipf_report(rows: &[(&str, ex::ZipfRow)], seeds: &[ex::ZipfRow]) -> String {
          Poisson arrivals stands above `low_burst` (15 units) about 3 % of the time, in YARL's \
          view as in the exact bucket, but not at the same moments, and a draw of the drop zone \
          in such a moment is a false rejection. A count that comes late cannot avoid them without \
-         refusing less than the exact bucket does. And the second request of a key on a host \
-         within 10 ms of its first, before the agent's poll gives it the roots' report: it is \
-         counted on the guess, for every live limiter (50 units where the exact bucket may be \
-         nearly empty: the gaps above a second).\n",
+         refusing less than the exact bucket does. Gaps above a second were mostly of another \
+         kind, a key met while its host's round waited for a root: the agent polled only \
+         between rounds, a round waits for its slowest root up to the timeout (500 ms here, \
+         with 1 % of calls lost), and until the next poll a key's second unit on the host \
+         counted on the guess, for every live limiter (50 units where the exact bucket was \
+         nearly empty; one of the 2 false rejections with this seed, 1.37 s of the limit \
+         below `low_burst`). The agent polls while a round waits too.\n",
         first.ideal_cold_rejected, all.ideal_refused,
     );
     m
