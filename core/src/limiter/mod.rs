@@ -151,9 +151,10 @@ pub struct QuotaInfo {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Estimator {
     /// The article's constant: the cluster adds `correction_ratio · limit` per second while
-    /// the counter is hot (or times the cluster's demand the roots metered, when that is
-    /// less: a quota under its limit), of which this limiter's own rate in the last interval
-    /// is counted exactly in `local`, so the others add the rest. Clamped to [0, 2].
+    /// the counter is hot (or times what the cluster's demand the roots metered says came
+    /// in, at least, when that is less: a quota under its limit), of which this limiter's
+    /// own rate in the last interval is counted exactly in `local`, so the others add the
+    /// rest. Clamped to [0, 2].
     Static {
         /// The article's `correction_ratio`.
         correction_ratio: f64,

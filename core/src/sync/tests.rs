@@ -1724,10 +1724,12 @@ fn a_quota_under_its_limit_is_not_refused_when_both_roots_come_back() {
                 assert!(most <= 100.0, "{case}: the others read as adding {most}/s");
                 if down == 0 {
                     // Back before a round failed: while their answers stay out of the view
-                    // nothing new is known, and what the others add (60/s) stays. Taken
-                    // from the restarted roots' empty meters, it was 0: every host
-                    // admitted the whole limit alone (`make chaos`: 2.4 x for a second).
-                    assert!(least > 50.0, "{case}: the others read as adding {least}/s");
+                    // nothing new is known, and what the others add stays: the 90/s
+                    // metered, at least (less three standard deviations of its 2 s count,
+                    // 69.9/s), less this host's 30. Taken from the restarted roots' empty
+                    // meters, it was 0: every host admitted the whole limit alone (`make
+                    // chaos`: 2.4 x for a second).
+                    assert!(least > 35.0, "{case}: the others read as adding {least}/s");
                 }
             }
         }
