@@ -411,6 +411,14 @@ impl Limiter {
                 let local = before.saturating_add(weight);
                 if chain.empty & 1 << k != 0 {
                     s.started_empty(before.saturating_add(s.get(INFLIGHT)), now, self.peers_cell());
+                } else if before == 0 && s.get(INFLIGHT) == 0 {
+                    // The first count since a round took the last: this limiter's counts
+                    // drain from now, not from the last sync. From the sync, a synced fill
+                    // that emptied before them lent them its idle drain, and a batch cut
+                    // after a stalled agent said that much more of them had drained: the
+                    // roots credited it and admitted past `low_burst` (core/tests/
+                    // idle_credit.rs, 0.83 s of the limit).
+                    s.started_empty(0, now, self.peers_cell());
                 }
                 self.mark_dirty(i);
                 // Attempts, not admissions: under steady overload what a host admits swings
