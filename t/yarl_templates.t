@@ -68,15 +68,33 @@ sub get {
 	return $ua->get('http://127.0.0.1:' . $n->port(8080) . ($path // '/index.html'), \%h)->{status};
 }
 
-my @keys = qw(k1 k2 k3 k4);
 # A key no root has reported yet counts for every live nginx (the roots say there are two):
 # on nginx 1 fills 0 and 2 pass, 4 does not, where nginx 1 alone would have let 3 pass and
 # both together 6. nginx 2 meets the key for the first time: its first request passes.
-for my $k (@keys) {
-	is(get($t, $k), 200, "$k: request $_ on nginx 1") for 1 .. 2;
-	is(get($t, $k), 429, "$k: the 3rd on nginx 1, a new key standing for both nginx");
-	is(get($u, $k), 200, "$k: the 3rd passed on nginx 2, its first sight there");
+# (A sync round of nginx 1 between a key's three requests would make the roots report the
+# key, which then no longer stands for both nginx: such a key is set aside and a fresh one
+# tried, up to five times.)
+my $rounds = sub { ($t->stats($t->port(8080)) // {})->{rounds} // -1 };
+my %key;
+for my $k (qw(k1 k2 k3 k4)) {
+	for my $try (0 .. 4) {
+		my $name = $try ? "$k-$try" : $k;
+		my $before = $rounds->();
+		my @got = map { get($t, $name) } 1 .. 3;
+		if ($rounds->() != $before) {
+			diag("$name: nginx 1 synced between its requests (@got), a fresh key is tried");
+			next;
+		}
+		is($got[$_ - 1], 200, "$k: request $_ on nginx 1") for 1 .. 2;
+		is($got[2], 429, "$k: the 3rd on nginx 1, a new key standing for both nginx");
+		is(get($u, $name), 200, "$k: the 3rd passed on nginx 2, its first sight there");
+		$key{$k} = $name;
+		last;
+	}
+	ok(defined $key{$k}, "$k: three requests between two rounds of nginx 1");
+	$key{$k} //= $k;
 }
+my @keys = map { $key{$_} // $_ } qw(k1 k2 k3 k4);
 # A few rounds: both nginx learn every key's cluster-wide fill (3 units).
 ok($t->wait_for(sub {
 	for my $n (@nginx) {
@@ -98,34 +116,34 @@ is(get($t, 'k5'), 200, 'a new key has a bucket of its own');
 my %pk;
 for my $n (@nginx) {
 	my $res = $ua->get('http://127.0.0.1:' . $n->port(8080) . '/h/index.html',
-		{ headers => { 'X-Api-Key' => 'k1' } });
+		{ headers => { 'X-Api-Key' => $key{k1} } });
 	is($res->{status}, 429, 'k1 through the fields location');
 	like($res->{headers}{'ratelimit-policy'}, qr/^"api_key_\*";q=3;w=3000;pk=:[A-Za-z0-9+\/]{11}=:$/,
 		'RateLimit-Policy: the template, with pk');
 	my ($p) = $res->{headers}{'ratelimit'} =~ /;pk=(:[^:]*:)/;
 	like($res->{headers}{'ratelimit'}, qr/^"api_key_\*";r=0;t=\d+;pk=:/, 'RateLimit: the template, with pk');
-	unlike($res->{headers}{'ratelimit'} . $res->{headers}{'ratelimit-policy'}, qr/k1/, 'the key itself is not sent back');
+	unlike($res->{headers}{'ratelimit'} . $res->{headers}{'ratelimit-policy'}, qr/\Q$key{k1}\E/, 'the key itself is not sent back');
 	$pk{$p // ''}++;
 }
 is(scalar(keys %pk), 1, 'both nginx name k1 by the same pk');
 
 # The roots count each key apart.
-my ($st, $v) = $t->admin('GET', '/v1/quotas/api_key_k1');
+my ($st, $v) = $t->admin('GET', "/v1/quotas/api_key_$key{k1}");
 is($st, 200, 'GET of a key');
 is($v->{template}, 'api_key_*', 'names its template');
 ok(($v->{counter}{fill} // 0) >= 2.9, "its counter at the root: $v->{counter}{fill}");
 
 # An override raises one key live; the others stay where they were.
-$t->put_quota('api_key_k4', 0.01, 20, 20);
+$t->put_quota("api_key_$key{k4}", 0.01, 20, 20);
 my $overridden = sub {
 	my $n = shift;
-	my $q = ($n->stats($n->port(8080), '/stats?quota=api_key_k4') // {})->{quota};
+	my $q = ($n->stats($n->port(8080), "/stats?quota=api_key_$key{k4}") // {})->{quota};
 	$q && !defined $q->{template};
 };
 ok($t->wait_for(sub { $overridden->($t) && $overridden->($u) }, 5), 'the override reached both nginx');
-my $passed = grep { get($t, 'k4') == 200 } 1 .. 8;
+my $passed = grep { get($t, $key{k4}) == 200 } 1 .. 8;
 is($passed, 8, 'k4 passes again under its override');
-is(get($t, 'k1'), 429, 'k1 is still limited');
+is(get($t, $key{k1}), 429, 'k1 is still limited');
 
 # A key the cluster already knows, met by an nginx for the first time: its sync agent gives
 # it the roots' last report of it at its next poll (10 ms), instead of the guess above until
@@ -169,7 +187,7 @@ ok($z->{key_evictions} > 10000, 'the spray went through a full table, taking the
 ok(($sp{200} // 0) > 19000, 'sprayed keys got buckets of their own: ' . ($sp{200} // 0) . ' passed');
 # (The spray may take a minute on a loaded machine: the keys' fills are read, not requested,
 # as a request in the band passes by chance.)
-for my $k (qw(k1 k2 k3)) {
+for my $k (@keys[0 .. 2]) {
 	my $q = ($t->stats($t->port(8080), "/stats?quota=api_key_$k") // {})->{quota} // {};
 	ok(($q->{fill} // 0) >= 2.9, "$k keeps its bucket through the spray: fill " . ($q->{fill} // 'none'));
 }
