@@ -73,6 +73,14 @@ pub(crate) fn chance(came: f64) -> f64 {
     CHANCE_Z * (1000.0 * came.max(0.0)).sqrt()
 }
 
+/// The cluster's attempted `demand` (milli-units/s, metered over `window_ns`), at least:
+/// less [`chance`] of what the meter counted, per second.
+#[inline]
+pub(crate) fn demand_at_least(demand: f64, window_ns: u64) -> f64 {
+    let secs = window_ns as f64 * 1e-9;
+    demand - chance(demand * secs) / secs
+}
+
 /// The share of attempts to turn away when the cluster's attempted `demand` (milli-units/s,
 /// metered over `window_ns`) is above `limit`: the part of it above the limit, once the
 /// demand is above the limit by more than chance ([`chance`]). A key under its limit on
@@ -85,8 +93,7 @@ pub(crate) fn demand_excess_share(demand: f64, limit: f64, window_ns: u64) -> f6
     if demand <= limit {
         return 0.0;
     }
-    let secs = window_ns as f64 * 1e-9;
-    if demand - chance(demand * secs) / secs > limit {
+    if demand_at_least(demand, window_ns) > limit {
         1.0 - limit / demand
     } else {
         0.0

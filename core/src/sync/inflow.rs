@@ -7,7 +7,7 @@
 //!
 //! Units: fills in milli-units, times in clock nanoseconds, rates in milli-units per second.
 
-use crate::decision::chance;
+use crate::decision::{chance, demand_at_least};
 use crate::limiter::Estimator;
 use crate::root::demand::DEMAND_WINDOW_NS;
 
@@ -63,8 +63,7 @@ pub(crate) fn estimate(estimator: Estimator, s: &Sample) -> f64 {
 /// round, and nothing when that rate alone reaches the ratio.
 fn static_share(correction_ratio: f64, s: &Sample) -> f64 {
     let cluster = if s.demand > 0.0 {
-        let secs = DEMAND_WINDOW_NS as f64 * 1e-9;
-        s.limit.min(s.demand - chance(s.demand * secs) / secs)
+        s.limit.min(demand_at_least(s.demand, DEMAND_WINDOW_NS))
     } else {
         s.limit
     };
