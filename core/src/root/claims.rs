@@ -75,7 +75,9 @@
 //! * **Demand**: each delta entry adds at most `1024 × (high_burst + limit × 1 s)` attempted
 //!   units to the demand meter: the suppressed share `1 - limit / demand` is already 99.9 %
 //!   there, so honest floods show as before and a forged `u64::MAX` stays finite. The meter
-//!   spans 2 s and only acts while the fill is above `low_burst`.
+//!   spans 2 s and only acts while the fill is above `low_burst`. A delta counted before
+//!   its quota's reset is dropped, its attempts still shown (the reset forgave counts, not
+//!   clients).
 //! * **Sequence numbers**: a session that had a batch applied refuses a `seq` more than
 //!   `seq_ahead_slack` (64) plus one per 25 ms since its last sync ahead of the acknowledged
 //!   one (a limiter makes at most one batch per interval, intervals are 50 ms or more, and
@@ -230,6 +232,8 @@ impl RootState {
         }
         if epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
             self.stats.dropped_before_reset += 1;
+            let limits = quota.filter(|q| !q.2).map(|q| q.0);
+            self.add_demand_only(id, limits, amount.saturating_add(rejected), late, now);
             return;
         }
         let limits = quota.filter(|q| !q.2).map(|q| q.0);
@@ -355,6 +359,39 @@ impl RootState {
         amount - taken
     }
 
+    /// A delta entry of a batch counted before its quota's reset: its counts go (the reset
+    /// forgave them), its attempts stay: they are clients the limiter still has, and a
+    /// limiter cut off while the quota was reset goes on with them once healed. Left out,
+    /// every limiter suppressed too little for the window's 2 s after the heal, and the
+    /// quota paid it back after (`make chaos`: 0.97-0.98 x of the limit in the 14 s after
+    /// an edit and reset during a cut, 0.99-1.00 x without the reset). The demand window
+    /// takes them as a delta's (at the rate they came over the gap, if the batch is late).
+    fn add_demand_only(
+        &mut self,
+        id: QuotaId,
+        limits: Option<Limits>,
+        attempted: u64,
+        late: Option<u64>,
+        now: u64,
+    ) {
+        // The drop is counted: a delta of another shard or of a deleted quota adds nothing.
+        let Some(l) = limits.filter(|_| self.in_shard(id)) else { return };
+        let attempted = attempted.min(demand_cap(&l));
+        let Some(c) = self.counter_now(id, l.limit(), now) else { return };
+        match late {
+            Some(gap) => {
+                let part = late_demand(attempted, gap);
+                if part == 0 {
+                    return;
+                }
+                c.demand.add_spread(part, now);
+            }
+            None if attempted == 0 => return,
+            None => c.demand.add(attempted, now),
+        }
+        self.log_change(id, l.limit());
+    }
+
     /// Applies a late batch's delta entry (see "Late batches"): its admitted `amount`
     /// credited with the counter's spare drain, at most `gap` ns of its limit, and the rest
     /// added up to `low_burst`; nothing parked. The admitted-rate meter is left alone (the
@@ -388,20 +425,17 @@ impl RootState {
             // counter never emptied, and takes it back (`lent`).
             c.spare = l.limit().over(most_spare);
         }
-        let mut shown = false;
-        if gap > 0 {
-            // A limiter that was cut off goes on with its clients once healed. Left out of
-            // the window, its demand shows over the window's 2 s as its on-time batches come
-            // in, and every limiter suppresses too little until then: in `make chaos` the
-            // cluster admitted 1.34 x for a second after a healed cut, shut the quota at its
-            // ceiling and paid it back at 0.64 x. Its attempts over the gap say what it
-            // brings: at that rate, for as long as the window spans.
-            let span = DEMAND_BUCKETS * DEMAND_BUCKET_NS;
-            let attempted = amount.saturating_add(rejected).min(cap) as u128;
-            let part = (attempted * span.min(gap) as u128 / gap as u128) as u64;
+        // A limiter that was cut off goes on with its clients once healed. Left out of the
+        // window, its demand shows over the window's 2 s as its on-time batches come in,
+        // and every limiter suppresses too little until then: in `make chaos` the cluster
+        // admitted 1.34 x for a second after a healed cut, shut the quota at its ceiling
+        // and paid it back at 0.64 x. Its attempts over the gap say what it brings: at that
+        // rate, for as long as the window spans.
+        let part = late_demand(amount.saturating_add(rejected).min(cap), gap);
+        if part > 0 {
             c.demand.add_spread(part, now);
-            shown |= part > 0;
         }
+        let shown = part > 0;
         let credit = amount.min(c.spare).min(l.limit().over(gap));
         c.spare -= credit;
         let rest = amount - credit;
@@ -544,6 +578,16 @@ impl Floor {
         (self.fill != u64::MAX)
             .then(|| LeakyBucket { fill: self.fill, at: self.at, carry: 0 }.fill_at(now, l.limit()))
     }
+}
+
+/// What a late entry's `attempted` units, counted over `gap` ns, add to the demand window:
+/// their rate over the gap, for as long as the window spans (nothing for a gap of 0).
+fn late_demand(attempted: u64, gap: u64) -> u64 {
+    if gap == 0 {
+        return 0;
+    }
+    let span = DEMAND_BUCKETS * DEMAND_BUCKET_NS;
+    (u128::from(attempted) * u128::from(span.min(gap)) / u128::from(gap)) as u64
 }
 
 /// The most one delta entry may add to the demand meter.

@@ -495,6 +495,44 @@ fn late_batches_show_their_demand_at_the_rate_they_came() {
     }
 }
 
+/// A limiter cut off while its quota was reset: its late batches, counted before the reset,
+/// are dropped, but its attempts show in the demand window at the rate they came, as any
+/// late batch's: it goes on with those clients once healed.
+#[test]
+fn late_batches_from_before_a_reset_still_show_their_demand() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    r.sync(&req("a", vec![(1, vec![(1, 60_000)])]), S).unwrap();
+    r.apply_quotas([QuotaUpdate { epoch: 5, reset_epoch: 5, ..recommended(1, 100.0) }], 5 * S);
+    let mut resend = req("a", (2..=11).map(|s| (s, vec![(1, 60_000)])).collect());
+    for b in &mut resend.batches {
+        b.deltas[0].2 = 90_000;
+        b.epoch = Some(1);
+    }
+    r.sync(&resend, 11 * S).unwrap();
+    assert_eq!(r.stats().dropped_before_reset, 10, "counted before the reset");
+    assert_eq!(fill(&r, 1, 11 * S), 0.0, "their counts go");
+    let answer = r.sync(&req("reader", vec![]), 11 * S).unwrap();
+    let demand = answer.counters.iter().find(|c| c.0 == 1).map_or(0, |c| c.2);
+    assert_eq!(demand, 150_000, "150 attempted a second over the gap");
+
+    // An on-time batch of the round the reset came in: its attempts count as they came.
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([recommended(1, 100.0)], 0);
+    r.sync(&req("a", vec![(1, vec![(1, 60_000)])]), S).unwrap();
+    r.apply_quotas([QuotaUpdate { epoch: 5, reset_epoch: 5, ..recommended(1, 100.0) }], S);
+    let mut on_time = req("a", vec![(2, vec![(1, 10_000)])]);
+    on_time.batches[0].deltas[0].2 = 5_000;
+    on_time.batches[0].epoch = Some(1);
+    r.sync(&on_time, S + S / 2).unwrap();
+    assert_eq!(r.stats().dropped_before_reset, 1);
+    let at = S + S / 2 + DEMAND_BUCKET_NS;
+    let answer = r.sync(&req("reader", vec![]), at).unwrap();
+    let demand = answer.counters.iter().find(|c| c.0 == 1).map_or(0, |c| c.2);
+    assert_eq!(demand, 7_500, "15 units over the window's 2 s");
+    assert_eq!(fill(&r, 1, at), 0.0);
+}
+
 /// 0.9 times the limit over two limiters, one of them cut from this root for 10 s: the
 /// counter sat at zero meanwhile, and the cut one's late batches are credited with that
 /// drain. Before, they came in whole, the counter jumped above low_burst and honest
