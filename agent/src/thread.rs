@@ -300,8 +300,9 @@ pub async fn drive(
 }
 
 /// How often the agent looks for a surge between rounds
-/// ([`SyncEngine::wants_early_round`]: an atomic load each time) and for keys new to this
-/// host ([`SyncEngine::adopt_keys`]: an atomic load when no key was inserted).
+/// ([`SyncEngine::wants_early_round`]: an atomic load each time) and, between rounds and
+/// while one waits for its roots, for keys new to this host ([`SyncEngine::adopt_keys`]:
+/// an atomic load when no key was inserted).
 pub const EARLY_POLL: Duration = Duration::from_millis(10);
 
 #[cfg(test)]

@@ -194,7 +194,8 @@ pub struct SyncEngine {
     root_epochs: Vec<Epoch>,
     /// Keys the roots reported (answers of every change) while this limiter did not hold
     /// them by id: their fill, demand and when. A key a request path meets here for the
-    /// first time takes them between rounds ([`Self::adopt_keys`]), so a client already
+    /// first time takes them at the agent's next poll, between rounds or while one waits
+    /// for its roots ([`Self::adopt_keys`]), so a client already
     /// known to the cluster is decided on the cluster's count and rate, not on the guess a
     /// key new to every host needs (see `Slot::estimate`).
     reported_keys: HashMap<QuotaId, Reported>,
@@ -917,8 +918,10 @@ impl SyncEngine {
         }
     }
 
-    /// Between rounds (the agent's poll): gives each key that a request path inserted since
-    /// the last round, and that no root has reported to this limiter yet, the fill a root
+    /// At the agent's poll, between rounds and while a round waits for its roots: gives each
+    /// key that a request path inserted since the last cut (counted again since, if the
+    /// round in flight carries it: the report excludes that batch, and the merge takes its
+    /// counts out once), and that no root has reported to this limiter yet, the fill a root
     /// reported for it in an earlier answer, if any ([`CounterAccess::adopt`]), and the
     /// cluster's demand, up to the limit, as what the rest of the cluster adds: a hot key
     /// met on one more host must not look idle there until the next round. Cheap when no

@@ -1073,7 +1073,7 @@ fn counted_over_two_rounds(clock: &ManualClock, root: &mut RootState, nodes: &mu
 }
 
 /// A key the roots have reported for an interval or more is known to the cluster: a host
-/// meeting it for the first time takes the last report of it between rounds and decides
+/// meeting it for the first time takes the last report of it at the agent's next poll and decides
 /// on the cluster's count, not on the guess a key new to every host needs. A key the
 /// roots reported only just now keeps the guess until the host's own round.
 #[test]
