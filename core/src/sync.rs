@@ -924,8 +924,11 @@ impl SyncEngine {
     /// counts out once), and that no root has reported to this limiter yet, the fill a root
     /// reported for it in an earlier answer, if any ([`CounterAccess::adopt`]), and the
     /// cluster's demand, up to the limit, as what the rest of the cluster adds: a hot key
-    /// met on one more host must not look idle there until the next round. Cheap when no
-    /// key was inserted since the last call. Returns the keys adopted.
+    /// met on one more host must not look idle there until the next round. The demand as
+    /// read, not at least as a round's static share takes it: the report is up to an
+    /// interval old and what came since is not in it; taken at least, the simulator's Zipf
+    /// keys had more false rejections (71 against 62 over 40 seeds). Cheap when no key was
+    /// inserted since the last call. Returns the keys adopted.
     pub fn adopt_keys(&mut self, now: u64) -> usize {
         if self.reported_keys.is_empty() {
             return 0;

@@ -230,13 +230,12 @@ impl RootState {
             self.hold(id, amount, rejected, epoch, now);
             return;
         }
+        let limits = quota.filter(|q| !q.2).map(|q| q.0);
         if epoch.is_some_and(|e| e < quota.map_or(0, |q| q.1)) {
             self.stats.dropped_before_reset += 1;
-            let limits = quota.filter(|q| !q.2).map(|q| q.0);
             self.add_demand_only(id, limits, amount.saturating_add(rejected), late, now);
             return;
         }
-        let limits = quota.filter(|q| !q.2).map(|q| q.0);
         let excess = match (late, limits) {
             (Some(gap), _) => self.add_late(id, limits, (amount, rejected), gap, now),
             (None, Some(l)) if drained > 0 => {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::clock::{Clock, ManualClock};
+use crate::decision::demand_at_least;
 use crate::decision::{Outcome, SeededRandom};
 use crate::limiter::Estimator;
 use crate::quota::{Limits, QuotaUpdate};
@@ -944,7 +945,17 @@ fn keys_are_counted_cluster_wide() {
 /// A root with the template `api_key_*` (bursts `low`/`high`, next to no drain) and three
 /// limiters that each know the others are live.
 fn three_nodes_on_a_template(clock: &ManualClock, low: f64, high: f64) -> (RootState, Vec<Node>) {
-    let mut root = root_with(&[quota(1, "api_key_*", 0.001, low, high)]);
+    three_nodes_on_a_template_of(clock, 0.001, low, high)
+}
+
+/// [`three_nodes_on_a_template`] with a template limited to `limit` units/s.
+fn three_nodes_on_a_template_of(
+    clock: &ManualClock,
+    limit: f64,
+    low: f64,
+    high: f64,
+) -> (RootState, Vec<Node>) {
+    let mut root = root_with(&[quota(1, "api_key_*", limit, low, high)]);
     root.set_key_secret((11, 12));
     let mut nodes: Vec<Node> = (0..3).map(|_| node(clock, 1)).collect();
     for _ in 0..2 {
@@ -1100,6 +1111,35 @@ fn a_host_meeting_a_key_the_cluster_knows_takes_its_reported_count() {
     // The next round reports both, as for any key.
     round(b, &mut [Some(&mut root)], clock.now_nanos());
     assert_eq!(fill(b, "api_key_y"), 6.0);
+}
+
+/// A host meeting a key the cluster knows takes the cluster's demand as the roots read it,
+/// up to the limit, for what the others add, not its lower bound as a round's static share
+/// does: the report it adopts is up to an interval old, and what the rest of the cluster
+/// added since is not in it. Taken at least (5.4/s where 13/s is read here), the host
+/// under-counted that and admitted more: the Zipf keys of docs/accuracy.md over 40 seeds
+/// had 71 false rejections of 155 refusals, against 62 of 135 as read.
+#[test]
+fn an_adopted_key_takes_the_clusters_demand_as_read_up_to_the_limit() {
+    let clock = ManualClock::at(S);
+    let (mut root, mut nodes) = three_nodes_on_a_template_of(&clock, 10.0, 10.0, 100.0);
+    for _ in 0..3 {
+        nodes[0].limiter.account("api_key_x", 13).unwrap();
+        round(&mut nodes[0], &mut [Some(&mut root)], clock.now_nanos());
+        round(&mut nodes[1], &mut [Some(&mut root)], clock.now_nanos());
+        clock.advance(Duration::from_secs(1));
+    }
+    let b = &mut nodes[1];
+    b.limiter.account("api_key_x", 1).unwrap();
+    assert_eq!(b.engine.adopt_keys(clock.now_nanos()), 1);
+    let id = b.limiter.quota("api_key_x").unwrap().id;
+    let s = b.limiter.scan_slots(|x| x.get(crate::zone::slot::ID) == id)[0];
+    let (inflow, demand) =
+        b.limiter.with_counters(|c| (c.inflow(s) / 1000.0, c.demand(s) / 1000.0));
+    assert!(demand > 10.0, "the meter reads the key above its limit: {demand}/s");
+    let at_least = demand_at_least(demand * 1000.0, DEMAND_WINDOW_NS) / 1000.0;
+    assert!(at_least < 10.0, "but not by more than chance: {at_least}/s");
+    assert!((inflow - 10.0).abs() < 0.01, "inflow {inflow}/s: the limit, not {at_least}/s");
 }
 
 /// The agent adopts keys while a round waits for a slow root as well: a round can wait a
