@@ -30,10 +30,13 @@ struct Cluster {
     interest: bool,
     limiters: u64,
     changed: usize,
+    /// Each batch says all its counts had drained (a limiter's cold quotas, whose counts
+    /// a root credits with its counters' wasted drain).
+    drained: bool,
 }
 
 impl Cluster {
-    fn new(interest: bool, limiters: u64, changed: usize) -> Self {
+    fn new(interest: bool, limiters: u64, changed: usize, drained: bool) -> Self {
         let mut root = RootState::new(RootConfig::default());
         let limits = Limits::from_units(100.0, 150.0, 300.0).expect("valid limits");
         root.apply_quotas(
@@ -57,6 +60,7 @@ impl Cluster {
             interest,
             limiters,
             changed,
+            drained,
         }
     }
 
@@ -73,11 +77,12 @@ impl Cluster {
             root_instance: instance,
             since,
             epoch: QUOTAS,
-            batches: vec![DeltaBatch {
-                seq,
-                deltas: ids.into_iter().map(|id| (id, 1000 * self.rng.u64(1..=3), 0)).collect(),
-                epoch: Some(QUOTAS),
-                drained: Vec::new(),
+            batches: vec![{
+                let deltas: Vec<_> =
+                    ids.into_iter().map(|id| (id, 1000 * self.rng.u64(1..=3), 0)).collect();
+                let drained =
+                    if self.drained { deltas.iter().map(|d| d.1).collect() } else { Vec::new() };
+                DeltaBatch { seq, deltas, epoch: Some(QUOTAS), drained }
             }],
             hints: vec![],
             seen_epoch: Some(QUOTAS),
@@ -112,20 +117,24 @@ impl Cluster {
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("root");
     g.sample_size(20);
-    for (interest, limiters, changed) in
-        [(true, 300, 1_000), (false, 300, 1_000), (false, 1, 50_000)]
-    {
+    for (interest, limiters, changed, drained) in [
+        (true, 300, 1_000, false),
+        (false, 300, 1_000, false),
+        (false, 300, 1_000, true),
+        (false, 1, 50_000, false),
+    ] {
         let name = &format!(
-            "sync/{limiters} {} x {changed} of 1M, {}",
+            "sync/{limiters} {} x {changed} of 1M, {}{}",
             if limiters == 1 { "limiter" } else { "limiters" },
-            if interest { "by interest" } else { "every change" }
+            if interest { "by interest" } else { "every change" },
+            if drained { ", all drained" } else { "" }
         );
         // Built on first use, so that a filter (`cargo bench --bench root -- interest`)
         // skips the other variant's set-up.
         let mut cluster: Option<Cluster> = None;
         g.bench_function(name, |b| {
             let cl = cluster.get_or_insert_with(|| {
-                let mut cl = Cluster::new(interest, limiters, changed);
+                let mut cl = Cluster::new(interest, limiters, changed, drained);
                 let mut answered = 0;
                 for _ in 0..12 * limiters {
                     let req = cl.request();
@@ -170,7 +179,7 @@ fn copy(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>)
     g.bench_function("copy/in, 1M counters and 300 sessions", |b| {
         let (_, copy) = state.get_or_insert_with(copy_setup);
         b.iter_batched(
-            || Cluster::new(false, 1, 0).root,
+            || Cluster::new(false, 1, 0, false).root,
             |mut r| black_box(r.copy_in(copy, 0, 2 * SECOND).expect("same shard").counters),
             criterion::BatchSize::LargeInput,
         );
@@ -180,7 +189,7 @@ fn copy(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>)
 /// A root with 1,000,000 counters (one limiter's sync of every quota) and 300 sessions,
 /// and its copy.
 fn copy_setup() -> (RootState, yarl_core::root::RootCopy) {
-    let mut cl = Cluster::new(false, 300, 0);
+    let mut cl = Cluster::new(false, 300, 0, false);
     for i in 0..300u64 {
         let mut req = cl.request();
         req.batches[0].deltas = if i == 0 {

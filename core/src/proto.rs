@@ -134,12 +134,14 @@ pub struct DeltaBatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<Epoch>,
     /// Empty, or one amount per entry of `deltas`: of its admitted milli-units, what this
-    /// limiter's own exact bucket had already drained when the batch was cut. Sent only for
-    /// a batch cut long after the previous one (the limiter's sync agent stalled, or another
-    /// worker took the agent's role over): its counts were made over that whole time, and a
-    /// root credits what drained with the drain its counter wasted meanwhile, as it does for
-    /// late batches. Only the limiter knows when within the span its counts came; counts made
-    /// at the end of a quiet span have drained nothing.
+    /// limiter's own exact bucket had already drained when the batch was cut (empty when
+    /// none had). A root adds a batch when it arrives, up to an interval after its counts
+    /// were made (longer when the limiter's sync agent stalled, or another worker took the
+    /// agent's role over); it credits what drained with the drain its counter wasted
+    /// meanwhile, as it does for late batches, and a counter that stood empty does not
+    /// take the whole interval's counts of a client under its limit at once. Only the
+    /// limiter knows when within the span its counts came; counts made at the end of a
+    /// quiet span have drained nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drained: Vec<u64>,
 }

@@ -49,12 +49,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Intervals between two cuts of the counts beyond which a batch says what of its counts
-/// had drained ([`DeltaBatch::drained`](crate::proto::DeltaBatch::drained)): rounds come
-/// every interval, sooner when early, so only an agent that stopped running them (a
-/// stalled worker, a role taken over) cuts after a longer span.
-const LONG_CUT: u64 = 2;
-
 /// Longest an answer stays out of the view after a root of its shard restarted, in
 /// intervals (see [`SyncEngine::holds_view`]).
 const VIEW_HOLD_INTERVALS: u64 = 4;
@@ -166,9 +160,6 @@ pub struct SyncEngine {
     active: SlotSet,
     /// The first round scanned the block (active slots, a batch left in flight).
     started: bool,
-    /// When this host's counts were last cut into a batch: by this engine, or, before its
-    /// first cut, at the last round of the engine before it (0: unknown).
-    last_cut: u64,
     /// Per slot, in slot order: what of its `local` counts had drained when this engine
     /// began by resending a batch left in flight (see [`Self::recover`]); spent by the next
     /// cut.
@@ -346,7 +337,6 @@ impl SyncEngine {
             roots,
             active: SlotSet::default(),
             started: false,
-            last_cut: 0,
             drained_before: Vec::new(),
             round: RoundState::default(),
             shards,
@@ -472,7 +462,7 @@ impl SyncEngine {
         self.drained_before = l.with_counters(|c| {
             pending
                 .into_iter()
-                .filter_map(|s| Some((s, c.id_of(s)?, c.own_drained(s, c.local(s), 0, now))))
+                .filter_map(|s| Some((s, c.id_of(s)?, c.own_drained(s, c.local(s), 0, now, false))))
                 .filter(|&(.., d)| d > 0)
                 .collect()
         });
@@ -485,9 +475,6 @@ impl SyncEngine {
             None
         } else {
             self.started = true;
-            // The engine before this one (another worker's, stalled or gone) last cut the
-            // counts when its last round began.
-            self.last_cut = self.limiter.round_began();
             self.recover(now)
         };
         let early = std::mem::take(&mut self.early_next);
@@ -495,7 +482,6 @@ impl SyncEngine {
             Some((seq, entries)) => (seq, entries, Vec::new(), Vec::new()),
             None => {
                 let (entries, drained, watched) = self.take_counts(now, early);
-                self.last_cut = now;
                 self.drained_before = Vec::new();
                 let seq = if entries.is_empty() { 0 } else { self.limiter.next_seq() };
                 (seq, entries, drained, watched)
@@ -524,9 +510,9 @@ impl SyncEngine {
     }
 
     /// Takes what was counted since the last round out of the dirty slots: the batch, in
-    /// slot order, what of each entry this limiter's own bucket drained (empty unless the
-    /// counts were made over more than [`LONG_CUT`] intervals), and the quotas that were
-    /// only checked (named to the roots when answers go by interest).
+    /// slot order, what of each entry this limiter's own bucket drained (empty when none
+    /// did), and the quotas that were only checked (named to the roots when answers go by
+    /// interest).
     fn take_counts(&self, now: u64, early: bool) -> (Vec<Entry>, Vec<u64>, Vec<QuotaId>) {
         let interest = self.config.interest;
         let dirty = self.limiter.take_dirty();
@@ -535,13 +521,15 @@ impl SyncEngine {
             b => now.saturating_sub(b).max(1),
         } as f64
             * 1e-9;
-        // Counts made over a long span (the agent's worker stalled, or another took the
-        // role over) reach a root as one batch, which it would count whole at once: every
-        // host then read the quota jump by the whole span's counts (`make chaos`, the agent
-        // stopped: a quota at 0.9 x its limit refused). Said with what had drained, the root
-        // credits that part as it does late batches.
-        let long =
-            self.last_cut != 0 && now.saturating_sub(self.last_cut) > LONG_CUT * self.interval_ns();
+        // A root adds a batch's counts when it arrives, up to an interval after they were
+        // made: to a counter that stood empty meanwhile, counts its exact bucket drained as
+        // they came (a key under its limit) arrive whole, and every host read the key up to
+        // an interval of its limit fuller than it was (false rejections of keys under their
+        // limit in docs/accuracy.md's Zipf keys). Counts made over a long span (the agent's
+        // worker stalled, or another took the role over) arrive whole the same way, a
+        // span's worth (`make chaos`, the agent stopped: a quota at 0.9 x its limit
+        // refused). Said with what had drained, the root credits that part with the drain
+        // its counter wasted meanwhile.
         let mut drained = Vec::new();
         let (mut entries, mut watched, mut keys) = (Vec::new(), Vec::new(), Vec::new());
         let first_key = self.limiter.key_slots().start;
@@ -563,22 +551,21 @@ impl SyncEngine {
                     match (v > 0 || r > 0, id) {
                         (true, Some(id)) => {
                             entries.push((s, id, v, r));
-                            if long {
-                                // Of the same counter still (a key's slot may go to
-                                // another key).
-                                let before = self
-                                    .drained_before
-                                    .binary_search_by_key(&s, |d| d.0)
-                                    .ok()
-                                    .map(|k| self.drained_before[k])
-                                    .filter(|d| d.1 == id)
-                                    .map_or(0, |d| d.2);
-                                // Not the sum: after the recovered round's answer the
-                                // view drains the stall's counts again from then, so
-                                // what drained since may be the same drain.
-                                let d = c.own_drained(s, v, c.local(s), now);
-                                drained.push(d.max(before).min(v));
-                            }
+                            // Of the same counter still (a key's slot may go to another
+                            // key).
+                            let before = self
+                                .drained_before
+                                .binary_search_by_key(&s, |d| d.0)
+                                .ok()
+                                .map(|k| self.drained_before[k])
+                                .filter(|d| d.1 == id)
+                                .map_or(0, |d| d.2);
+                            // Not the sum: after the recovered round's answer the view
+                            // drains the stall's counts again from then, so what drained
+                            // since may be the same drain.
+                            let d =
+                                if v > 0 { c.own_drained(s, v, c.local(s), now, true) } else { 0 };
+                            drained.push(d.max(before).min(v));
                         }
                         // Only checked (answers by interest): named, not counted.
                         (false, Some(id)) if interest => watched.push(id),
@@ -588,6 +575,10 @@ impl SyncEngine {
             }
         });
         self.limiter.learn_keys(&keys);
+        if drained.iter().all(|&d| d == 0) {
+            // Said only when something drained: a busy quota's counts never do.
+            drained = Vec::new();
+        }
         (entries, drained, watched)
     }
 

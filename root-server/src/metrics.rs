@@ -220,7 +220,7 @@ impl Metrics {
         );
         counter(
             "yarl_root_late_credited_total",
-            "Units of late batches (counted while a limiter could not reach this root, or before a restart of this root) credited with drain their counter spent at zero meanwhile.",
+            "Units credited with drain their counter spent at zero: of late batches (counted while a limiter could not reach this root, or before a restart of this root), and of any batch whose limiter says they had drained before they arrived.",
             s.stats.late_credited / 1000,
         );
         counter(

@@ -263,20 +263,32 @@ impl CounterAccess<'_> {
     /// view and its own counts, each drained from when it came, at the full rate) has
     /// drained by `now`, when `newer` units of its counts came after them. What the bucket
     /// still holds is taken as the newest counts (`newer`, then `v`), so older ones drain
-    /// first: counts made at the end of a quiet span have drained nothing. (The request
-    /// path's estimate extrapolates the others' inflow for a horizon after a sync, this one
-    /// does not: near the start of a span it may say up to that inflow's worth more.)
+    /// first: counts made at the end of a quiet span have drained nothing. `with_inflow`,
+    /// the view extrapolates the others' inflow for a horizon after a sync as the request
+    /// path's estimate does: a busy quota's own counts then drain only what the others
+    /// leave of the limit. A view drained at the full rate emptied within the round and
+    /// said they all had, which every batch says since: after both roots restarted, their
+    /// new counters took a quota at 0.9 x for idle and the hosts read the others as adding
+    /// too little (`a_quota_under_its_limit_is_not_refused_when_both_roots_come_back`).
+    /// Without, near the start of a span it may say up to that inflow's worth more (a
+    /// stalled agent's counts, which span the horizon).
     ///
     /// Nothing for a counter no root has reported yet (a key first seen since the last
     /// round) while other limiters live: the request path then holds its counts as every
     /// live limiter's ([`Peers::guess`](crate::zone::slot::Peers::guess)), so its time of
     /// meeting an empty bucket is not this bucket's.
-    pub fn own_drained(&self, s: u32, v: u64, newer: u64, now: u64) -> u64 {
+    pub fn own_drained(&self, s: u32, v: u64, newer: u64, now: u64, with_inflow: bool) -> u64 {
         self.slot(s).map_or(0, |x| {
             if x.read_base().1 == 0 && !self.limiter.peers_cell().alone() {
                 return 0;
             }
-            let held = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE);
+            let (fresh, horizon) = if with_inflow {
+                let fresh = self.limiter.hdr(hdr::FRESH).load(Relaxed) != 0;
+                (fresh, self.limiter.horizon_at(now))
+            } else {
+                (false, 0)
+            };
+            let held = x.estimate(now, fresh, horizon, crate::zone::slot::Peers::ALONE);
             let kept = (held - newer as f64).clamp(0.0, v as f64).ceil() as u64;
             // `v as f64` may round above `v` past 2^53.
             v.saturating_sub(kept)

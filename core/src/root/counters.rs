@@ -140,14 +140,26 @@ pub(super) struct RootCounter {
     /// counts that arrive late would have used had they come on time. See "Late batches" in
     /// `root/claims.rs`.
     pub(super) spare: u64,
+    /// The same drain, spent by on-time batches: cut at each credit to the limit over the
+    /// crediting batch's span, so that batches of one span share the drain of that span
+    /// (never more than `spare`). See "On-time batches" in `root/claims.rs`.
+    pub(super) fresh: u64,
 }
 
 impl RootCounter {
     /// Every word of it, folded: see [`Counters::touch`].
     pub(super) fn touch(&self) -> u64 {
         let b = &self.bucket;
-        let words =
-            [b.fill, b.at, b.carry, self.limit.word(), self.version, self.rate_at, self.spare];
+        let words = [
+            b.fill,
+            b.at,
+            b.carry,
+            self.limit.word(),
+            self.version,
+            self.rate_at,
+            self.spare,
+            self.fresh,
+        ];
         let d = &self.demand;
         d.buckets.iter().chain(&words).fold(d.head ^ self.log_at as u64, |t, &w| t ^ w)
             ^ self.rate.to_bits()
@@ -202,7 +214,9 @@ impl RootState {
         c.limit = limit;
         let wasted = c.bucket.advance(now, limit);
         if wasted > 0 {
-            c.spare = c.spare.saturating_add(wasted).min(limit.over(self.config.late_credit_ns));
+            let most = limit.over(self.config.late_credit_ns);
+            c.spare = c.spare.saturating_add(wasted).min(most);
+            c.fresh = c.fresh.saturating_add(wasted).min(most);
         }
         Some(c)
     }

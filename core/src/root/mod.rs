@@ -360,7 +360,8 @@ impl RootState {
             limiters: HashMap::new(),
             recency: BTreeMap::new(),
             by_addr: HashMap::new(),
-            next_serial: 0,
+            // 0 is a session never kept: one this root meets for the first time.
+            next_serial: 1,
             live_limiters: (0, 0),
             parked: 0,
             held: IdMap::default(),

@@ -23,7 +23,8 @@ pub(super) struct Session {
     pub(super) acked: u64,
     /// When it last synced (ns): its recency, and how far its `seq` may have run since.
     pub(super) last_seen: u64,
-    /// Orders sessions seen at the same time in the recency index.
+    /// Orders sessions seen at the same time in the recency index; 0 until the session is
+    /// first kept (a limiter this root meets for the first time).
     pub(super) serial: u64,
     /// The peer address it syncs from, whose budget of sessions it counts against.
     pub(super) addr: Option<IpAddr>,

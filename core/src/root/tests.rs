@@ -718,6 +718,34 @@ fn a_long_batch_is_credited_with_what_the_limiter_says_drained() {
     assert_eq!(r.sync(&q, 61 * S), Err(SyncError::BadDrained { index: 0, len: 1, deltas: 2 }));
 }
 
+/// On-time batches are credited with what their limiters say drained, out of the drain
+/// their counter wasted over their span, which they share: three limiters that each
+/// drained their own 5 units of a client's burst on a counter idle for a minute get one
+/// second's drain (10 units) between them, not three minutes' worth.
+#[test]
+fn on_time_batches_of_one_span_share_that_spans_drain() {
+    let mut r = RootState::new(RootConfig::default());
+    r.apply_quotas([quota_b(1, 10.0, 15.0, 30.0)], 0);
+    for l in ["a", "b", "c"] {
+        r.sync(&req(l, vec![(1, vec![(1, 1_000)])]), 0).unwrap();
+        r.sync(&req(l, vec![]), 59 * S).unwrap();
+    }
+    for l in ["a", "b", "c"] {
+        let mut q = req(l, vec![(2, vec![(1, 5_000)])]);
+        q.batches[0].drained = vec![5_000];
+        r.sync(&q, 60 * S).unwrap();
+    }
+    assert_eq!(r.stats().late_credited, 10_000);
+    assert_eq!(fill(&r, 1, 60 * S), 5.0);
+    // The counter empties again half a second later and wastes the next half second: the
+    // next span's batch takes that.
+    let mut q = req("a", vec![(3, vec![(1, 8_000)])]);
+    q.batches[0].drained = vec![8_000];
+    r.sync(&q, 61 * S).unwrap();
+    assert_eq!(r.stats().late_credited, 15_000);
+    assert_eq!(fill(&r, 1, 61 * S), 3.0);
+}
+
 /// A request by interest from `limiter`, continuing from `prev`'s answer.
 fn by_interest(
     limiter: &str,

@@ -846,6 +846,32 @@ fn count_pace() {
     PACED.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A round's batch says what of its counts the host's own exact bucket drained, and a root
+/// whose counter stood empty meanwhile credits it: counts of a client under its limit are
+/// not added whole an interval after they were made, but as the exact bucket holds them.
+/// Counts made just before the cut drained nothing and count whole.
+#[test]
+fn counts_that_drained_before_the_round_are_not_added_whole() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "q", 10.0, 15.0, 30.0)]);
+    let mut n = node(&clock, 1);
+    for _ in 0..2 {
+        round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+        clock.advance(Duration::from_secs(1));
+    }
+    n.limiter.account("q", 5).unwrap();
+    clock.advance(Duration::from_millis(900));
+    n.limiter.account("q", 2).unwrap();
+    clock.advance(Duration::from_millis(100));
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    // The 5 units drained by 0.5 s; of the last 2, 100 ms old, one is left.
+    assert_eq!(root.counter(1, clock.now_nanos()).unwrap().fill, 1.0);
+    assert_eq!(root.stats().late_credited, 6_000);
+    n.limiter.account("q", 3).unwrap();
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    assert_eq!(root.counter(1, clock.now_nanos()).unwrap().fill, 4.0, "1 left, 3 undrained");
+}
+
 #[test]
 fn a_round_calls_the_pacer_between_chunks_of_its_loops() {
     let clock = ManualClock::at(S);
@@ -863,12 +889,15 @@ fn a_round_calls_the_pacer_between_chunks_of_its_loops() {
     }
     clock.advance(Duration::from_secs(1));
     let before = PACED.load(Ordering::Relaxed);
+    let applied = root.stats().deltas_applied;
     round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
     let calls = PACED.load(Ordering::Relaxed) - before;
     // Taking the batch, merging the answer, folding the batch back, walking the active
     // set: each loop over the 1,280 changed counters calls it once per 128.
     assert!(calls >= 4 * 10, "{calls} calls to the pacer");
-    assert_eq!(a.limiter.quota("q1").unwrap().fill, 1.0, "the round did its work");
+    // (Each unit drained in its first millisecond: the fills are 0 again.)
+    assert_eq!(root.stats().deltas_applied - applied, n_quotas, "the round did its work");
+    assert_eq!(a.limiter.quota("q1").unwrap().fill, 0.0);
 }
 
 #[test]
