@@ -142,7 +142,7 @@ pub(super) struct RootCounter {
     pub(super) spare: u64,
     /// The same drain, spent by on-time batches: cut at each credit to the limit over the
     /// crediting batch's span, so that batches of one span share the drain of that span
-    /// (never more than `spare`). See "On-time batches" in `root/claims.rs`.
+    /// (never more than `spare`). See "On-time and long batches" in `root/claims.rs`.
     pub(super) fresh: u64,
 }
 

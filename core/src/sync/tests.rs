@@ -1147,7 +1147,8 @@ fn a_host_meeting_a_key_the_cluster_knows_takes_its_reported_count() {
 /// does: the report it adopts is up to an interval old, and what the rest of the cluster
 /// added since is not in it. Taken at least (5.4/s where 13/s is read here), the host
 /// under-counted that and admitted more: the Zipf keys of docs/accuracy.md over 40 seeds
-/// had 71 false rejections of 155 refusals, against 62 of 135 as read.
+/// had 71 false rejections of 155 refusals, against 62 of 135 as read (before the roots
+/// credited on-time batches with what drained).
 #[test]
 fn an_adopted_key_takes_the_clusters_demand_as_read_up_to_the_limit() {
     let clock = ManualClock::at(S);
