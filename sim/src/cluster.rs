@@ -155,8 +155,11 @@ pub struct RunResult {
     pub early_rounds: u64,
     /// With keys: (admitted, offered) weight of each burst, by its number.
     pub bursts: Vec<(f64, f64)>,
-    /// With keys: every refused request, as (key, true time), in order.
-    pub key_refusals: Vec<(usize, f64)>,
+    /// With keys: every refused request, as (key, true time, fill), in order. The fill is
+    /// that of an exact bucket of the key fed what this strategy admitted of it, before the
+    /// request: at or below `low_burst` the strategy refused what an exact bucket in its
+    /// place, with its own history, would have admitted.
+    pub key_refusals: Vec<(usize, f64, f64)>,
     /// With keys and the ideal bucket: every request that found its key's bucket not empty,
     /// as (key, true time, fill before the decision); a request not listed found it empty.
     /// The same traffic reaches every strategy, so another strategy's refusals can be looked
@@ -386,6 +389,12 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
         q.push(EPOCH_NS + (next.t * NS) as u64, Event::Arrival);
     }
     let end = EPOCH_NS + scenario.seconds * 1_000_000_000;
+    // Exact buckets that follow what the strategy admitted of each key (their bursts play
+    // no part: they only add and drain).
+    let mut followers: Vec<IdealBucket> = match scenario.keys {
+        Some(k) => (0..k.keys).map(|_| IdealBucket::new(scenario.limit, 0.0, 0.0, 0)).collect(),
+        None => Vec::new(),
+    };
 
     while let Some(Reverse((at, _, ev))) = q.heap.pop() {
         if at >= end {
@@ -443,13 +452,16 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                         }
                     }
                 }
+                if let Some(f) = followers.get_mut(key).filter(|_| ok) {
+                    f.add(true_s, w as f64);
+                }
                 if ok {
                     out.admitted[sec] += w as f64;
                 } else {
                     out.rejected[sec] += w as f64;
                     out.rejection_times.push(true_s);
                     if scenario.keys.is_some() {
-                        out.key_refusals.push((key, true_s));
+                        out.key_refusals.push((key, true_s, followers[key].fill_at(true_s)));
                     }
                     if let Some(again) = scenario.retry.after(true_s, &mut retry_rng) {
                         // The balancer sends it to any host.

@@ -174,6 +174,10 @@ pub struct ZipfRow {
     /// The most the exact bucket's fill stood below `low_burst` at one of them, in seconds
     /// of the key's limit.
     pub cold_false_gap_s: f64,
+    /// Of those, the ones an exact bucket fed what YARL itself admitted was also certain to
+    /// admit: the others are YARL paying back requests it admitted earlier that the exact
+    /// bucket had refused (between `low_burst` and `high_burst` either may refuse, by chance).
+    pub cold_false_own: usize,
     /// Keys offered between 0.9 and 2 times their limit: over it or near it, and slow enough
     /// that the demand signal often does not count (`decision::demand_excess_share`).
     pub mid: usize,
@@ -210,13 +214,15 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
     // How far below `low_burst` the exact bucket stood at each of YARL's refusals of a cold
     // key that it was certain to admit, within the counted time as for every other column
     // (before it, every key is new to every host at once).
-    let false_gaps: Vec<f64> = got
+    let false_gaps: Vec<(f64, f64)> = got
         .key_refusals
         .iter()
-        .filter(|&&(key, t)| k.pattern_rate(key) <= 0.9 && t >= k.from_s)
-        .map(|&(key, t)| low - fills.get(&(key, t.to_bits())).copied().unwrap_or(0.0))
-        .filter(|&gap| gap >= 0.0)
+        .filter(|&&(key, t, _)| k.pattern_rate(key) <= 0.9 && t >= k.from_s)
+        .map(|&(key, t, own)| (low - fills.get(&(key, t.to_bits())).copied().unwrap_or(0.0), own))
+        .filter(|&(gap, _)| gap >= 0.0)
         .collect();
+    let own_false = false_gaps.iter().filter(|&&(_, own)| own <= low).count();
+    let false_gaps: Vec<f64> = false_gaps.into_iter().map(|(gap, _)| gap).collect();
     // A key the exact bucket admitted nothing of has no ratio (none does in this scenario).
     let mid_ratios: Vec<f64> = mid
         .iter()
@@ -234,6 +240,7 @@ pub fn evaluate_zipf(s: &Scenario, yarl: &Strategy) -> ZipfRow {
         ideal_cold_rejected: cold.iter().map(|&i| refused(&ideal, i)).sum(),
         cold_false: false_gaps.len(),
         cold_false_gap_s: false_gaps.iter().copied().fold(0.0, f64::max) / s.limit,
+        cold_false_own: own_false,
         mid: mid.len(),
         mid_ratio: mid.iter().map(|&i| admitted(&got, i)).sum::<f64>()
             / mid.iter().map(|&i| admitted(&ideal, i)).sum::<f64>().max(f64::MIN_POSITIVE),

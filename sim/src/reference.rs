@@ -172,6 +172,21 @@ mod tests {
     }
 
     #[test]
+    fn a_following_bucket_adds_past_its_bursts_and_drains() {
+        // It follows another limiter's admissions: nothing is refused, even over `high`.
+        let mut b = IdealBucket::new(10.0, 15.0, 30.0, 1);
+        for _ in 0..40 {
+            b.add(1.0, 1.0);
+        }
+        assert_eq!(b.fill_at(1.0), 40.0);
+        assert_eq!(b.fill_at(3.0), 20.0);
+        // A time before the latest does not refill it.
+        b.add(0.5, 1.0);
+        assert_eq!(b.fill_at(1.0), 41.0);
+        assert_eq!(b.fill_at(10.0), 0.0);
+    }
+
+    #[test]
     fn sliding_window_weighs_the_previous_window() {
         let mut s = SlidingWindow::new(10.0, 1.0);
         assert_eq!((0..20).filter(|_| s.take(0.9, 1.0)).count(), 10);
@@ -226,6 +241,12 @@ impl IdealBucket {
         } else {
             (fill - self.low) / (self.high - self.low)
         }
+    }
+
+    /// Adds `w` at `t` undecided: a bucket that follows what another limiter admitted.
+    pub fn add(&mut self, t: f64, w: f64) {
+        self.fill = self.fill_at(t) + w;
+        self.at = self.at.max(t);
     }
 
     /// Decides `w` at `t`, adding it when it passes.
