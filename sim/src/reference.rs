@@ -243,7 +243,8 @@ impl IdealBucket {
         }
     }
 
-    /// Adds `w` at `t` undecided: a bucket that follows what another limiter admitted.
+    /// Adds `w` at `t` undecided: a bucket that follows what another limiter admitted. Times
+    /// come in order (the simulation's events); one before the latest drains nothing.
     pub fn add(&mut self, t: f64, w: f64) {
         self.fill = self.fill_at(t) + w;
         self.at = self.at.max(t);
