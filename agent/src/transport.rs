@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use yarl_core::proto::{v2, SyncRequest, SyncResponse};
 
@@ -49,6 +51,121 @@ const MAX_ANSWER_ENTRIES: usize = 50_000_000;
 /// Most of an answer's declared length reserved before its bytes arrive: a root that
 /// declares 256 MiB and sends nothing must not cost 256 MiB.
 const ANSWER_RESERVE: usize = 1 << 20;
+
+/// Shortest wait for a connection before a fresh attempt (see [`ConnectPace`]).
+pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
+
+/// A connection attempt waits this many times the slowest recent connect before a fresh
+/// one starts over.
+const RECONNECT_FACTOR: u64 = 4;
+
+/// How long a connection attempt may take before it is given up for a fresh one.
+///
+/// A SYN lost to a partition, a dropped packet or a full accept queue is sent again by the
+/// kernel only a second later (then 3, 7 s), longer than a sync timeout: a call begun just
+/// before a partition healed waited out its whole timeout, and the limiter's counts
+/// reached the roots up to an interval after the heal. Starting over after a few times
+/// the slowest connect seen lately sends a fresh SYN instead, so counts flow again a few
+/// tens of milliseconds after the network does. Until one connect has been measured there
+/// is no such limit (a far root's first connect is never cut short); the measure is the
+/// slowest of any root's (TCP and TLS), so a far root makes every attempt patient. Only
+/// connects start over: a request sent and waiting for its answer never is, so a slow root
+/// gets no extra load.
+#[derive(Debug, Clone, Default)]
+struct ConnectPace {
+    /// Slowest recent connect, ns, decaying by a quarter per newer one; 0: none yet.
+    slowest_ns: Arc<AtomicU64>,
+}
+
+impl ConnectPace {
+    fn patience(&self) -> Option<Duration> {
+        match self.slowest_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => {
+                Some(RECONNECT_MIN.max(Duration::from_nanos(ns.saturating_mul(RECONNECT_FACTOR))))
+            }
+        }
+    }
+
+    fn record(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let _ = self.slowest_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some(took.max(old - old / 4))
+        });
+    }
+}
+
+/// A connection attempt given up for a fresh one (see [`ConnectPace`]); nothing was sent.
+#[derive(Debug, thiserror::Error)]
+#[error("no connection within {0:?}")]
+struct ConnectStalled(Duration);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The connector layer that applies [`ConnectPace`].
+#[derive(Debug, Clone)]
+struct PacedConnectLayer(ConnectPace);
+
+impl<S> tower_layer::Layer<S> for PacedConnectLayer {
+    type Service = PacedConnect<S>;
+
+    fn layer(&self, inner: S) -> PacedConnect<S> {
+        PacedConnect { inner, pace: self.0.clone() }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PacedConnect<S> {
+    inner: S,
+    pace: ConnectPace,
+}
+
+impl<S, R> tower_service::Service<R> for PacedConnect<S>
+where
+    S: tower_service::Service<R>,
+    S::Error: Into<BoxError>,
+    S::Response: Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let connect = self.inner.call(req);
+        let pace = self.pace.clone();
+        Box::pin(async move {
+            let start = Instant::now();
+            let r = match pace.patience() {
+                None => connect.await,
+                Some(p) => match tokio::time::timeout(p, connect).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(Box::new(ConnectStalled(p)) as BoxError),
+                },
+            };
+            if r.is_ok() {
+                pace.record(start.elapsed());
+            }
+            r.map_err(Into::into)
+        })
+    }
+}
+
+/// Whether `e` is a connection attempt given up by [`PacedConnect`].
+fn stalled(e: &reqwest::Error) -> bool {
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        if inner.is::<ConnectStalled>() {
+            return true;
+        }
+        src = inner.source();
+    }
+    false
+}
 
 /// Settings of [`HttpTransport`].
 #[derive(Debug, Clone, Default)]
@@ -112,14 +229,19 @@ pub struct HttpTransport {
     protocol: Protocol,
     /// Roots that refused v2 with `415`, and when.
     v1_only: Arc<Mutex<HashMap<String, Instant>>>,
+    /// The connector's, for tests to seed a measured connect.
+    #[cfg(test)]
+    pace: ConnectPace,
 }
 
 impl HttpTransport {
     /// A transport with these options. TLS is rustls, verifying roots against the system's
     /// trust store or the CA file.
     pub fn new(opts: &HttpOptions) -> Result<Self, TransportError> {
+        let pace = ConnectPace::default();
         let mut b = reqwest::Client::builder()
             .use_rustls_tls()
+            .connector_layer(PacedConnectLayer(pace.clone()))
             // A root never redirects: following one would send the token where the answer
             // said (reqwest keeps `Authorization` when only the scheme changes).
             .redirect(reqwest::redirect::Policy::none())
@@ -137,6 +259,8 @@ impl HttpTransport {
             token: opts.token.as_deref().map(Into::into),
             protocol: opts.protocol,
             v1_only: Arc::default(),
+            #[cfg(test)]
+            pace,
         })
     }
 
@@ -215,7 +339,12 @@ impl Transport for HttpTransport {
                 if let Some(t) = &this.token {
                     rb = rb.bearer_auth(t);
                 }
-                let resp = rb.send().await.map_err(|e| describe(&e))?;
+                let resp = match rb.send().await {
+                    Ok(resp) => resp,
+                    // Nothing was sent: a fresh connection, with what is left of the time.
+                    Err(e) if stalled(&e) => continue,
+                    Err(e) => return Err(describe(&e)),
+                };
                 let status = resp.status();
                 if status == reqwest::StatusCode::UNSUPPORTED_MEDIA_TYPE && v2 {
                     // A root older than protocol v2: JSON from now on (for a while).
@@ -403,6 +532,69 @@ mod tests {
             assert!(e.starts_with("HTTP 307"), "{e}");
             assert_eq!(reached.load(Ordering::Relaxed), 0, "the redirect was followed");
         });
+    }
+
+    /// A root whose accept queue is full drops SYNs, as a partition does; the kernel sends
+    /// one again only a second later. Once a connect has been measured, a stalled attempt
+    /// starts over with a fresh SYN, so the call gets through soon after the root accepts
+    /// again; before, it waits for the kernel's second SYN.
+    #[test]
+    fn a_stalled_connect_starts_over() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for measured in [true, false] {
+            let took = runtime().block_on(async {
+                let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                let listener = sock.listen(1).unwrap();
+                let addr = listener.local_addr().unwrap();
+                // Fill the accept queue: connects that are never accepted until `opens`.
+                let mut fill = Vec::new();
+                for _ in 0..4 {
+                    let c = tokio::net::TcpStream::connect(addr);
+                    if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(100), c).await {
+                        fill.push(c);
+                    }
+                }
+                assert!(!fill.is_empty() && fill.len() < 4, "{} queued", fill.len());
+                let opens = Duration::from_millis(300);
+                tokio::spawn(async move {
+                    tokio::time::sleep(opens).await;
+                    loop {
+                        let (mut s, _) = listener.accept().await.unwrap();
+                        tokio::spawn(async move {
+                            let mut buf = [0u8; 4096];
+                            let mut seen = Vec::new();
+                            while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
+                                match s.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                                }
+                            }
+                            let _ = s.write_all(response("200 OK", "", ANSWER).as_bytes()).await;
+                        });
+                    }
+                });
+                let t = HttpTransport::new(&HttpOptions {
+                    protocol: Protocol::V1,
+                    ..HttpOptions::default()
+                })
+                .unwrap();
+                if measured {
+                    t.pace.record(Duration::from_millis(1));
+                }
+                let start = Instant::now();
+                let url = format!("http://{addr}");
+                let r = t.call(&url, request(), Duration::from_secs(5)).await.unwrap();
+                assert_eq!(r.root_instance, 7);
+                drop(fill);
+                start.elapsed()
+            });
+            if measured {
+                assert!(took < Duration::from_millis(700), "started over: {took:?}");
+            } else {
+                assert!(took >= Duration::from_millis(900), "the kernel's retry: {took:?}");
+            }
+        }
     }
 
     /// A JSON answer may not declare more than [`MAX_V1_ANSWER_BYTES`].
