@@ -65,24 +65,37 @@ const RECONNECT_FACTOR: u64 = 4;
 /// kernel only a second later (then 3, 7 s), longer than a sync timeout: a call begun just
 /// before a partition healed waited out its whole timeout, and the limiter's counts
 /// reached the roots up to an interval after the heal. Starting over after a few times
-/// the slowest connect seen lately sends a fresh SYN instead, so counts flow again a few
-/// tens of milliseconds after the network does. Until one connect has been measured there
-/// is no such limit (a far root's first connect is never cut short); the measure is the
-/// slowest of any root's (TCP and TLS), so a far root makes every attempt patient. Only
-/// connects start over: a request sent and waiting for its answer never is, so a slow root
-/// gets no extra load.
+/// the slowest connect seen lately sends a fresh SYN instead, so counts flow again soon
+/// after the network does. Each further attempt of the same call waits twice as long as
+/// the one before: a root that connects slowly for once (a TLS handshake on a loaded root)
+/// is still reached within twice its time, and costs a few abandoned handshakes per call,
+/// not one every 50 ms. Until one connect has been measured there is no such limit (a far
+/// root's first connect is never cut short); the measure is the slowest of any root's (TCP
+/// and TLS), so a far root makes every attempt patient. Only connects start over: a request
+/// sent and waiting for its answer never is, so a slow root gets no extra load.
 #[derive(Debug, Clone, Default)]
 struct ConnectPace {
     /// Slowest recent connect, ns, decaying by a quarter per newer one; 0: none yet.
     slowest_ns: Arc<AtomicU64>,
+    /// Most attempts given up before one, within a call, that the connector saw.
+    #[cfg(test)]
+    most_given_up: Arc<AtomicU64>,
+}
+
+tokio::task_local! {
+    /// Connection attempts given up so far by the current call (see [`ConnectPace`]).
+    static GIVEN_UP: u32;
 }
 
 impl ConnectPace {
-    fn patience(&self) -> Option<Duration> {
+    /// How long an attempt waits after `given_up` attempts of its call were given up.
+    fn patience(&self, given_up: u32) -> Option<Duration> {
         match self.slowest_ns.load(Ordering::Relaxed) {
             0 => None,
             ns => {
-                Some(RECONNECT_MIN.max(Duration::from_nanos(ns.saturating_mul(RECONNECT_FACTOR))))
+                let first =
+                    RECONNECT_MIN.max(Duration::from_nanos(ns.saturating_mul(RECONNECT_FACTOR)));
+                Some(first.saturating_mul(1 << given_up.min(16)))
             }
         }
     }
@@ -136,11 +149,17 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
+        // Read when the connect is asked for, in the call's task (hyper polls the connect
+        // there first); elsewhere, a first attempt.
+        let given_up = GIVEN_UP.try_with(|n| *n).unwrap_or(0);
+        #[cfg(test)]
+        self.pace.most_given_up.fetch_max(u64::from(given_up), Ordering::Relaxed);
+        let patience = self.pace.patience(given_up);
         let connect = self.inner.call(req);
         let pace = self.pace.clone();
         Box::pin(async move {
             let start = Instant::now();
-            let r = match pace.patience() {
+            let r = match patience {
                 None => connect.await,
                 Some(p) => match tokio::time::timeout(p, connect).await {
                     Ok(r) => r,
@@ -320,6 +339,7 @@ impl Transport for HttpTransport {
         let deadline = Instant::now() + timeout;
         Box::pin(async move {
             let mut v2 = this.speaks_v2(&url);
+            let mut given_up = 0;
             loop {
                 let (ct, body) = if v2 {
                     (v2::CONTENT_TYPE, v2::encode_request(&req))
@@ -339,10 +359,13 @@ impl Transport for HttpTransport {
                 if let Some(t) = &this.token {
                     rb = rb.bearer_auth(t);
                 }
-                let resp = match rb.send().await {
+                let resp = match GIVEN_UP.scope(given_up, rb.send()).await {
                     Ok(resp) => resp,
                     // Nothing was sent: a fresh connection, with what is left of the time.
-                    Err(e) if stalled(&e) => continue,
+                    Err(e) if stalled(&e) => {
+                        given_up += 1;
+                        continue;
+                    }
                     Err(e) => return Err(describe(&e)),
                 };
                 let status = resp.status();
@@ -587,6 +610,11 @@ mod tests {
                 let r = t.call(&url, request(), Duration::from_secs(5)).await.unwrap();
                 assert_eq!(r.root_instance, 7);
                 drop(fill);
+                let given_up = t.pace.most_given_up.load(std::sync::atomic::Ordering::Relaxed);
+                if measured {
+                    // 50 + 100 ms given up, the third attempt's SYN (at 150 ms) lost too.
+                    assert_eq!(given_up, 3, "attempts given up before the last");
+                }
                 start.elapsed()
             });
             if measured {
@@ -595,6 +623,46 @@ mod tests {
                 assert!(took >= Duration::from_millis(900), "the kernel's retry: {took:?}");
             }
         }
+    }
+
+    /// A connect slower than the measure is still reached, within twice its time: each
+    /// attempt of a call waits twice as long as the one before.
+    #[test]
+    fn a_slow_connect_is_reached() {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        #[derive(Clone)]
+        struct Slow;
+        impl Service<()> for Slow {
+            type Response = ();
+            type Error = std::io::Error;
+            type Future = Pin<Box<dyn Future<Output = Result<(), std::io::Error>> + Send>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: ()) -> Self::Future {
+                Box::pin(async {
+                    tokio::time::sleep(Duration::from_millis(120)).await;
+                    Ok(())
+                })
+            }
+        }
+        runtime().block_on(async {
+            let pace = ConnectPace::default();
+            assert_eq!(pace.patience(0), None, "no limit before a connect is measured");
+            pace.record(Duration::from_millis(1));
+            assert_eq!(pace.patience(0), Some(RECONNECT_MIN));
+            assert_eq!(pace.patience(2), Some(RECONNECT_MIN * 4));
+            let mut svc = PacedConnectLayer(pace.clone()).layer(Slow);
+            let mut given_up = 0;
+            while let Err(e) = GIVEN_UP.scope(given_up, async { svc.call(()).await }).await {
+                assert!(e.is::<ConnectStalled>(), "{e}");
+                given_up += 1;
+                assert!(given_up < 10, "never reached");
+            }
+            assert_eq!(given_up, 2, "50 and 100 ms given up, 200 enough");
+            assert!(pace.patience(0).unwrap() >= Duration::from_millis(480), "the slow one counts");
+        });
     }
 
     /// A JSON answer may not declare more than [`MAX_V1_ANSWER_BYTES`].
