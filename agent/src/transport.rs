@@ -59,43 +59,45 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
 /// one starts over.
 const RECONNECT_FACTOR: u64 = 4;
 
-/// How long a connection attempt may take before it is given up for a fresh one.
+/// How long a connection attempt to a plain-HTTP root may take before it is given up for
+/// a fresh one.
 ///
 /// A SYN lost to a partition, a dropped packet or a full accept queue is sent again by the
-/// kernel only a second later (then 3, 7 s), longer than a sync timeout: a call begun just
-/// before a partition healed waited out its whole timeout, and the limiter's counts
-/// reached the roots up to an interval after the heal. Starting over after a few times
-/// the slowest connect seen lately sends a fresh SYN instead, so counts flow again soon
-/// after the network does. Each further attempt of the same call waits twice as long as
-/// the one before: a root that connects slowly for once (a TLS handshake on a loaded root)
-/// is still reached within twice its time, and costs a few abandoned handshakes per call,
-/// not one every 50 ms. Until one connect has been measured there is no such limit (a far
-/// root's first connect is never cut short); the measure is the slowest of any root's (TCP
-/// and TLS), so a far root makes every attempt patient. Only connects start over: a request
-/// sent and waiting for its answer never is, so a slow root gets no extra load.
+/// kernel only a second later (then 3, 7 s), longer than a call's timeout: a call begun
+/// just before a partition healed waited out its timeout, and the limiter's counts reached
+/// the roots up to an interval after the heal. Starting over after a few times the slowest
+/// connect seen lately sends a fresh SYN instead. Each further attempt of a call waits
+/// twice as long as the one before, and the last one that fits in the call waits for all
+/// that is left (see [`attempt_wait`]): a connect that is slow for once still gets through
+/// if it takes up to about two thirds of the call. Only `http://` roots: what is timed is
+/// the name lookup and the TCP connect, which the root's kernel answers whatever the
+/// root's load, so an attempt given up costs the root nothing. An `https://` root's
+/// connect includes the TLS handshake, the root's own work: giving one up on a loaded root
+/// (a restart, every limiter reconnecting at once) would multiply that work, so those wait
+/// as before. Until one connect has been measured there is no limit; the measure is shared
+/// by the transport's roots, so the slowest makes every attempt patient.
 #[derive(Debug, Clone, Default)]
 struct ConnectPace {
     /// Slowest recent connect, ns, decaying by a quarter per newer one; 0: none yet.
     slowest_ns: Arc<AtomicU64>,
-    /// Most attempts given up before one, within a call, that the connector saw.
+    /// Attempts given up, for tests.
     #[cfg(test)]
-    most_given_up: Arc<AtomicU64>,
+    given_up: Arc<AtomicU64>,
 }
 
 tokio::task_local! {
-    /// Connection attempts given up so far by the current call (see [`ConnectPace`]).
-    static GIVEN_UP: u32;
+    /// How long the current call's connection attempt may take (see [`ConnectPace`]);
+    /// `None`: as long as the call.
+    static ATTEMPT_WAIT: Option<Duration>;
 }
 
 impl ConnectPace {
-    /// How long an attempt waits after `given_up` attempts of its call were given up.
-    fn patience(&self, given_up: u32) -> Option<Duration> {
+    /// The first attempt's wait, once a connect has been measured.
+    fn patience(&self) -> Option<Duration> {
         match self.slowest_ns.load(Ordering::Relaxed) {
             0 => None,
             ns => {
-                let first =
-                    RECONNECT_MIN.max(Duration::from_nanos(ns.saturating_mul(RECONNECT_FACTOR)));
-                Some(first.saturating_mul(1 << given_up.min(16)))
+                Some(RECONNECT_MIN.max(Duration::from_nanos(ns.saturating_mul(RECONNECT_FACTOR))))
             }
         }
     }
@@ -106,6 +108,19 @@ impl ConnectPace {
             Some(took.max(old - old / 4))
         });
     }
+}
+
+/// Whether connection attempts to `endpoint` may start over (plain HTTP, see
+/// [`ConnectPace`]).
+fn starts_over(endpoint: &str) -> bool {
+    endpoint.get(..7).is_some_and(|p| p.eq_ignore_ascii_case("http://"))
+}
+
+/// The wait of a call's attempt after `given_up` attempts, `left` before its deadline:
+/// twice the one before; none (all that is left) once two such waits no longer fit.
+fn attempt_wait(first: Option<Duration>, given_up: u32, left: Duration) -> Option<Duration> {
+    let wait = first?.saturating_mul(1 << given_up.min(16));
+    (left >= wait.saturating_mul(2)).then_some(wait)
 }
 
 /// A connection attempt given up for a fresh one (see [`ConnectPace`]); nothing was sent.
@@ -150,11 +165,8 @@ where
 
     fn call(&mut self, req: R) -> Self::Future {
         // Read when the connect is asked for, in the call's task (hyper polls the connect
-        // there first); elsewhere, a first attempt.
-        let given_up = GIVEN_UP.try_with(|n| *n).unwrap_or(0);
-        #[cfg(test)]
-        self.pace.most_given_up.fetch_max(u64::from(given_up), Ordering::Relaxed);
-        let patience = self.pace.patience(given_up);
+        // there first); elsewhere (a connect hyper finishes in the background), no limit.
+        let patience = ATTEMPT_WAIT.try_with(|w| *w).unwrap_or(None);
         let connect = self.inner.call(req);
         let pace = self.pace.clone();
         Box::pin(async move {
@@ -163,7 +175,11 @@ where
                 None => connect.await,
                 Some(p) => match tokio::time::timeout(p, connect).await {
                     Ok(r) => r,
-                    Err(_) => return Err(Box::new(ConnectStalled(p)) as BoxError),
+                    Err(_) => {
+                        #[cfg(test)]
+                        pace.given_up.fetch_add(1, Ordering::Relaxed);
+                        return Err(Box::new(ConnectStalled(p)) as BoxError);
+                    }
                 },
             };
             if r.is_ok() {
@@ -248,8 +264,7 @@ pub struct HttpTransport {
     protocol: Protocol,
     /// Roots that refused v2 with `415`, and when.
     v1_only: Arc<Mutex<HashMap<String, Instant>>>,
-    /// The connector's, for tests to seed a measured connect.
-    #[cfg(test)]
+    /// The connector's measure of connects.
     pace: ConnectPace,
 }
 
@@ -278,7 +293,6 @@ impl HttpTransport {
             token: opts.token.as_deref().map(Into::into),
             protocol: opts.protocol,
             v1_only: Arc::default(),
-            #[cfg(test)]
             pace,
         })
     }
@@ -339,6 +353,7 @@ impl Transport for HttpTransport {
         let deadline = Instant::now() + timeout;
         Box::pin(async move {
             let mut v2 = this.speaks_v2(&url);
+            let may_start_over = starts_over(&endpoint);
             let mut given_up = 0;
             loop {
                 let (ct, body) = if v2 {
@@ -359,7 +374,10 @@ impl Transport for HttpTransport {
                 if let Some(t) = &this.token {
                     rb = rb.bearer_auth(t);
                 }
-                let resp = match GIVEN_UP.scope(given_up, rb.send()).await {
+                let wait = may_start_over
+                    .then(|| attempt_wait(this.pace.patience(), given_up, left))
+                    .flatten();
+                let resp = match ATTEMPT_WAIT.scope(wait, rb.send()).await {
                     Ok(resp) => resp,
                     // Nothing was sent: a fresh connection, with what is left of the time.
                     Err(e) if stalled(&e) => {
@@ -610,7 +628,7 @@ mod tests {
                 let r = t.call(&url, request(), Duration::from_secs(5)).await.unwrap();
                 assert_eq!(r.root_instance, 7);
                 drop(fill);
-                let given_up = t.pace.most_given_up.load(std::sync::atomic::Ordering::Relaxed);
+                let given_up = t.pace.given_up.load(std::sync::atomic::Ordering::Relaxed);
                 if measured {
                     // 50 + 100 ms given up, the third attempt's SYN (at 150 ms) lost too.
                     assert_eq!(given_up, 3, "attempts given up before the last");
@@ -625,14 +643,15 @@ mod tests {
         }
     }
 
-    /// A connect slower than the measure is still reached, within twice its time: each
-    /// attempt of a call waits twice as long as the one before.
+    /// A connect slower than the measure is still reached when it takes up to two thirds
+    /// of the call: each attempt waits twice as long as the one before, and the last that
+    /// fits all that is left. Only plain-HTTP roots start over.
     #[test]
     fn a_slow_connect_is_reached() {
         use tower_layer::Layer;
         use tower_service::Service;
         #[derive(Clone)]
-        struct Slow;
+        struct Slow(Duration);
         impl Service<()> for Slow {
             type Response = ();
             type Error = std::io::Error;
@@ -641,27 +660,41 @@ mod tests {
                 Poll::Ready(Ok(()))
             }
             fn call(&mut self, _: ()) -> Self::Future {
-                Box::pin(async {
-                    tokio::time::sleep(Duration::from_millis(120)).await;
+                let took = self.0;
+                Box::pin(async move {
+                    tokio::time::sleep(took).await;
                     Ok(())
                 })
             }
         }
+        let ms = Duration::from_millis;
+        assert!(starts_over("http://r:1/v1/sync") && starts_over("HTTP://r:1/v1/sync"));
+        assert!(!starts_over("https://r:1/v1/sync"));
+        assert_eq!(attempt_wait(None, 0, ms(500)), None, "nothing measured: no limit");
+        assert_eq!(attempt_wait(Some(ms(50)), 0, ms(500)), Some(ms(50)));
+        assert_eq!(attempt_wait(Some(ms(50)), 1, ms(450)), Some(ms(100)));
+        assert_eq!(attempt_wait(Some(ms(50)), 2, ms(350)), None, "the last: all that is left");
         runtime().block_on(async {
             let pace = ConnectPace::default();
-            assert_eq!(pace.patience(0), None, "no limit before a connect is measured");
-            pace.record(Duration::from_millis(1));
-            assert_eq!(pace.patience(0), Some(RECONNECT_MIN));
-            assert_eq!(pace.patience(2), Some(RECONNECT_MIN * 4));
-            let mut svc = PacedConnectLayer(pace.clone()).layer(Slow);
+            assert_eq!(pace.patience(), None);
+            pace.record(ms(1));
+            assert_eq!(pace.patience(), Some(RECONNECT_MIN));
+            let mut svc = PacedConnectLayer(pace.clone()).layer(Slow(ms(300)));
+            let deadline = Instant::now() + ms(500);
             let mut given_up = 0;
-            while let Err(e) = GIVEN_UP.scope(given_up, async { svc.call(()).await }).await {
-                assert!(e.is::<ConnectStalled>(), "{e}");
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let wait = attempt_wait(pace.patience(), given_up, left);
+                match ATTEMPT_WAIT.scope(wait, async { svc.call(()).await }).await {
+                    Ok(()) => break,
+                    Err(e) => assert!(e.is::<ConnectStalled>(), "{e}"),
+                }
                 given_up += 1;
                 assert!(given_up < 10, "never reached");
             }
-            assert_eq!(given_up, 2, "50 and 100 ms given up, 200 enough");
-            assert!(pace.patience(0).unwrap() >= Duration::from_millis(480), "the slow one counts");
+            assert!(Instant::now() <= deadline, "within the call");
+            assert_eq!(given_up, 2, "50 and 100 ms given up, the rest enough");
+            assert!(pace.patience().unwrap() >= ms(1200), "the slow one is the measure now");
         });
     }
 
