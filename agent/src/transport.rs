@@ -53,7 +53,7 @@ const MAX_ANSWER_ENTRIES: usize = 50_000_000;
 const ANSWER_RESERVE: usize = 1 << 20;
 
 /// Shortest wait for a connection before a fresh attempt (see [`ConnectPace`]).
-pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
 
 /// A connection attempt waits this many times the slowest recent connect before a fresh
 /// one starts over.
