@@ -111,10 +111,17 @@ curl -sf -X PUT "$ROOT_URL/v1/quotas/conc_all" -d '{"max_in_flight":1000000}' >/
 
 cat >"$DIR/bench.lua" <<EOF
 local leaves = $LEAVES
-local base = os.getenv("BENCH_PATH")
-local fixed = os.getenv("BENCH_FIXED")
-local unique = os.getenv("BENCH_UNIQUE")
-local seq = os.getenv("BENCH_SEQ")
+-- An empty variable is unset: Lua takes "" for true, and the rounds pass
+-- BENCH_UNIQUE=\${UNIQUE[\$v]:-}, empty for every variant but the churn ones.
+local function env(name)
+    local v = os.getenv(name)
+    if v == "" then return nil end
+    return v
+end
+local base = env("BENCH_PATH")
+local fixed = env("BENCH_FIXED")
+local unique = env("BENCH_UNIQUE")
+local seq = env("BENCH_SEQ")
 math.randomseed(os.time())
 -- A prefix no other round drew, so "unique" names are new to the zone whatever ran before.
 local run = string.format("%08x", math.random(0, 2147483647))

@@ -6,6 +6,7 @@
 //! Then one sync round of the limiter's agent with 100,000 of the million changed: taking the
 //! deltas, merging a root's answer of as many counters, and ending the round (what the agent
 //! thread does every interval under random-key `yarl_account` traffic, on a worker's core).
+//! The same round for 100,000 of a million keys under a template.
 //!
 //! Run: `cargo bench -p yarl-core --bench limiter`. Medians are criterion's; the memory line
 //! is the process RSS growth while loading, divided by the number of quotas.
@@ -146,7 +147,9 @@ fn bench(c: &mut Criterion) {
     // key_$arg_q` of `make bench-nginx`, beside the same million quotas. The quota index is
     // probed first (an override would be there), then the template's prefix, then the key
     // table.
-    let keyed = Limiter::builder().clock(clock.clone()).capacity(1_050_000).keys(2_200_000).build();
+    let keyed = Arc::new(
+        Limiter::builder().clock(clock.clone()).capacity(1_050_000).keys(2_200_000).build(),
+    );
     load(&keyed);
     keyed.apply_quotas(&[QuotaUpdate {
         id: QUOTAS + 1,
@@ -217,23 +220,7 @@ fn bench(c: &mut Criterion) {
                 }
                 counters.sort_unstable();
                 counters.dedup_by_key(|c| c.0);
-                SyncResponse {
-                    v: PROTOCOL_VERSION,
-                    root_instance: 1,
-                    acked_seq: u64::MAX,
-                    version,
-                    counters,
-                    quotas: Vec::new(),
-                    epoch: limiter.epoch(),
-                    more: false,
-                    // As yarl-root answers: with the epoch it holds, which makes the agent
-                    // compare it with each counter's quota version.
-                    root_epoch: Some(limiter.epoch()),
-                    key_secret: None,
-                    limiters: None,
-                    shard: None,
-                    grants: Vec::new(),
-                }
+                answer(counters, version, limiter.epoch())
             },
             |resp| {
                 let calls = engine.begin_round(now.get());
@@ -244,7 +231,61 @@ fn bench(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+    // The same round for 100,000 of the template's million keys: the agent learns the new
+    // dirty keys' ids, sends them with their template, and finds them again by id in the
+    // answer (make bench-nginx's template variant).
+    let mut kengine =
+        SyncEngine::new(keyed.clone(), vec!["http://127.0.0.1:1".into()], SyncConfig::default())
+            .unwrap();
+    g.bench_function("round/100k changed keys of 1M", |b| {
+        b.iter_batched(
+            || {
+                now.set(now.get() + 1_000_000_000);
+                clock.set(now.get());
+                for _ in 0..CHANGED {
+                    keyed.account(&key_names[fastrand::usize(0..key_names.len())], 1).unwrap();
+                }
+            },
+            |()| {
+                let calls = kengine.begin_round(now.get());
+                assert_eq!(calls.len(), 1);
+                version += 1;
+                let mut counters: Vec<_> = calls[0]
+                    .request
+                    .batches
+                    .iter()
+                    .flat_map(|b| b.deltas.iter().map(|d| (d.0, 1000, 0)))
+                    .collect();
+                counters.sort_unstable();
+                counters.dedup_by_key(|c| c.0);
+                let resp = answer(counters, version, keyed.epoch());
+                kengine.on_response(0, Ok(resp), Duration::from_millis(1), now.get());
+                kengine.end_round(now.get())
+            },
+            BatchSize::PerIteration,
+        )
+    });
     g.finish();
+}
+
+/// A root's answer carrying `counters` back, as yarl-root gives it: with the epoch it
+/// holds, which makes the agent compare it with each counter's quota version.
+fn answer(counters: Vec<(u64, u64, u64)>, version: u64, epoch: u64) -> SyncResponse {
+    SyncResponse {
+        v: PROTOCOL_VERSION,
+        root_instance: 1,
+        acked_seq: u64::MAX,
+        version,
+        counters,
+        quotas: Vec::new(),
+        epoch,
+        more: false,
+        root_epoch: Some(epoch),
+        key_secret: None,
+        limiters: None,
+        shard: None,
+        grants: Vec::new(),
+    }
 }
 
 criterion_group! {
