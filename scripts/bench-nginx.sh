@@ -126,6 +126,12 @@ math.randomseed(os.time())
 -- A prefix no other round drew, so "unique" names are new to the zone whatever ran before.
 local run = string.format("%08x", math.random(0, 2147483647))
 local n = 0
+-- The bench checks this line against what each variant should draw.
+init = function(args)
+    local mode = "random"
+    if unique then mode = "unique" elseif seq then mode = "seq" elseif fixed then mode = "fixed" end
+    io.write("bench.lua draws: ", mode, "\n")
+end
 request = function()
     local q = string.format("s3_bucket-%07d_read", math.random(0, leaves - 1))
     if fixed then q = fixed end
@@ -321,10 +327,15 @@ for workers in $WORKER_SET; do
         BENCH_SEQ=1 BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d"${BENCH_SEQ_SECONDS:-30}s" -s "$DIR/bench.lua" "http://127.0.0.1:$port" >/dev/null
     done
     echo "workers $workers: template keys held: $(curl -sf "http://127.0.0.1:$port/stats" | sed -n 's/.*"keys":\([0-9]*\).*/\1/p' | head -n 1)"
-    # Warm up every variant.
+    # Warm up every variant, and check that each draws the names it should: from
+    # 2026-11-26 to 2026-11-29 an empty BENCH_UNIQUE made every variant draw new names,
+    # and the random-quota and per-key variants measured names nobody had.
     for v in $VARIANTS; do
-        BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d2s -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}" >/dev/null
+        drew=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d2s -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}" | sed -n 's/^bench.lua draws: //p' | head -n 1)
+        want=$([ -n "${UNIQUE[$v]:-}" ] && echo unique || echo random)
+        [ "$drew" = "$want" ] || { echo "bench.lua drew '$drew' names for $v, not $want" >&2; exit 1; }
     done
+    keys_inserted() { curl -sf "http://127.0.0.1:$1/stats" | sed -n 's/.*"keys_inserted":\([0-9]*\).*/\1/p' | head -n 1; }
     for round in $(seq 1 "$ROUNDS"); do
         wait_synced "$port"
         wait_synced "$cport"
@@ -332,9 +343,14 @@ for workers in $WORKER_SET; do
         for v in $order; do
             if [ "$v" = conc1 ]; then wait_synced "${VPORT[$v]}"; fi
             cpu0=$(workers_cpu_ns "${VDIR[$v]}")
+            [ "$v" = tmpl1m ] && ins0=$(keys_inserted "${VPORT[$v]}")
             out=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}")
             cpu1=$(workers_cpu_ns "${VDIR[$v]}")
             reqs=$(echo "$out" | awk '/ requests in / {print $1}')
+            # The template variant measures lookups of keys made before: a key inserted
+            # per request would make it the churn variant.
+            [ "$v" = tmpl1m ] && TMPL_INSERTED=$(( ${TMPL_INSERTED:-0} + $(keys_inserted "${VPORT[$v]}") - ins0 )) \
+                && TMPL_REQS=$(( ${TMPL_REQS:-0} + ${reqs:-0} ))
             CPR[$v]=$(echo "($cpu1 - $cpu0) / ${reqs:-1}" | bc -l)
             echo "${CPR[$v]}" >>"$d/$v.cpr"
             wrk_figures "$v" "$out"
@@ -356,6 +372,8 @@ for workers in $WORKER_SET; do
         echo "${RPS[tmpl1m]} / ${RPS[lr1m]}" | bc -l >>"$d/tmpl_vs_lr.rratio"
         echo "${RPS[churn]} / ${RPS[lrchurn]}" | bc -l >>"$d/churn_vs_lr.rratio"
     done
+    echo "workers $workers: the template variant inserted ${TMPL_INSERTED:-0} keys in ${TMPL_REQS:-0} requests (its probe windows' overflow; a share near 1 would be churn)"
+    TMPL_INSERTED=0 TMPL_REQS=0
     stop_nginx "$d"
     stop_nginx "$d-churn"
 done
