@@ -44,10 +44,13 @@ pub(crate) fn spawn(
         let (client, urls, shared) = (client.clone(), urls.to_vec(), shared.clone());
         let offset = interval.mul_f64(i as f64 / p.limiters as f64);
         let keys = args.key_space.unwrap_or(args.quotas).min(args.quotas);
-        let (quotas, counters) = (keys, args.counters);
+        // The epoch is every quota's (ids and epochs 1..=quotas), whatever key space the
+        // deltas are drawn from: announcing less, the limiter would be sent a page of quota
+        // updates in every answer, which is not what is measured.
+        let (epoch, counters) = (args.quotas, args.counters);
         tasks.push(tokio::spawn(async move {
-            limiter(i, p, quotas, counters, client, urls, shared, start + offset, interval, timeout)
-                .await
+            let at = start + offset;
+            limiter(i, p, keys, epoch, counters, client, urls, shared, at, interval, timeout).await
         }));
     }
     let probe = {
@@ -117,7 +120,8 @@ async fn post(
 async fn limiter(
     i: usize,
     p: Point,
-    quotas: u64,
+    keys: u64,
+    epoch: u64,
     counters: usize,
     client: reqwest::Client,
     urls: Vec<String>,
@@ -136,14 +140,14 @@ async fn limiter(
         next += interval;
         seq += 1;
         let mut per: Vec<Vec<(u64, u64, u64)>> = vec![Vec::new(); p.shards as usize];
-        for q in pick(&mut rng, counters, quotas) {
+        for q in pick(&mut rng, counters, keys) {
             per[Shard::of(q, p.shards) as usize].push((q, 1000 * rng.u64(1..=3), 0));
         }
         let calls = links.iter_mut().enumerate().map(|(k, link)| {
             let batch = Arc::new(DeltaBatch {
                 seq,
                 deltas: std::mem::take(&mut per[k]),
-                epoch: Some(quotas),
+                epoch: Some(epoch),
                 drained: Vec::new(),
             });
             link.pending.push_back(batch);
@@ -156,10 +160,10 @@ async fn limiter(
                 root_instance: link.instance,
                 since: link.since,
                 // The quota download is not what is measured: announce every epoch held.
-                epoch: quotas,
+                epoch,
                 batches: link.pending.iter().map(|b| (**b).clone()).collect(),
                 hints: vec![],
-                seen_epoch: Some(quotas),
+                seen_epoch: Some(epoch),
                 interest: p.proto == Proto::V2Interest,
                 watch: vec![],
                 key_templates: Vec::new(),
