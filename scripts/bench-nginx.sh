@@ -27,7 +27,7 @@
 # Quotas and limit_req never reject (huge limits): this measures the cost of deciding. Every
 # variant gets the same wrk Lua script (a random leaf name in the query), so wrk's own cost
 # is the same everywhere. Rounds are interleaved (every variant once per round, the order
-# rotated), each BENCH_SECONDS long, for 1 worker (pinned to CPU 0, wrk on CPU 1) and 2
+# rotated, and reversed every other round), each BENCH_SECONDS long, for 1 worker (pinned to CPU 0, wrk on CPU 1) and 2
 # workers. The table shows medians over BENCH_ROUNDS rounds of each variant's req/s and p99,
 # and the median of its per-round ratios to plain (the same round, seconds apart): on a
 # shared VM the host's speed drifts by 10-25 % over tens of seconds (plain nginx alone gave

@@ -81,12 +81,17 @@ to_ms() {
     awk '{v = $1; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /s$/) {sub(/s$/, "", v); v *= 1000} print v}'
 }
 
-# rotated ROUND WORD...: the words, one a line, rotated by ROUND - 1 (round 1 keeps their
-# order): interleaved rounds in which each variant goes first in turn.
+# rotated ROUND WORD...: the words, one a line, rotated by (ROUND - 1) / 2 and read
+# backwards in even rounds (round 1 keeps their order): interleaved rounds in which each
+# variant goes first in turn and follows a different one each way, so what a variant
+# leaves behind (the sync agent's work on its counts) does not always fall on the same
+# next one.
 rotated() {
     local round=$1
     shift
-    printf '%s\n' "$@" | awk -v r="$round" '{a[NR] = $0} END {for (i = 0; i < NR; i++) print a[(i + r - 1) % NR + 1]}'
+    printf '%s\n' "$@" | awk -v r="$round" '{a[NR] = $0} END {
+        k = int((r - 1) / 2)
+        for (i = 0; i < NR; i++) { j = r % 2 ? i : NR - 1 - i; print a[(j + k) % NR + 1] } }'
 }
 
 # wrk_figures VARIANT OUT: from OUT, a report of `wrk --latency`, sets WRK_RPS (requests per

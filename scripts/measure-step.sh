@@ -76,11 +76,14 @@ CONF
         "$NGINX_BIN" -p "$DIR/$n/" -c nginx.conf
     done
     # Both nginx hold the quota before the load starts.
+    # An unknown name passes every request, which would read as overshoot: stop instead.
     for port in 18091 18092; do
+        held=
         for _ in $(seq 50); do
-            curl -fs "127.0.0.1:$port/stats?quota=$quota" | grep -q '"limit"' && break
+            curl -fs "127.0.0.1:$port/stats?quota=$quota" | grep -q '"limit"' && { held=1; break; }
             sleep 0.1
         done
+        [ -n "$held" ] || { echo "the nginx on port $port did not get quota $quota within 5 s" >&2; exit 1; }
     done
     echo "== yarl_sync_early $early: quota $quota, limit $LIMIT/s, low_burst $((LIMIT * 3 / 2)), high_burst $((LIMIT * 3)); $((LIMIT / 2)) req/s, then $((LIMIT * 10)) req/s from 6 s"
     python3 scripts/step-load.py http://127.0.0.1:18091/,http://127.0.0.1:18092/ \
