@@ -27,8 +27,8 @@
 # Quotas and limit_req never reject (huge limits): this measures the cost of deciding. Every
 # variant gets the same wrk Lua script (a random leaf name in the query), so wrk's own cost
 # is the same everywhere. Rounds are interleaved (every variant once per round, the order
-# rotated, and reversed every other round), each BENCH_SECONDS long, for 1 worker (pinned to CPU 0, wrk on CPU 1) and 2
-# workers. The table shows medians over BENCH_ROUNDS rounds of each variant's req/s and p99,
+# rotated, and reversed every other round), each BENCH_SECONDS long, for 1 worker (pinned
+# to CPU 0, wrk on CPU 1) and 2 workers. The table shows medians over BENCH_ROUNDS rounds of each variant's req/s and p99,
 # and the median of its per-round ratios to plain (the same round, seconds apart): on a
 # shared VM the host's speed drifts by 10-25 % over tens of seconds (plain nginx alone gave
 # 59,000 and 76,000 req/s in consecutive 8 s runs), which a per-round ratio cancels only when
@@ -346,10 +346,8 @@ for workers in $WORKER_SET; do
         want=$([ -n "${UNIQUE[$v]:-}" ] && echo unique || echo random)
         [ "$drew" = "$want" ] || { echo "bench.lua drew '$drew' names for $v, not $want" >&2; exit 1; }
     done
-    keys_inserted() { curl -sf "http://127.0.0.1:$1/stats" | sed -n 's/.*"keys_inserted":\([0-9]*\).*/\1/p' | head -n 1; }
-    # Requests no rule matched a quota for: an unknown name passes with 200, so only this
-    # tells a variant that draws names nobody has from one that looks them up.
-    unlimited() { curl -sf "http://127.0.0.1:$1/stats" | sed -n 's/.*"unlimited":\([0-9]*\).*/\1/p' | head -n 1; }
+    # stats_field PORT FIELD: a number of the yarl_stats page behind PORT.
+    stats_field() { curl -sf "http://127.0.0.1:$1/stats" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" | head -n 1; }
     declare -A UNLIMITED=()
     for round in $(seq 1 "$ROUNDS"); do
         wait_synced "$port"
@@ -358,15 +356,17 @@ for workers in $WORKER_SET; do
         for v in $order; do
             if [ "$v" = conc1 ]; then wait_synced "${VPORT[$v]}"; fi
             cpu0=$(workers_cpu_ns "${VDIR[$v]}")
-            [ "$v" = tmpl1m ] && ins0=$(keys_inserted "${VPORT[$v]}")
-            un0=$(unlimited "${VPORT[$v]}")
+            [ "$v" = tmpl1m ] && ins0=$(stats_field "${VPORT[$v]}" keys_inserted)
+            un0=$(stats_field "${VPORT[$v]}" unlimited)
             out=$(BENCH_UNIQUE=${UNIQUE[$v]:-} BENCH_PATH="/$v?q=" "${wrk_cmd[@]}" -t1 -c"$CONNS" -d"${SECONDS_PER}s" --latency -s "$DIR/bench.lua" "http://127.0.0.1:${VPORT[$v]}")
             cpu1=$(workers_cpu_ns "${VDIR[$v]}")
             reqs=$(echo "$out" | awk '/ requests in / {print $1}')
+            # Requests no rule matched a quota for: an unknown name passes with 200, so only
+            # this tells a variant that draws names nobody has from one that looks them up.
+            UNLIMITED[$v]=$(( ${UNLIMITED[$v]:-0} + $(stats_field "${VPORT[$v]}" unlimited) - un0 ))
             # The template variant measures lookups of keys made before: a key inserted
             # per request would make it the churn variant.
-            UNLIMITED[$v]=$(( ${UNLIMITED[$v]:-0} + $(unlimited "${VPORT[$v]}") - un0 ))
-            [ "$v" = tmpl1m ] && TMPL_INSERTED=$(( ${TMPL_INSERTED:-0} + $(keys_inserted "${VPORT[$v]}") - ins0 )) \
+            [ "$v" = tmpl1m ] && TMPL_INSERTED=$(( ${TMPL_INSERTED:-0} + $(stats_field "${VPORT[$v]}" keys_inserted) - ins0 )) \
                 && TMPL_REQS=$(( ${TMPL_REQS:-0} + ${reqs:-0} ))
             CPR[$v]=$(echo "($cpu1 - $cpu0) / ${reqs:-1}" | bc -l)
             echo "${CPR[$v]}" >>"$d/$v.cpr"

@@ -16,8 +16,8 @@
 # this measures the cost of deciding. Every variant gets the same wrk Lua script (a random
 # leaf name as the path), so wrk's own cost is the same everywhere. The server runs one
 # runtime thread pinned to CPU 0, wrk one thread on CPU 1. Rounds are interleaved (every
-# variant once per round, the order rotated, reversed every other round), each BENCH_SECONDS long; the table shows the
-# medians over BENCH_ROUNDS rounds and, as the noise, each variant's spread (max - min) over
+# variant once per round, the order rotated, reversed every other round), each
+# BENCH_SECONDS long; the table shows the medians over BENCH_ROUNDS rounds and, as the noise, each variant's spread (max - min) over
 # its median. Bounded: about (4 × BENCH_ROUNDS + 4) × BENCH_SECONDS plus the quota load.
 #
 # Then the same four services without any network (tower/examples/layer_cost.rs): called in
