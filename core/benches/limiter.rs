@@ -144,9 +144,9 @@ fn bench(c: &mut Criterion) {
     });
     // A key per client under a template (`key_*`, no quota per key), a million keys made in
     // order first, then accounted across in a random order: nginx's `yarl_account
-    // key_$arg_q` of `make bench-nginx`, beside the same million quotas. The quota index is
-    // probed first (an override would be there), then the template's prefix, then the key
-    // table.
+    // key_$arg_q` of `make bench-nginx`, beside the same million quotas: the template's
+    // prefix, the override filter (no override here, so the quota index is not probed),
+    // then the key table.
     let keyed = Arc::new(
         Limiter::builder().clock(clock.clone()).capacity(1_050_000).keys(2_200_000).build(),
     );

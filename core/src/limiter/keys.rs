@@ -5,7 +5,8 @@
 use super::{Limiter, MAX_CHAIN};
 use crate::zone::keys::{self, is_key_id, KeyTable, Probe, TEMPLATE};
 use crate::zone::slot::{Peers, Slot, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, REJECTED};
-use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
+use crate::zone::{hdr, OVERRIDE_BUCKETS, TEMPLATE_STATS, TSTAT_WORDS};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::Ordering::*;
 
 /// Longest name a template can match: the length byte of a name.
@@ -26,15 +27,30 @@ impl Limiter {
 
     /// The slot deciding for `name`: its quota's, or its key's under the template with the
     /// longest prefix of it (inserted now if new). `None`: unlimited.
+    ///
+    /// A name a template covers looks for a quota of its own (an override) only when the
+    /// override filter says one may exist: a key's request then costs one miss (its slot)
+    /// rather than two (an index entry that finds nothing, then its slot).
     #[inline]
     pub(super) fn resolve(&self, name: &[u8], now: u64) -> Option<(u32, Slot<'_>)> {
-        if let Some(found) = self.find(name) {
-            return Some(found);
-        }
         if self.hdr(hdr::TEMPLATES).load(Relaxed) == 0 {
-            return None;
+            return self.find(name);
         }
-        self.key_of(name, now)
+        self.resolve_templated(name, now)
+    }
+
+    /// [`resolve`](Self::resolve) in a block with templates (apart, so that the path of
+    /// blocks without stays as small as it was).
+    #[inline(never)]
+    fn resolve_templated(&self, name: &[u8], now: u64) -> Option<(u32, Slot<'_>)> {
+        let Some(t) = self.template_for(name) else { return self.find(name) };
+        let h = keys::name_hash(self.key_secret(), name);
+        if self.may_have_quota(h) {
+            if let Some(found) = self.find(name) {
+                return Some(found);
+            }
+        }
+        self.key_of(t, name, h, now)
     }
 
     /// The slot of `name` without creating anything: its quota's, or its key's if the key
@@ -56,6 +72,11 @@ impl Limiter {
 
     /// The template slot whose prefix is the longest of `name`'s, if any.
     pub(super) fn template_for(&self, name: &[u8]) -> Option<u32> {
+        let &first = name.first()?;
+        let firsts = self.hdr(hdr::TEMPLATE_FIRST + usize::from(first / 64)).load(Relaxed);
+        if firsts & 1 << (first % 64) == 0 {
+            return None;
+        }
         let mut buf = [0u8; MAX_PREFIX + 1];
         let longest = name.len().min(MAX_PREFIX - 1);
         for word in (0..4).rev() {
@@ -121,10 +142,8 @@ impl Limiter {
     /// The key slot of `name`, found or inserted; the template's own slot when the key
     /// table has no room for it (the template's bucket then limits every key that did not
     /// fit together, rather than none of them).
-    fn key_of(&self, name: &[u8], now: u64) -> Option<(u32, Slot<'_>)> {
-        let t = self.template_for(name)?;
+    fn key_of(&self, t: u32, name: &[u8], h: (u64, u64), now: u64) -> Option<(u32, Slot<'_>)> {
         let table = self.key_table();
-        let h = keys::name_hash(self.key_secret(), name);
         let now_ms = now / 1_000_000;
         let shared = || self.live_slot(t).map(|x| (t, x));
         for _ in 0..BUSY_TRIES {
@@ -233,6 +252,60 @@ impl Limiter {
         best.map(|(pos, id, _)| (pos, id))
     }
 
+    /// Whether a quota may be named by key hash `h`: false when no quota a template covers
+    /// has `h`'s bucket in the override filter.
+    #[inline]
+    pub(super) fn may_have_quota(&self, h: (u64, u64)) -> bool {
+        let b = override_bucket(h);
+        self.hdr(hdr::OVERRIDES + b / 8).load(Acquire) >> (b % 8 * 8) & 0xFF != 0
+    }
+
+    /// The writer's count of a quota named `name` that came (`up`) or went, in the override
+    /// filter if a template covers the name. Counted after the name is in the index and
+    /// uncounted after it left, so a request path that sees the count finds the quota.
+    pub(super) fn count_override(&self, name: &[u8], up: bool) {
+        if self.template_for(name).is_none() {
+            return;
+        }
+        let b = override_bucket(keys::name_hash(self.key_secret(), name));
+        let shift = b % 8 * 8;
+        let _ = self.hdr(hdr::OVERRIDES + b / 8).fetch_update(Release, Relaxed, |w| {
+            let c = w >> shift & 0xFF;
+            // A saturated count no longer knows how many it holds: it stays until a recount.
+            let c = match (up, c) {
+                (_, 0xFF) => c,
+                (true, _) => c + 1,
+                (false, _) => c.saturating_sub(1),
+            };
+            Some(w & !(0xFF << shift) | c << shift)
+        });
+    }
+
+    /// The writer's count, from scratch, of every quota whose name one of `prefixes` (the
+    /// templates', without the `*`) starts, into the override filter: when templates
+    /// change, before the request paths see the new ones.
+    pub(super) fn recount_overrides(&self, prefixes: &HashSet<Vec<u8>>) {
+        let mut counts = [0u8; OVERRIDE_BUCKETS];
+        let lens: BTreeSet<usize> = prefixes.iter().map(Vec::len).collect();
+        if !prefixes.is_empty() {
+            let arena = self.arena();
+            let used = self.hdr(hdr::NEXT_SLOT).load(Relaxed).min(u64::from(self.layout.slot_cap));
+            for s in 0..used as u32 {
+                let Some(slot) = self.live_slot(s) else { continue };
+                let n = slot.name(&arena);
+                let covered = lens.iter().any(|&l| n.len() >= l && prefixes.contains(&n[..l]));
+                if covered {
+                    let b = override_bucket(keys::name_hash(self.key_secret(), &n));
+                    counts[b] = counts[b].saturating_add(1);
+                }
+            }
+        }
+        for (i, c) in counts.chunks(8).enumerate() {
+            let w = c.iter().enumerate().fold(0u64, |w, (j, &c)| w | u64::from(c) << (j * 8));
+            self.hdr(hdr::OVERRIDES + i).store(w, Release);
+        }
+    }
+
     pub(super) fn key_secret(&self) -> (u64, u64) {
         (self.hdr(hdr::KEY_SECRET).load(Relaxed), self.hdr(hdr::KEY_SECRET + 1).load(Relaxed))
     }
@@ -258,3 +331,9 @@ impl Limiter {
 }
 
 const _: () = assert!(MAX_CHAIN < MAX_PREFIX);
+
+/// A key hash's bucket in the override filter (bits the key table's position does not use).
+#[inline]
+fn override_bucket(h: (u64, u64)) -> usize {
+    (h.1 >> 40) as usize % OVERRIDE_BUCKETS
+}

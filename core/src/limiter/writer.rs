@@ -210,7 +210,7 @@ impl Limiter {
         // Keys take their parent from their template: a parent deleted or re-created moves
         // them too.
         if a.templates || (!w.templates.is_empty() && !a.deleted.is_empty()) {
-            self.refresh_templates(w, a.now);
+            self.refresh_templates(w, a.now, a.templates);
         }
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::EPOCH_SEEN).fetch_max(a.max_epoch, Relaxed);
@@ -463,6 +463,7 @@ impl Limiter {
             return None;
         }
         slot.w(ID).store(u.id, Release);
+        self.count_override(n, true);
         w.by_id.insert_unique(hash_id(u.id), s, |&j| self.id_at(j));
         if is_template(&u.name) {
             w.templates.insert(s);
@@ -475,13 +476,18 @@ impl Limiter {
         let old = slot.name(&self.arena());
         let rehash = |x: u32| self.rehash_slot(x);
         self.index().remove(self.hash(&old), s, now, &rehash);
+        self.count_override(&old, false);
         self.drop_name(s);
         if !self.write_name(s, n) {
             return false;
         }
         let h = self.hash(n);
         slot.set_tag_parent((h >> 32) as u32, slot.parent());
-        self.index().insert(h, s, now, &rehash).is_ok()
+        let indexed = self.index().insert(h, s, now, &rehash).is_ok();
+        if indexed {
+            self.count_override(n, true);
+        }
+        indexed
     }
 
     fn alloc_slot(&self, now: u64) -> Option<u32> {
@@ -536,6 +542,7 @@ impl Limiter {
         let id = slot.get(ID);
         let n = slot.name(&self.arena());
         self.index().remove(self.hash(&n), s, now, &|x| self.rehash_slot(x));
+        self.count_override(&n, false);
         slot.w(ID).store(0, Release);
         slot.set_parent(0);
         if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
@@ -578,19 +585,33 @@ impl Limiter {
         w.unresolved.remove(&s);
     }
 
-    /// After templates changed: their count and prefix lengths in the header (what the
-    /// request path matches names with), each key with its template's numbers and parent,
-    /// and the keys of templates that are gone freed. A walk of the key table, only when a
-    /// template changed.
-    fn refresh_templates(&self, w: &mut Writer, now: u64) {
+    /// After templates changed: their count, prefix lengths and first bytes in the header
+    /// (what the request path matches names with), each key with its template's numbers
+    /// and parent, and the keys of templates that are gone freed. A walk of the key table,
+    /// only when a template changed; when one was created, renamed or deleted (`renamed`),
+    /// a walk of the quotas too, to count the override filter again.
+    fn refresh_templates(&self, w: &mut Writer, now: u64, renamed: bool) {
         let mut lens = [0u64; 4];
+        let mut firsts = [0u64; 4];
+        let mut prefixes = HashSet::new();
         let mut held: HashMap<u32, (u64, u64, u64, u32)> = HashMap::new();
         w.templates.retain(|&t| self.live_slot(t).is_some());
         for &t in &w.templates {
             let Some(s) = self.live_slot(t) else { continue };
-            let len = s.name(&self.arena()).len().saturating_sub(1);
+            let mut prefix = s.name(&self.arena());
+            prefix.pop();
+            let len = prefix.len();
             lens[len / 64 % 4] |= 1 << (len % 64);
+            if let Some(&b) = prefix.first() {
+                firsts[usize::from(b / 64)] |= 1 << (b % 64);
+            }
+            if !prefix.is_empty() {
+                prefixes.insert(prefix);
+            }
             held.insert(t, (s.get(LIMIT), s.get(LOW), s.get(HIGH), s.parent()));
+        }
+        if renamed {
+            self.recount_overrides(&prefixes);
         }
         let keys = self.key_table();
         let now_ms = now / 1_000_000;
@@ -625,6 +646,7 @@ impl Limiter {
         self.assign_template_counts(&held, &found);
         for (i, bits) in lens.iter().enumerate() {
             self.hdr(hdr::TEMPLATE_LENS + i).store(*bits, Relaxed);
+            self.hdr(hdr::TEMPLATE_FIRST + i).store(firsts[i], Relaxed);
         }
         self.hdr(hdr::TEMPLATES).store(held.len() as u64, Release);
     }

@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 14;
+pub const LAYOUT_VERSION: u64 = 15;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -45,10 +45,12 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// Index areas beyond one per shard, for rebuilding a shard beside the live one.
 pub(crate) const SPARE_AREAS: usize = 4;
 /// Header words.
-pub(crate) const HEADER_WORDS: usize =
-    (hdr::TSTAT_COUNTS + (TEMPLATE_STATS + 1) * TSTAT_WORDS).next_multiple_of(8);
+pub(crate) const HEADER_WORDS: usize = (hdr::OVERRIDES + OVERRIDE_BUCKETS / 8).next_multiple_of(8);
 const _: () = assert!(hdr::AUX + AUX_LANES * AUX_COUNTERS == hdr::TSTAT_IDS);
 const _: () = assert!(hdr::TSTAT_IDS + TEMPLATE_STATS == hdr::TSTAT_COUNTS);
+const _: () = assert!(hdr::TSTAT_COUNTS + (TEMPLATE_STATS + 1) * TSTAT_WORDS <= hdr::OVERRIDES);
+/// Buckets of the override filter ([`hdr::OVERRIDES`]): one byte each, eight to a word.
+pub(crate) const OVERRIDE_BUCKETS: usize = 512;
 /// Templates whose keys are counted apart (in the order the block first held them); the
 /// keys of any others are counted together, as `_other`.
 pub const TEMPLATE_STATS: usize = 64;
@@ -199,6 +201,10 @@ pub(crate) mod hdr {
         /// processes that died holding them.
         pub const LEDGER_FULL = 121;
         pub const LEDGER_REAPED = 122;
+        /// A bitmap of the first bytes of templates' prefixes (4 words, bit b: a template's
+        /// prefix starts with byte b): most names no template covers are told so by one
+        /// load.
+        pub const TEMPLATE_FIRST = 123;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
         /// `TEMPLATE_STATS` words: the template slot + 1 each entry of the counts below
@@ -206,6 +212,13 @@ pub(crate) mod hdr {
         pub const TSTAT_IDS = 640;
         /// `TEMPLATE_STATS + 1` entries of `TSTAT_WORDS` counts; the last is `_other`.
         pub const TSTAT_COUNTS = 704;
+        /// The override filter: `OVERRIDE_BUCKETS` byte counts of the quotas whose name a
+        /// template covers (overrides, and templates under a shorter one), by a bucket of
+        /// the name's key hash. A name whose bucket is 0 has no quota of its own, so a
+        /// key's request path skips the index (see `limiter/keys.rs`). A count saturates
+        /// at 255 and stays (its names always take the index) until the writer counts
+        /// again, which it does whenever templates change.
+        pub const OVERRIDES = 904;
     }
 }
 
@@ -527,6 +540,7 @@ mod tests {
             ("max_shards", MAX_SHARDS),
             ("spare_areas", SPARE_AREAS),
             ("header_words", HEADER_WORDS),
+            ("override_buckets", OVERRIDE_BUCKETS),
             ("aux_counters", AUX_COUNTERS),
             ("aux_lanes", AUX_LANES),
             ("recent_rejections", RECENT_REJECTIONS),

@@ -55,8 +55,8 @@ pub use layout::{
     TEMPLATE_STATS,
 };
 pub(crate) use layout::{
-    hdr, ledger_row_words, validate, Layout, NameHasher, COLD_WORDS, PERMIT_ENTRY_WORDS,
-    RECENT_REJECTIONS, ROOT_WORDS, SLOT_WORDS, SPARE_AREAS, TSTAT_WORDS,
+    hdr, ledger_row_words, validate, Layout, NameHasher, COLD_WORDS, OVERRIDE_BUCKETS,
+    PERMIT_ENTRY_WORDS, RECENT_REJECTIONS, ROOT_WORDS, SLOT_WORDS, SPARE_AREAS, TSTAT_WORDS,
 };
 
 use std::fmt;

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::clock::Clock;
+use crate::zone::hdr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 fn passes(l: &Limiter, name: &[u8], n: usize) -> usize {
@@ -64,6 +66,75 @@ fn an_override_wins_and_deleting_it_falls_back() {
     assert_eq!(passes(&l, b"api_key_vip", 30), 21, "its own quota, from 0");
     l.apply_quotas(&[tomb(2, "api_key_vip", 3)]);
     assert_eq!(passes(&l, b"api_key_vip", 10), 0, "back on its key, still full");
+}
+
+/// The override filter's counts, summed over its buckets.
+fn filter_total(l: &Limiter) -> u64 {
+    (0..crate::zone::OVERRIDE_BUCKETS / 8)
+        .map(|i| {
+            l.hdr(hdr::OVERRIDES + i)
+                .load(Relaxed)
+                .to_le_bytes()
+                .iter()
+                .map(|&b| u64::from(b))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+#[test]
+fn overrides_win_whichever_came_first_and_however_many() {
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(2000).keys(1000).build();
+    // An override made before its template is counted when the template comes.
+    l.apply_quotas(&[q(1, "api_key_early", 1, 1.0, 20.0, 20.0, None)]);
+    assert_eq!(filter_total(&l), 0, "no template covers it yet");
+    l.apply_quotas(&[q(2, "api_key_*", 2, 1.0, 2.0, 2.0, None)]);
+    assert_eq!(filter_total(&l), 2, "the override and the template's own name");
+    assert_eq!(passes(&l, b"api_key_early", 30), 21);
+    assert_eq!(passes(&l, b"api_key_other", 10), 3);
+    // More overrides than the filter has buckets, in one batch with a quota no template
+    // covers: each wins over its key, the rest stay keys.
+    let mut many: Vec<_> =
+        (0..1200).map(|i| q(10 + i, &format!("api_key_o{i}"), 3, 1.0, 9.0, 9.0, None)).collect();
+    many.push(q(5000, "plain_quota", 3, 1.0, 4.0, 4.0, None));
+    l.apply_quotas(&many);
+    assert_eq!(filter_total(&l), 1202);
+    for i in (0..1200).step_by(97) {
+        assert_eq!(passes(&l, format!("api_key_o{i}").as_bytes(), 20), 10, "override {i}");
+    }
+    assert_eq!(passes(&l, b"plain_quota", 10), 5);
+    assert_eq!(passes(&l, b"api_key_nobody", 10), 3);
+    // Renamed out of the template's reach, then deleted: the names fall back to keys.
+    l.apply_quotas(&[q(10, "elsewhere", 4, 1.0, 9.0, 9.0, None)]);
+    assert_eq!(passes(&l, b"api_key_o0", 10), 3, "a fresh key");
+    assert_eq!(passes(&l, b"elsewhere", 20), 0, "the renamed quota keeps its full bucket");
+    let gone: Vec<_> = (1..1200).map(|i| tomb(10 + i, &format!("api_key_o{i}"), 5)).collect();
+    l.apply_quotas(&gone);
+    assert_eq!(filter_total(&l), 2);
+    assert_eq!(passes(&l, b"api_key_o5", 10), 3);
+    // A second, shorter template covers the first one's name and `plain_quota`'s; deleting
+    // the first leaves the early override to the second.
+    l.apply_quotas(&[q(3, "p*", 6, 1.0, 1.0, 1.0, None), q(4, "api_*", 6, 1.0, 1.0, 1.0, None)]);
+    assert_eq!(filter_total(&l), 5, "api_key_early, api_key_*, plain_quota, and each template");
+    assert_eq!(passes(&l, b"plain_quota", 10), 0, "still its own quota, full");
+    l.apply_quotas(&[tomb(2, "api_key_*", 7)]);
+    assert_eq!(passes(&l, b"api_key_early", 10), 0, "still its own quota, full");
+    assert_eq!(passes(&l, b"api_key_new", 10), 2, "a key of api_*");
+    // A count past 255 saturates and stays (a name whose bucket is saturated always takes
+    // the index) until templates change and the writer counts again.
+    let b = |l: &Limiter| l.may_have_quota(crate::zone::keys::name_hash(l.key_secret(), b"api_x"));
+    assert!(!b(&l));
+    for _ in 0..300 {
+        l.count_override(b"api_x", true);
+    }
+    for _ in 0..300 {
+        l.count_override(b"api_x", false);
+    }
+    assert!(b(&l), "saturated");
+    l.apply_quotas(&[q(4, "api_*", 8, 1.0, 2.0, 2.0, None)]);
+    assert!(!b(&l), "counted again");
+    assert_eq!(filter_total(&l), 4, "api_key_early, plain_quota, and each template");
 }
 
 #[test]
