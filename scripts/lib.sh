@@ -95,13 +95,18 @@ rotated() {
 }
 
 # wrk_figures VARIANT OUT: from OUT, a report of `wrk --latency`, sets WRK_RPS (requests per
-# second) and WRK_P99 (ms), empty where OUT lacks them, and WRK_NON2XX (0 if none); warns
-# on stderr, naming VARIANT, of non-2xx answers.
+# second) and WRK_P99 (ms), empty where OUT lacks them, WRK_NON2XX and WRK_SOCKERR (socket
+# errors and timeouts; 0 if none); warns on stderr, naming VARIANT, of either.
 wrk_figures() {
-    local non2xx
+    local non2xx sockerr
     WRK_RPS=$(echo "$2" | awk '/^Requests\/sec:/ {print $2}')
     WRK_P99=$(echo "$2" | awk '$1 == "99%" {print $2}' | to_ms)
     non2xx=$(echo "$2" | awk '/Non-2xx/ {print $NF}')
     WRK_NON2XX=${non2xx:-0}
     [ -z "$non2xx" ] || echo "  warning: $1 had $non2xx non-2xx answers" >&2
+    # wrk counts a connect, read or write error or a timed-out request apart from the
+    # requests it reports: a round that lost any measured a server that failed some.
+    sockerr=$(echo "$2" | awk '/Socket errors:/ {gsub(",", ""); print $4 + $6 + $8 + $10}')
+    WRK_SOCKERR=${sockerr:-0}
+    [ "$WRK_SOCKERR" = 0 ] || echo "  warning: $1 had $WRK_SOCKERR socket errors or timeouts" >&2
 }

@@ -240,7 +240,7 @@ class Load:
         self.assign = [None] * n
         self.paths = paths or [b"/c/"] * n
         self.stop = False
-        self.counts = {"ok": 0, "refused": 0, "errors": 0}
+        self.counts = {"ok": 0, "refused": 0, "failed": 0, "errors": 0}
 
     async def client(self, k):
         while not self.stop:
@@ -258,8 +258,13 @@ class Load:
                     status = await asyncio.wait_for(read_response(reader), 5)
                     if status == 200:
                         self.counts["ok"] += 1
-                    else:
+                    elif status == 429:
                         self.counts["refused"] += 1
+                        await asyncio.sleep(0.1)
+                    else:
+                        # Not a refusal: a failure (a 5xx of nginx or the upstream) must
+                        # not pass for the cap at work.
+                        self.counts["failed"] += 1
                         await asyncio.sleep(0.1)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
                 self.counts["errors"] += 1
@@ -384,7 +389,8 @@ def measure_keys(c, a):
     if first_most > 2 * cap or late_most > cap:
         print("MISSED: a new key above its bound")
         fatal = True
-    print(f"load: {load.counts['ok']} admitted, {load.counts['refused']} refused, "
+    print(f"load: {load.counts['ok']} admitted, {load.counts['refused']} refused (429), "
+          f"{load.counts['failed']} failed (another status), "
           f"{load.counts['errors']} connection errors")
     load.stop = True
     return fatal
@@ -544,7 +550,8 @@ def main():
         if left != 0 or admitted != cap:
             print("MISSED: slots leaked (or too many admitted)")
             fatal = True
-        print(f"load: {load.counts['ok']} admitted, {load.counts['refused']} refused, "
+        print(f"load: {load.counts['ok']} admitted, {load.counts['refused']} refused (429), "
+              f"{load.counts['failed']} failed (another status), "
               f"{load.counts['errors']} connection errors (the killed nginx's clients)")
     except Exception as e:  # noqa: BLE001 - report and clean up whatever failed
         print(f"measure-concurrency: {e}", file=sys.stderr)
