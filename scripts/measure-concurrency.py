@@ -2,7 +2,8 @@
 """A cluster-wide cap on requests in flight, measured on real processes: two nginx of two
 workers each (`yarl_concurrency conc;`), two roots (`--replica 0/2` and `1/2`, one
 PostgreSQL), quota `conc` with `max_in_flight` C (50), requests proxied to a slow upstream
-(200 ms each) which counts what it runs, every 10 ms. Everything on loopback.
+(200 ms each) which counts what it runs every 10 ms, with the most it ran in between.
+Everything on loopback.
 
     scripts/with-postgres.sh scripts/measure-concurrency.py --nginx NGINX --module MODULE.so \\
         --root YARL_ROOT
@@ -57,6 +58,9 @@ LEASE = 3.0
 def upstream(port, out):
     counts = {"total": 0, b"a": 0, b"b": 0}
     keys = {}
+    # The most in flight since the last sample, overall and per key: a request that came
+    # and went between two samples still counts toward the maximum.
+    peaks = {"total": 0}
     f = open(out, "w", buffering=1)
 
     async def serve(reader, writer):
@@ -69,8 +73,10 @@ def upstream(port, out):
             key = m.group(1).decode() if m else None
             counts["total"] += 1
             counts[who] = counts.get(who, 0) + 1
+            peaks["total"] = max(peaks["total"], counts["total"])
             if key:
                 keys[key] = keys.get(key, 0) + 1
+                peaks[key] = max(peaks.get(key, 0), keys[key])
             try:
                 await asyncio.sleep(HOLD)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
@@ -87,8 +93,13 @@ def upstream(port, out):
 
     async def sample():
         while True:
-            per_key = " ".join(f"{k}={v}" for k, v in keys.items() if v)
-            f.write(f"{time.time():.4f} {counts['total']} {counts[b'a']} {counts[b'b']} {per_key}\n")
+            per_key = " ".join(f"{k}={v}:{peaks.get(k, v)}" for k, v in keys.items()
+                               if v or peaks.get(k))
+            f.write(f"{time.time():.4f} {counts['total']} {counts[b'a']} {counts[b'b']} "
+                    f"peak={peaks['total']} {per_key}\n")
+            peaks.clear()
+            peaks.update(keys)
+            peaks["total"] = counts["total"]
             await asyncio.sleep(0.01)
 
     async def main():
@@ -315,17 +326,19 @@ def watch_shares(path):
 
 
 def read_samples(path, t0, t1, keys=False):
-    """(time, total, from nginx 1, from nginx 2), with a dict of the keys' counts last when
-    `keys`."""
+    """(time, total, from nginx 1, from nginx 2, the most in flight since the sample before),
+    with dicts of the keys' most since the sample before and of their counts at the sample
+    between the last two when `keys`."""
     out = []
     with open(path) as f:
         for line in f:
             p = line.split()
-            if len(p) >= 4 and t0 <= float(p[0]) < t1:
+            if len(p) >= 5 and t0 <= float(p[0]) < t1:
                 row = (float(p[0]), int(p[1]), int(p[2]), int(p[3]))
                 if keys:
-                    row += (dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in p[4:]),)
-                out.append(row)
+                    kv = [(k, v.split(":")) for k, v in (t.split("=") for t in p[5:])]
+                    row += (dict((k, int(v[1])) for k, v in kv), dict((k, int(v[0])) for k, v in kv))
+                out.append(row + (int(p[4].split("=")[1]),))
     return out
 
 
@@ -353,9 +366,8 @@ def measure_keys(c, a):
     total = {f"k{j}": 0 for j in range(k)}
     for row in st:
         for key in most:
-            v = row[4].get(key, 0)
-            most[key] = max(most[key], v)
-            total[key] += v
+            most[key] = max(most[key], row[4].get(key, 0))
+            total[key] += row[5].get(key, 0)
     means = [total[key] / len(st) for key in most]
     mx = max(most.values())
     print(f"steady {a.steady:.0f} s, {len(st)} samples: most in flight of any key {mx} (cap "
@@ -472,7 +484,7 @@ def main():
         time.sleep(a.steady)
         st = read_samples(c.samples, t0, time.time())
         tot = [s[1] for s in st]
-        mx, mean = max(tot), sum(tot) / len(tot)
+        mx, mean = max(s[4] for s in st), sum(tot) / len(tot)
         print(f"steady {a.steady:.0f} s, {len(st)} samples: max {mx} (cap {cap}), mean "
               f"{mean:.1f} = {mean / cap:.3f} x C; per nginx mean "
               f"{sum(s[2] for s in st) / len(st):.1f} / {sum(s[3] for s in st) / len(st):.1f}")
@@ -494,10 +506,10 @@ def main():
         print(f"move: nginx 1 alone ran {sum(s[2] for s in before[-500:]) / max(1, len(before[-500:])):.1f} "
               f"in its last 5 s; after the move nginx 2 ran >= 0.9 C after "
               f"{'never' if t90 is None else f'{t90:.2f} s'} (target {2 * INTERVAL:.0f} s); "
-              f"max in flight {max(s[1] for s in mv)}")
+              f"max in flight {max(s[4] for s in mv)}")
         if t90 is None or t90 > 2 * INTERVAL:
             print("MISSED: the share did not follow the traffic within 2 intervals")
-        if max(s[1] for s in mv) > cap:
+        if max(s[4] for s in mv) > cap:
             print("MISSED: above the cap during the move")
             fatal = True
 
@@ -516,10 +528,10 @@ def main():
               f"before): nginx 2 ran 0.9 C after "
               f"{'never' if t_90 is None else f'{t_90:.2f} s'}, all of C after "
               f"{'never' if t_all is None else f'{t_all:.2f} s'} (target lease + 1 interval = "
-              f"{LEASE + INTERVAL:.0f} s); max in flight {max(s[1] for s in kl)}")
+              f"{LEASE + INTERVAL:.0f} s); max in flight {max(s[4] for s in kl)}")
         if t_all is None or t_all > LEASE + INTERVAL:
             print("MISSED: the dead nginx's share came back later than the lease + 1 interval")
-        if max(s[1] for s in kl) > cap:
+        if max(s[4] for s in kl) > cap:
             print("MISSED: above the cap after the kill")
             fatal = True
 
