@@ -281,6 +281,14 @@ impl Limiter {
         });
     }
 
+    /// The writer's mark, before a batch that makes templates, that any name may have a
+    /// quota (every count saturated) until [`recount_overrides`](Self::recount_overrides).
+    pub(super) fn saturate_overrides(&self) {
+        for i in 0..OVERRIDE_BUCKETS / 8 {
+            self.hdr(hdr::OVERRIDES + i).store(u64::MAX, Release);
+        }
+    }
+
     /// The writer's count, from scratch, of every quota whose name one of `prefixes` (the
     /// templates', without the `*`) starts, into the override filter: when templates
     /// change, before the request paths see the new ones.
@@ -334,6 +342,6 @@ const _: () = assert!(MAX_CHAIN < MAX_PREFIX);
 
 /// A key hash's bucket in the override filter (bits the key table's position does not use).
 #[inline]
-fn override_bucket(h: (u64, u64)) -> usize {
+pub(super) fn override_bucket(h: (u64, u64)) -> usize {
     (h.1 >> 40) as usize % OVERRIDE_BUCKETS
 }

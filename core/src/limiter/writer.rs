@@ -126,9 +126,41 @@ impl Limiter {
                 w.by_id.insert_unique(hash_id(id), s, |&j| self.id_at(j));
             }
         }
+        // A writer that stopped in the middle of a batch may have left the filter
+        // saturated or the bitmaps behind its templates: both from the block again.
+        let (prefixes, lens, firsts) = self.template_prefixes(w);
+        self.recount_overrides(&prefixes);
+        self.publish_template_bitmaps(&lens, &firsts);
         let token = fastrand::u64(1..);
         self.hdr(hdr::WRITER).store(token, Release);
         w.token = token;
+    }
+
+    /// The templates' prefixes (without the `*`), and the bitmaps of their lengths and
+    /// first bytes the request path matches names with.
+    fn template_prefixes(&self, w: &Writer) -> (HashSet<Vec<u8>>, [u64; 4], [u64; 4]) {
+        let mut lens = [0u64; 4];
+        let mut firsts = [0u64; 4];
+        let mut prefixes = HashSet::new();
+        for &t in &w.templates {
+            let Some(s) = self.live_slot(t) else { continue };
+            let mut prefix = s.name(&self.arena());
+            prefix.pop();
+            let len = prefix.len();
+            lens[len / 64 % 4] |= 1 << (len % 64);
+            if let Some(&b) = prefix.first() {
+                firsts[usize::from(b / 64)] |= 1 << (b % 64);
+                prefixes.insert(prefix);
+            }
+        }
+        (prefixes, lens, firsts)
+    }
+
+    fn publish_template_bitmaps(&self, lens: &[u64; 4], firsts: &[u64; 4]) {
+        for i in 0..4 {
+            self.hdr(hdr::TEMPLATE_LENS + i).store(lens[i], Release);
+            self.hdr(hdr::TEMPLATE_FIRST + i).store(firsts[i], Release);
+        }
     }
 
     /// Slots ever allocated (live or free).
@@ -180,6 +212,13 @@ impl Limiter {
         };
         let mut guard = self.writer();
         let w = &mut *guard;
+        let saturated = updates.iter().any(|u| is_template(&u.name));
+        if saturated {
+            // A template made in this batch is in the index (request paths may match names
+            // to it) before the filter is counted for it at the end: until then every name
+            // takes the index, as before there was a filter.
+            self.saturate_overrides();
+        }
         for u in updates {
             if validate_name(&u.name).is_err() || u.id == 0 {
                 a.report.invalid += 1;
@@ -209,8 +248,9 @@ impl Limiter {
         self.link_waiting_children(w);
         // Keys take their parent from their template: a parent deleted or re-created moves
         // them too.
-        if a.templates || (!w.templates.is_empty() && !a.deleted.is_empty()) {
-            self.refresh_templates(w, a.now, a.templates);
+        let recount = saturated || a.templates;
+        if recount || (!w.templates.is_empty() && !a.deleted.is_empty()) {
+            self.refresh_templates(w, a.now, recount);
         }
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::EPOCH_SEEN).fetch_max(a.max_epoch, Relaxed);
@@ -443,7 +483,7 @@ impl Limiter {
         slot.set_tail_off(0);
     }
 
-    fn insert(&self, w: &mut Writer, u: &QuotaUpdate, now: u64) -> Option<u32> {
+    pub(super) fn insert(&self, w: &mut Writer, u: &QuotaUpdate, now: u64) -> Option<u32> {
         let raw = raw_name(&u.name);
         let n = &raw[..];
         let h = self.hash(n);
@@ -475,8 +515,11 @@ impl Limiter {
         let Some(slot) = self.slot(s) else { return false };
         let old = slot.name(&self.arena());
         let rehash = |x: u32| self.rehash_slot(x);
-        self.index().remove(self.hash(&old), s, now, &rehash);
-        self.count_override(&old, false);
+        // Counted only if its index entry was made: uncounted only if there was one (a
+        // rename that failed leaves none, and freeing the slot then must not uncount again).
+        if self.index().remove(self.hash(&old), s, now, &rehash) {
+            self.count_override(&old, false);
+        }
         self.drop_name(s);
         if !self.write_name(s, n) {
             return false;
@@ -541,8 +584,9 @@ impl Limiter {
         let Some(slot) = self.slot(s) else { return };
         let id = slot.get(ID);
         let n = slot.name(&self.arena());
-        self.index().remove(self.hash(&n), s, now, &|x| self.rehash_slot(x));
-        self.count_override(&n, false);
+        if self.index().remove(self.hash(&n), s, now, &|x| self.rehash_slot(x)) {
+            self.count_override(&n, false);
+        }
         slot.w(ID).store(0, Release);
         slot.set_parent(0);
         if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
@@ -588,29 +632,18 @@ impl Limiter {
     /// After templates changed: their count, prefix lengths and first bytes in the header
     /// (what the request path matches names with), each key with its template's numbers
     /// and parent, and the keys of templates that are gone freed. A walk of the key table,
-    /// only when a template changed; when one was created, renamed or deleted (`renamed`),
-    /// a walk of the quotas too, to count the override filter again.
-    fn refresh_templates(&self, w: &mut Writer, now: u64, renamed: bool) {
-        let mut lens = [0u64; 4];
-        let mut firsts = [0u64; 4];
-        let mut prefixes = HashSet::new();
+    /// only when a template changed; with `recount` (a batch that named a template, and
+    /// saturated the override filter first), a walk of the quotas too, to count the filter
+    /// again before the new bitmaps are published.
+    fn refresh_templates(&self, w: &mut Writer, now: u64, recount: bool) {
         let mut held: HashMap<u32, (u64, u64, u64, u32)> = HashMap::new();
         w.templates.retain(|&t| self.live_slot(t).is_some());
         for &t in &w.templates {
             let Some(s) = self.live_slot(t) else { continue };
-            let mut prefix = s.name(&self.arena());
-            prefix.pop();
-            let len = prefix.len();
-            lens[len / 64 % 4] |= 1 << (len % 64);
-            if let Some(&b) = prefix.first() {
-                firsts[usize::from(b / 64)] |= 1 << (b % 64);
-            }
-            if !prefix.is_empty() {
-                prefixes.insert(prefix);
-            }
             held.insert(t, (s.get(LIMIT), s.get(LOW), s.get(HIGH), s.parent()));
         }
-        if renamed {
+        let (prefixes, lens, firsts) = self.template_prefixes(w);
+        if recount {
             self.recount_overrides(&prefixes);
         }
         let keys = self.key_table();
@@ -644,10 +677,7 @@ impl Limiter {
             }
         }
         self.assign_template_counts(&held, &found);
-        for (i, bits) in lens.iter().enumerate() {
-            self.hdr(hdr::TEMPLATE_LENS + i).store(*bits, Relaxed);
-            self.hdr(hdr::TEMPLATE_FIRST + i).store(firsts[i], Relaxed);
-        }
+        self.publish_template_bitmaps(&lens, &firsts);
         self.hdr(hdr::TEMPLATES).store(held.len() as u64, Release);
     }
 

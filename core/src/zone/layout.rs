@@ -215,9 +215,10 @@ pub(crate) mod hdr {
         /// The override filter: `OVERRIDE_BUCKETS` byte counts of the quotas whose name a
         /// template covers (overrides, and templates under a shorter one), by a bucket of
         /// the name's key hash. A name whose bucket is 0 has no quota of its own, so a
-        /// key's request path skips the index (see `limiter/keys.rs`). A count saturates
-        /// at 255 and stays (its names always take the index) until the writer counts
-        /// again, which it does whenever templates change.
+        /// key's request path skips the index (see `limiter/keys.rs`). Before a batch
+        /// that names a template the writer sets every count to 255 (every name takes the
+        /// index) and counts again from the quotas at its end; a writer that takes over
+        /// counts again too. A count that reaches 255 stays until such a count.
         pub const OVERRIDES = 904;
     }
 }

@@ -137,6 +137,80 @@ fn overrides_win_whichever_came_first_and_however_many() {
     assert_eq!(filter_total(&l), 4, "api_key_early, plain_quota, and each template");
 }
 
+/// The filter's bucket of a name.
+fn bucket_of(l: &Limiter, n: &[u8]) -> usize {
+    crate::limiter::keys::override_bucket(crate::zone::keys::name_hash(l.key_secret(), n))
+}
+
+#[test]
+fn a_rename_that_fails_uncounts_its_override_once() {
+    // Two overrides in one bucket; the arena then fills, and renaming one of them to a long
+    // name fails (its name does not fit): freed, it must not take the other's count away.
+    let clock = ManualClock::at(10 * S);
+    let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(200).keys(100).build();
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
+    let vip = bucket_of(&l, b"api_key_vip");
+    let other = (0..100_000)
+        .map(|i| format!("api_key_s{i}"))
+        .find(|n| bucket_of(&l, n.as_bytes()) == vip)
+        .unwrap();
+    l.apply_quotas(&[
+        q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
+        q(3, &other, 1, 1.0, 20.0, 20.0, None),
+    ]);
+    for id in 100.. {
+        let r = l.apply_quotas(&[q(id, &format!("zz{id:0>200}"), 1, 1.0, 1.0, 1.0, None)]);
+        if r.missing > 0 {
+            break;
+        }
+        assert!(id < 200, "the arena never filled");
+    }
+    let long = format!("api_key_{}", "l".repeat(200));
+    assert!(l.apply_quotas(&[q(3, &long, 2, 1.0, 20.0, 20.0, None)]).missing > 0);
+    assert_eq!(passes(&l, b"api_key_vip", 30), 21, "still its own quota");
+}
+
+#[test]
+fn a_new_writer_counts_the_filter_again() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[
+        q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None),
+        q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
+    ]);
+    // A writer that died in the middle of a batch may leave the filter anyhow.
+    for i in 0..crate::zone::OVERRIDE_BUCKETS / 8 {
+        l.hdr(hdr::OVERRIDES + i).store(0, Relaxed);
+    }
+    l.hdr(hdr::WRITER).store(1, Relaxed);
+    l.apply_quotas(&[q(3, "elsewhere", 1, 1.0, 1.0, 1.0, None)]);
+    assert_eq!(filter_total(&l), 2);
+    assert_eq!(passes(&l, b"api_key_vip", 30), 21);
+}
+
+#[test]
+fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[
+        q(1, "abc_*", 1, 1.0, 2.0, 2.0, None),
+        q(2, "api_vip", 1, 1.0, 20.0, 20.0, None),
+    ]);
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"api_vip");
+    assert!(!l.may_have_quota(h), "no template covers it");
+    // What `apply_quotas` does first with a batch that names a template, then the template
+    // inserted: a request path that meets `api_*` before the recount still finds the
+    // override.
+    l.saturate_overrides();
+    let mut w = l.writer();
+    l.insert(&mut w, &q(3, "api_*", 1, 1.0, 2.0, 2.0, None), 10 * S).unwrap();
+    drop(w);
+    assert!(l.template_for(b"api_vip").is_some());
+    assert_eq!(l.resolve(b"api_vip", 10 * S).map(|r| r.0), l.find(b"api_vip").map(|r| r.0));
+    // The whole batch ends counted.
+    l.apply_quotas(&[q(3, "api_*", 2, 1.0, 2.0, 2.0, None)]);
+    assert!(l.may_have_quota(h));
+    assert_eq!(filter_total(&l), 3, "api_vip and each template");
+}
+
 #[test]
 fn the_longest_prefix_wins() {
     let (l, _) = keyed(1000);
