@@ -176,6 +176,31 @@ impl Limiter {
         w.by_id.find(hash_id(id), |&i| self.slot(i).is_some_and(|s| s.get(ID) == id)).copied()
     }
 
+    /// Whether `u` may change which templates the block holds (make, delete or rename one,
+    /// or rename a quota to or from a template's name), so that the override filter is to
+    /// be counted again. A change of a template's numbers does not, nor does a refetch
+    /// that brings the templates held.
+    fn may_change_templates(&self, w: &Writer, u: &QuotaUpdate) -> bool {
+        let template = is_template(&u.name);
+        if !template && w.templates.is_empty() {
+            return false;
+        }
+        let existing = self.find_id(w, u.id);
+        let was_template = existing.is_some_and(|s| w.templates.contains(&s));
+        if !template {
+            return was_template;
+        }
+        match existing {
+            None => !u.deleted,
+            Some(s) => {
+                u.deleted
+                    || !was_template
+                    || self.slot(s).map(|x| x.name(&self.arena()))
+                        != Some(raw_name(&u.name).to_vec())
+            }
+        }
+    }
+
     pub(super) fn id_count(w: &Writer) -> usize {
         w.by_id.len()
     }
@@ -212,8 +237,8 @@ impl Limiter {
         };
         let mut guard = self.writer();
         let w = &mut *guard;
-        let saturated = updates.iter().any(|u| is_template(&u.name));
-        if saturated {
+        let recount = updates.iter().any(|u| self.may_change_templates(w, u));
+        if recount {
             // A template made in this batch is in the index (request paths may match names
             // to it) before the filter is counted for it at the end: until then every name
             // takes the index, as before there was a filter.
@@ -248,8 +273,7 @@ impl Limiter {
         self.link_waiting_children(w);
         // Keys take their parent from their template: a parent deleted or re-created moves
         // them too.
-        let recount = saturated || a.templates;
-        if recount || (!w.templates.is_empty() && !a.deleted.is_empty()) {
+        if recount || a.templates || (!w.templates.is_empty() && !a.deleted.is_empty()) {
             self.refresh_templates(w, a.now, recount);
         }
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
@@ -632,8 +656,9 @@ impl Limiter {
     /// After templates changed: their count, prefix lengths and first bytes in the header
     /// (what the request path matches names with), each key with its template's numbers
     /// and parent, and the keys of templates that are gone freed. A walk of the key table,
-    /// only when a template changed; with `recount` (a batch that named a template, and
-    /// saturated the override filter first), a walk of the quotas too, to count the filter
+    /// only when a template changed; with `recount` (a batch that may make, delete or
+    /// rename a template, and saturated the override filter first), a walk of the quotas
+    /// too, to count the filter
     /// again before the new bitmaps are published.
     fn refresh_templates(&self, w: &mut Writer, now: u64, recount: bool) {
         let mut held: HashMap<u32, (u64, u64, u64, u32)> = HashMap::new();

@@ -216,9 +216,10 @@ pub(crate) mod hdr {
         /// template covers (overrides, and templates under a shorter one), by a bucket of
         /// the name's key hash. A name whose bucket is 0 has no quota of its own, so a
         /// key's request path skips the index (see `limiter/keys.rs`). Before a batch
-        /// that names a template the writer sets every count to 255 (every name takes the
-        /// index) and counts again from the quotas at its end; a writer that takes over
-        /// counts again too. A count that reaches 255 stays until such a count.
+        /// that may make, delete or rename a template the writer sets every count to 255
+        /// (every name takes the index) and counts again from the quotas at its end; a
+        /// writer that takes over counts again too. A count that reaches 255 stays until
+        /// such a count.
         pub const OVERRIDES = 904;
     }
 }

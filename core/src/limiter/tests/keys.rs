@@ -132,9 +132,13 @@ fn overrides_win_whichever_came_first_and_however_many() {
         l.count_override(b"api_x", false);
     }
     assert!(b(&l), "saturated");
+    // A template's numbers changed: the templates held are the same, nothing is counted.
     l.apply_quotas(&[q(4, "api_*", 8, 1.0, 2.0, 2.0, None)]);
+    assert!(b(&l), "still saturated");
+    // A template made: counted again.
+    l.apply_quotas(&[q(5, "zz_*", 9, 1.0, 2.0, 2.0, None)]);
     assert!(!b(&l), "counted again");
-    assert_eq!(filter_total(&l), 4, "api_key_early, plain_quota, and each template");
+    assert_eq!(filter_total(&l), 5, "api_key_early, plain_quota, and each template");
 }
 
 /// The filter's bucket of a name.
@@ -205,10 +209,10 @@ fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
     drop(w);
     assert!(l.template_for(b"api_vip").is_some());
     assert_eq!(l.resolve(b"api_vip", 10 * S).map(|r| r.0), l.find(b"api_vip").map(|r| r.0));
-    // The whole batch ends counted.
-    l.apply_quotas(&[q(3, "api_*", 2, 1.0, 2.0, 2.0, None)]);
+    // A batch that makes a template ends counted.
+    l.apply_quotas(&[q(4, "zz_*", 2, 1.0, 2.0, 2.0, None)]);
     assert!(l.may_have_quota(h));
-    assert_eq!(filter_total(&l), 3, "api_vip and each template");
+    assert_eq!(filter_total(&l), 4, "api_vip and each template");
 }
 
 #[test]
