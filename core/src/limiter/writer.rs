@@ -195,8 +195,7 @@ impl Limiter {
             Some(s) => {
                 u.deleted
                     || !was_template
-                    || self.slot(s).map(|x| x.name(&self.arena()))
-                        != Some(raw_name(&u.name).to_vec())
+                    || self.slot(s).map(|x| x.name(&self.arena())) != Some(raw_name(&u.name))
             }
         }
     }
@@ -658,8 +657,7 @@ impl Limiter {
     /// and parent, and the keys of templates that are gone freed. A walk of the key table,
     /// only when a template changed; with `recount` (a batch that may make, delete or
     /// rename a template, and saturated the override filter first), a walk of the quotas
-    /// too, to count the filter
-    /// again before the new bitmaps are published.
+    /// too, to count the filter again before the new bitmaps are published.
     fn refresh_templates(&self, w: &mut Writer, now: u64, recount: bool) {
         let mut held: HashMap<u32, (u64, u64, u64, u32)> = HashMap::new();
         w.templates.retain(|&t| self.live_slot(t).is_some());
