@@ -177,6 +177,26 @@ fn bench(c: &mut Criterion) {
             keyed.account(black_box(&key_names[k]), 1).unwrap()
         })
     });
+    // The same keys with 1,000 overrides (per-tenant quotas under the template): a key
+    // whose bit in the override filter one of them took probes the quota index first.
+    let overrides: Vec<QuotaUpdate> = (0..1000)
+        .map(|i| QuotaUpdate {
+            id: QUOTAS + 2 + i,
+            name: format!("key_tenant{i}"),
+            epoch: QUOTAS + 2 + i,
+            deleted: false,
+            reset_epoch: 0,
+            limits: Limits::from_units(1e6, 1e9, 1e9).unwrap(),
+            parent: None,
+        })
+        .collect();
+    keyed.apply_quotas(&overrides);
+    g.bench_function("account/template key, random keys across 1M, 1,000 overrides", |b| {
+        b.iter(|| {
+            k = if k + 1 == key_names.len() { 0 } else { k + 1 };
+            keyed.account(black_box(&key_names[k]), 1).unwrap()
+        })
+    });
     g.bench_function("check/unknown name", |b| b.iter(|| limiter.check(black_box("s3_nope_read"))));
     g.bench_function("account/3-level chain, one key", |b| {
         b.iter(|| limiter.account(black_box(&hot), 1).unwrap())

@@ -2,10 +2,11 @@
 //! sight by whichever request path meets it (the table and its rules are in
 //! `zone/keys.rs`).
 
+use super::writer::Writer;
 use super::{Limiter, MAX_CHAIN};
 use crate::zone::keys::{self, is_key_id, KeyTable, Probe, TEMPLATE};
 use crate::zone::slot::{Peers, Slot, HIGH, INFLIGHT, LIMIT, LOCAL, LOW, REJECTED};
-use crate::zone::{hdr, OVERRIDE_BUCKETS, TEMPLATE_STATS, TSTAT_WORDS};
+use crate::zone::{hdr, OVERRIDE_BITS, TEMPLATE_STATS, TSTAT_WORDS};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::Ordering::*;
 
@@ -253,38 +254,45 @@ impl Limiter {
     }
 
     /// Whether a quota may be named by key hash `h`: false when no quota a template covers
-    /// has `h`'s bucket in the override filter.
+    /// has `h`'s bit in the override filter.
     #[inline]
     pub(super) fn may_have_quota(&self, h: (u64, u64)) -> bool {
-        let b = override_bucket(h);
-        self.hdr(hdr::OVERRIDES + b / 8).load(Acquire) >> (b % 8 * 8) & 0xFF != 0
+        let b = override_bit(h);
+        self.hdr(hdr::OVERRIDES + b / 64).load(Acquire) >> (b % 64) & 1 != 0
     }
 
     /// The writer's count of a quota named `name` that came (`up`) or went, in the override
     /// filter if a template covers the name. Counted after the name is in the index and
-    /// uncounted after it left, so a request path that sees the count finds the quota.
-    pub(super) fn count_override(&self, name: &[u8], up: bool) {
-        if self.template_for(name).is_none() {
+    /// uncounted after it left, so a request path that sees the bit clear finds no quota.
+    pub(super) fn count_override(&self, w: &mut Writer, name: &[u8], up: bool) {
+        // Every bit is set until the recount at the end of the batch.
+        if w.overrides_saturated || self.template_for(name).is_none() {
             return;
         }
-        let b = override_bucket(keys::name_hash(self.key_secret(), name));
-        let shift = b % 8 * 8;
-        let _ = self.hdr(hdr::OVERRIDES + b / 8).fetch_update(Release, Relaxed, |w| {
-            let c = w >> shift & 0xFF;
-            // A saturated count no longer knows how many it holds: it stays until a recount.
-            let c = match (up, c) {
-                (_, 0xFF) => c,
-                (true, _) => c + 1,
-                (false, _) => c.saturating_sub(1),
-            };
-            Some(w & !(0xFF << shift) | c << shift)
-        });
+        let b = override_bit(keys::name_hash(self.key_secret(), name));
+        if w.overrides.len() != OVERRIDE_BITS {
+            w.overrides = vec![0; OVERRIDE_BITS];
+        }
+        let c = &mut w.overrides[b];
+        let word = self.hdr(hdr::OVERRIDES + b / 64);
+        if up {
+            *c += 1;
+            if *c == 1 {
+                word.fetch_or(1 << (b % 64), Release);
+            }
+        } else if *c > 0 {
+            *c -= 1;
+            if *c == 0 {
+                word.fetch_and(!(1 << (b % 64)), Release);
+            }
+        }
     }
 
     /// The writer's mark, before a batch that makes templates, that any name may have a
-    /// quota (every count saturated) until [`recount_overrides`](Self::recount_overrides).
-    pub(super) fn saturate_overrides(&self) {
-        for i in 0..OVERRIDE_BUCKETS / 8 {
+    /// quota (every bit set) until [`recount_overrides`](Self::recount_overrides).
+    pub(super) fn saturate_overrides(&self, w: &mut Writer) {
+        w.overrides_saturated = true;
+        for i in 0..OVERRIDE_BITS / 64 {
             self.hdr(hdr::OVERRIDES + i).store(u64::MAX, Release);
         }
     }
@@ -292,8 +300,8 @@ impl Limiter {
     /// The writer's count, from scratch, of every quota whose name one of `prefixes` (the
     /// templates', without the `*`) starts, into the override filter: when templates
     /// change, before the request paths see the new ones.
-    pub(super) fn recount_overrides(&self, prefixes: &HashSet<Vec<u8>>) {
-        let mut counts = [0u8; OVERRIDE_BUCKETS];
+    pub(super) fn recount_overrides(&self, w: &mut Writer, prefixes: &HashSet<Vec<u8>>) {
+        let mut counts = vec![0u32; OVERRIDE_BITS];
         let lens: BTreeSet<usize> = prefixes.iter().map(Vec::len).collect();
         if !prefixes.is_empty() {
             let arena = self.arena();
@@ -303,15 +311,16 @@ impl Limiter {
                 let n = slot.name(&arena);
                 let covered = lens.iter().any(|&l| n.len() >= l && prefixes.contains(&n[..l]));
                 if covered {
-                    let b = override_bucket(keys::name_hash(self.key_secret(), &n));
-                    counts[b] = counts[b].saturating_add(1);
+                    counts[override_bit(keys::name_hash(self.key_secret(), &n))] += 1;
                 }
             }
         }
-        for (i, c) in counts.chunks(8).enumerate() {
-            let w = c.iter().enumerate().fold(0u64, |w, (j, &c)| w | u64::from(c) << (j * 8));
+        for (i, c) in counts.chunks(64).enumerate() {
+            let w = c.iter().enumerate().fold(0u64, |w, (j, &c)| w | u64::from(c > 0) << j);
             self.hdr(hdr::OVERRIDES + i).store(w, Release);
         }
+        w.overrides = counts;
+        w.overrides_saturated = false;
     }
 
     pub(super) fn key_secret(&self) -> (u64, u64) {
@@ -340,8 +349,8 @@ impl Limiter {
 
 const _: () = assert!(MAX_CHAIN < MAX_PREFIX);
 
-/// A key hash's bucket in the override filter (bits the key table's position does not use).
+/// A key hash's bit in the override filter (bits the key table's position does not use).
 #[inline]
-pub(super) fn override_bucket(h: (u64, u64)) -> usize {
-    (h.1 >> 40) as usize % OVERRIDE_BUCKETS
+pub(super) fn override_bit(h: (u64, u64)) -> usize {
+    (h.1 >> 40) as usize % OVERRIDE_BITS
 }

@@ -39,6 +39,10 @@ pub(crate) struct Writer {
     /// Claims the last sweep of the key table found (position → claim): one still there at
     /// the next sweep belonged to a request path that died before publishing its key.
     claims: HashMap<u32, u64>,
+    /// The quotas behind each bit of the override filter (empty until the first count).
+    pub(super) overrides: Vec<u32>,
+    /// Every bit of the filter is set until the batch's recount: counts wait for it.
+    pub(super) overrides_saturated: bool,
 }
 
 /// What [`Limiter::apply_quotas_with_resets`] did beyond its report.
@@ -129,7 +133,7 @@ impl Limiter {
         // A writer that stopped in the middle of a batch may have left the filter
         // saturated or the bitmaps behind its templates: both from the block again.
         let (prefixes, lens, firsts) = self.template_prefixes(w);
-        self.recount_overrides(&prefixes);
+        self.recount_overrides(w, &prefixes);
         self.publish_template_bitmaps(&lens, &firsts);
         let token = fastrand::u64(1..);
         self.hdr(hdr::WRITER).store(token, Release);
@@ -241,7 +245,7 @@ impl Limiter {
             // A template made in this batch is in the index (request paths may match names
             // to it) before the filter is counted for it at the end: until then every name
             // takes the index, as before there was a filter.
-            self.saturate_overrides();
+            self.saturate_overrides(w);
         }
         for u in updates {
             if validate_name(&u.name).is_err() || u.id == 0 {
@@ -357,7 +361,7 @@ impl Limiter {
         }
         // Children link to a parent by name: those of the old name wait for it.
         let old = self.slot_name(s);
-        let renamed = self.rename(s, &raw_name(&u.name), a.now);
+        let renamed = self.rename(w, s, &raw_name(&u.name), a.now);
         a.templates |= w.templates.remove(&s);
         if renamed && is_template(&u.name) {
             w.templates.insert(s);
@@ -526,7 +530,7 @@ impl Limiter {
             return None;
         }
         slot.w(ID).store(u.id, Release);
-        self.count_override(n, true);
+        self.count_override(w, n, true);
         w.by_id.insert_unique(hash_id(u.id), s, |&j| self.id_at(j));
         if is_template(&u.name) {
             w.templates.insert(s);
@@ -534,14 +538,14 @@ impl Limiter {
         Some(s)
     }
 
-    fn rename(&self, s: u32, n: &[u8], now: u64) -> bool {
+    fn rename(&self, w: &mut Writer, s: u32, n: &[u8], now: u64) -> bool {
         let Some(slot) = self.slot(s) else { return false };
         let old = slot.name(&self.arena());
         let rehash = |x: u32| self.rehash_slot(x);
         // Counted only if its index entry was made: uncounted only if there was one (a
         // rename that failed leaves none, and freeing the slot then must not uncount again).
         if self.index().remove(self.hash(&old), s, now, &rehash) {
-            self.count_override(&old, false);
+            self.count_override(w, &old, false);
         }
         self.drop_name(s);
         if !self.write_name(s, n) {
@@ -551,7 +555,7 @@ impl Limiter {
         slot.set_tag_parent((h >> 32) as u32, slot.parent());
         let indexed = self.index().insert(h, s, now, &rehash).is_ok();
         if indexed {
-            self.count_override(n, true);
+            self.count_override(w, n, true);
         }
         indexed
     }
@@ -608,7 +612,7 @@ impl Limiter {
         let id = slot.get(ID);
         let n = slot.name(&self.arena());
         if self.index().remove(self.hash(&n), s, now, &|x| self.rehash_slot(x)) {
-            self.count_override(&n, false);
+            self.count_override(w, &n, false);
         }
         slot.w(ID).store(0, Release);
         slot.set_parent(0);
@@ -667,7 +671,7 @@ impl Limiter {
         }
         let (prefixes, lens, firsts) = self.template_prefixes(w);
         if recount {
-            self.recount_overrides(&prefixes);
+            self.recount_overrides(w, &prefixes);
         }
         let keys = self.key_table();
         let now_ms = now / 1_000_000;

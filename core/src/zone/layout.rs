@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 15;
+pub const LAYOUT_VERSION: u64 = 16;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -45,12 +45,13 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// Index areas beyond one per shard, for rebuilding a shard beside the live one.
 pub(crate) const SPARE_AREAS: usize = 4;
 /// Header words.
-pub(crate) const HEADER_WORDS: usize = (hdr::OVERRIDES + OVERRIDE_BUCKETS / 8).next_multiple_of(8);
+pub(crate) const HEADER_WORDS: usize = (hdr::OVERRIDES + OVERRIDE_BITS / 64).next_multiple_of(8);
 const _: () = assert!(hdr::AUX + AUX_LANES * AUX_COUNTERS == hdr::TSTAT_IDS);
 const _: () = assert!(hdr::TSTAT_IDS + TEMPLATE_STATS == hdr::TSTAT_COUNTS);
 const _: () = assert!(hdr::TSTAT_COUNTS + (TEMPLATE_STATS + 1) * TSTAT_WORDS <= hdr::OVERRIDES);
-/// Buckets of the override filter ([`hdr::OVERRIDES`]): one byte each, eight to a word.
-pub(crate) const OVERRIDE_BUCKETS: usize = 512;
+/// Bits of the override filter ([`hdr::OVERRIDES`]): 4 KiB, so that a thousand overrides
+/// take 3 % of them and ten thousand 26 % (a key in a taken bit probes the index).
+pub(crate) const OVERRIDE_BITS: usize = 32768;
 /// Templates whose keys are counted apart (in the order the block first held them); the
 /// keys of any others are counted together, as `_other`.
 pub const TEMPLATE_STATS: usize = 64;
@@ -212,14 +213,14 @@ pub(crate) mod hdr {
         pub const TSTAT_IDS = 640;
         /// `TEMPLATE_STATS + 1` entries of `TSTAT_WORDS` counts; the last is `_other`.
         pub const TSTAT_COUNTS = 704;
-        /// The override filter: `OVERRIDE_BUCKETS` byte counts of the quotas whose name a
-        /// template covers (overrides, and templates under a shorter one), by a bucket of
-        /// the name's key hash. A name whose bucket is 0 has no quota of its own, so a
-        /// key's request path skips the index (see `limiter/keys.rs`). Before a batch
-        /// that may make, delete or rename a template the writer sets every count to 255
-        /// (every name takes the index) and counts again from the quotas at its end; a
-        /// writer that takes over counts again too. A count that reaches 255 stays until
-        /// such a count.
+        /// The override filter: `OVERRIDE_BITS` bits, a name's given by its key hash, each
+        /// set while a quota whose name a template covers (overrides, and templates under
+        /// a shorter one) has it. A name whose bit is clear has no quota
+        /// of its own, so a key's request path skips the index (see `limiter/keys.rs`).
+        /// The writer keeps the exact count behind each bit in its own memory. Before a
+        /// batch that may make, delete or rename a template it sets every bit (every name
+        /// takes the index) and counts again from the quotas at its end; a writer that
+        /// takes over counts again too.
         pub const OVERRIDES = 904;
     }
 }
@@ -542,7 +543,7 @@ mod tests {
             ("max_shards", MAX_SHARDS),
             ("spare_areas", SPARE_AREAS),
             ("header_words", HEADER_WORDS),
-            ("override_buckets", OVERRIDE_BUCKETS),
+            ("override_bits", OVERRIDE_BITS),
             ("aux_counters", AUX_COUNTERS),
             ("aux_lanes", AUX_LANES),
             ("recent_rejections", RECENT_REJECTIONS),

@@ -55,7 +55,7 @@ pub use layout::{
     TEMPLATE_STATS,
 };
 pub(crate) use layout::{
-    hdr, ledger_row_words, validate, Layout, NameHasher, COLD_WORDS, OVERRIDE_BUCKETS,
+    hdr, ledger_row_words, validate, Layout, NameHasher, COLD_WORDS, OVERRIDE_BITS,
     PERMIT_ENTRY_WORDS, RECENT_REJECTIONS, ROOT_WORDS, SLOT_WORDS, SPARE_AREAS, TSTAT_WORDS,
 };
 

@@ -68,18 +68,18 @@ fn an_override_wins_and_deleting_it_falls_back() {
     assert_eq!(passes(&l, b"api_key_vip", 10), 0, "back on its key, still full");
 }
 
-/// The override filter's counts, summed over its buckets.
+/// The writer's counts behind the override filter, summed; each bit of the filter is
+/// checked to be set exactly where a count is.
 fn filter_total(l: &Limiter) -> u64 {
-    (0..crate::zone::OVERRIDE_BUCKETS / 8)
-        .map(|i| {
-            l.hdr(hdr::OVERRIDES + i)
-                .load(Relaxed)
-                .to_le_bytes()
-                .iter()
-                .map(|&b| u64::from(b))
-                .sum::<u64>()
-        })
-        .sum()
+    let w = l.writer();
+    let mut total = 0;
+    for b in 0..crate::zone::OVERRIDE_BITS {
+        let c = w.overrides.get(b).copied().unwrap_or(0);
+        let set = l.hdr(hdr::OVERRIDES + b / 64).load(Relaxed) >> (b % 64) & 1 != 0;
+        assert_eq!(set, c > 0, "bit {b} against its count {c}");
+        total += u64::from(c);
+    }
+    total
 }
 
 #[test]
@@ -93,8 +93,8 @@ fn overrides_win_whichever_came_first_and_however_many() {
     assert_eq!(filter_total(&l), 2, "the override and the template's own name");
     assert_eq!(passes(&l, b"api_key_early", 30), 21);
     assert_eq!(passes(&l, b"api_key_other", 10), 3);
-    // More overrides than the filter has buckets, in one batch with a quota no template
-    // covers: each wins over its key, the rest stay keys.
+    // Many overrides, in one batch with a quota no template covers: each wins over its key,
+    // the rest stay keys.
     let mut many: Vec<_> =
         (0..1200).map(|i| q(10 + i, &format!("api_key_o{i}"), 3, 1.0, 9.0, 9.0, None)).collect();
     many.push(q(5000, "plain_quota", 3, 1.0, 4.0, 4.0, None));
@@ -121,42 +121,44 @@ fn overrides_win_whichever_came_first_and_however_many() {
     l.apply_quotas(&[tomb(2, "api_key_*", 7)]);
     assert_eq!(passes(&l, b"api_key_early", 10), 0, "still its own quota, full");
     assert_eq!(passes(&l, b"api_key_new", 10), 2, "a key of api_*");
-    // A count past 255 saturates and stays (a name whose bucket is saturated always takes
-    // the index) until templates change and the writer counts again.
+    // Counts are exact however many share a bit: the bit clears with the last of them.
     let b = |l: &Limiter| l.may_have_quota(crate::zone::keys::name_hash(l.key_secret(), b"api_x"));
     assert!(!b(&l));
+    let mut w = l.writer();
     for _ in 0..300 {
-        l.count_override(b"api_x", true);
+        l.count_override(&mut w, b"api_x", true);
     }
-    for _ in 0..300 {
-        l.count_override(b"api_x", false);
+    for _ in 0..299 {
+        l.count_override(&mut w, b"api_x", false);
     }
-    assert!(b(&l), "saturated");
+    drop(w);
+    assert!(b(&l), "one left");
+    l.count_override(&mut l.writer(), b"api_x", false);
+    assert!(!b(&l), "none left");
     // A template's numbers changed: the templates held are the same, nothing is counted.
     l.apply_quotas(&[q(4, "api_*", 8, 1.0, 2.0, 2.0, None)]);
-    assert!(b(&l), "still saturated");
+    assert_eq!(filter_total(&l), 4, "api_key_early, plain_quota, and each template");
     // A template made: counted again.
     l.apply_quotas(&[q(5, "zz_*", 9, 1.0, 2.0, 2.0, None)]);
-    assert!(!b(&l), "counted again");
     assert_eq!(filter_total(&l), 5, "api_key_early, plain_quota, and each template");
 }
 
-/// The filter's bucket of a name.
-fn bucket_of(l: &Limiter, n: &[u8]) -> usize {
-    crate::limiter::keys::override_bucket(crate::zone::keys::name_hash(l.key_secret(), n))
+/// The filter's bit of a name.
+fn bit_of(l: &Limiter, n: &[u8]) -> usize {
+    crate::limiter::keys::override_bit(crate::zone::keys::name_hash(l.key_secret(), n))
 }
 
 #[test]
 fn a_rename_that_fails_uncounts_its_override_once() {
-    // Two overrides in one bucket; the arena then fills, and renaming one of them to a long
+    // Two overrides on one bit; the arena then fills, and renaming one of them to a long
     // name fails (its name does not fit): freed, it must not take the other's count away.
     let clock = ManualClock::at(10 * S);
     let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(200).keys(100).build();
     l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
-    let vip = bucket_of(&l, b"api_key_vip");
-    let other = (0..100_000)
+    let vip = bit_of(&l, b"api_key_vip");
+    let other = (0..1_000_000)
         .map(|i| format!("api_key_s{i}"))
-        .find(|n| bucket_of(&l, n.as_bytes()) == vip)
+        .find(|n| bit_of(&l, n.as_bytes()) == vip)
         .unwrap();
     l.apply_quotas(&[
         q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
@@ -182,7 +184,7 @@ fn a_new_writer_counts_the_filter_again() {
         q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
     ]);
     // A writer that died in the middle of a batch may leave the filter anyhow.
-    for i in 0..crate::zone::OVERRIDE_BUCKETS / 8 {
+    for i in 0..crate::zone::OVERRIDE_BITS / 64 {
         l.hdr(hdr::OVERRIDES + i).store(0, Relaxed);
     }
     l.hdr(hdr::WRITER).store(1, Relaxed);
@@ -203,8 +205,8 @@ fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
     // What `apply_quotas` does first with a batch that names a template, then the template
     // inserted: a request path that meets `api_*` before the recount still finds the
     // override.
-    l.saturate_overrides();
     let mut w = l.writer();
+    l.saturate_overrides(&mut w);
     l.insert(&mut w, &q(3, "api_*", 1, 1.0, 2.0, 2.0, None), 10 * S).unwrap();
     drop(w);
     assert!(l.template_for(b"api_vip").is_some());
