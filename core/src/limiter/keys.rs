@@ -263,18 +263,22 @@ impl Limiter {
 
     /// The writer's count of a quota named `name` that came (`up`) or went, in the override
     /// filter if a template covers the name. Counted after the name is in the index and
-    /// uncounted after it left, so a request path that sees the bit clear finds no quota.
+    /// uncounted after it left: a bit is clear only while no quota it stands for is in the
+    /// index (a new one's request paths may take its key until it is counted).
     pub(super) fn count_override(&self, w: &mut Writer, name: &[u8], up: bool) {
         // Every bit is set until the recount at the end of the batch.
         if w.overrides_saturated || self.template_for(name).is_none() {
             return;
         }
         let b = override_bit(keys::name_hash(self.key_secret(), name));
-        if w.overrides.len() != OVERRIDE_BITS {
-            w.overrides = vec![0; OVERRIDE_BITS];
-        }
-        let c = &mut w.overrides[b];
         let word = self.hdr(hdr::OVERRIDES + b / 64);
+        let Some(c) = w.overrides.get_mut(b) else {
+            // No counts (never so after a rebuild): a bit may be set, never cleared.
+            if up {
+                word.fetch_or(1 << (b % 64), Release);
+            }
+            return;
+        };
         if up {
             *c += 1;
             if *c == 1 {
@@ -288,8 +292,8 @@ impl Limiter {
         }
     }
 
-    /// The writer's mark, before a batch that makes templates, that any name may have a
-    /// quota (every bit set) until [`recount_overrides`](Self::recount_overrides).
+    /// The writer's mark, before a batch that may make, delete or rename a template, that
+    /// any name may have a quota (every bit set) until [`recount_overrides`](Self::recount_overrides).
     pub(super) fn saturate_overrides(&self, w: &mut Writer) {
         w.overrides_saturated = true;
         for i in 0..OVERRIDE_BITS / 64 {

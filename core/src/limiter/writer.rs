@@ -45,6 +45,38 @@ pub(crate) struct Writer {
     pub(super) overrides_saturated: bool,
 }
 
+/// The writer, held. Another process's writer that took the block over meanwhile (this
+/// one stopped past the write section's staleness, see `section.rs`) rebuilt its caches
+/// before this one's last writes: on release the token is cleared, so that every writer,
+/// this one too, rebuilds from the block before its next batch instead of trusting caches
+/// (the override filter's counts among them) that miss the other's writes.
+pub(crate) struct WriterGuard<'a> {
+    limiter: &'a Limiter,
+    w: MutexGuard<'a, Writer>,
+}
+
+impl std::ops::Deref for WriterGuard<'_> {
+    type Target = Writer;
+    fn deref(&self) -> &Writer {
+        &self.w
+    }
+}
+
+impl std::ops::DerefMut for WriterGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Writer {
+        &mut self.w
+    }
+}
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        let token = self.limiter.hdr(hdr::WRITER);
+        if token.load(Acquire) != self.w.token {
+            token.store(0, Release);
+        }
+    }
+}
+
 /// What [`Limiter::apply_quotas_with_resets`] did beyond its report.
 #[derive(Debug, Default)]
 pub(crate) struct Applied {
@@ -92,12 +124,14 @@ pub(crate) const KEY_IDLE: u64 = 60_000_000_000;
 
 impl Limiter {
     /// This handle's writer, its caches in step with the block.
-    pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
+    pub(super) fn writer(&self) -> WriterGuard<'_> {
         let mut w = self.writer.lock();
-        if w.token == 0 || self.hdr(hdr::WRITER).load(Acquire) != w.token {
+        // A batch that saturated the override filter and never reached its recount (a
+        // panic in this process) left it all ones: counted again from the block.
+        if w.token == 0 || w.overrides_saturated || self.hdr(hdr::WRITER).load(Acquire) != w.token {
             self.rebuild_writer(&mut w);
         }
-        w
+        WriterGuard { limiter: self, w }
     }
 
     fn rebuild_writer(&self, w: &mut Writer) {

@@ -135,11 +135,14 @@ fn overrides_win_whichever_came_first_and_however_many() {
     assert!(b(&l), "one left");
     l.count_override(&mut l.writer(), b"api_x", false);
     assert!(!b(&l), "none left");
-    // A template's numbers changed: the templates held are the same, nothing is counted.
+    // A count no quota stands behind stays until the writer counts again from the block:
+    // not for a batch that only changes a template's numbers (the templates held stay the
+    // same), but for one that makes a template.
+    l.count_override(&mut l.writer(), b"api_x", true);
     l.apply_quotas(&[q(4, "api_*", 8, 1.0, 2.0, 2.0, None)]);
-    assert_eq!(filter_total(&l), 4, "api_key_early, plain_quota, and each template");
-    // A template made: counted again.
+    assert!(b(&l), "not counted again");
     l.apply_quotas(&[q(5, "zz_*", 9, 1.0, 2.0, 2.0, None)]);
+    assert!(!b(&l), "counted again");
     assert_eq!(filter_total(&l), 5, "api_key_early, plain_quota, and each template");
 }
 
@@ -194,27 +197,54 @@ fn a_new_writer_counts_the_filter_again() {
 }
 
 #[test]
+fn a_writer_overtaken_in_a_batch_has_every_writer_count_again() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
+    // Another process's writer takes the block over while this one is inside a batch (it
+    // stopped past the write section's staleness): what this one writes after is missing
+    // from the other's caches, so on release neither keeps its own.
+    let w = l.writer();
+    let theirs = 7;
+    l.hdr(hdr::WRITER).store(theirs, Relaxed);
+    drop(w);
+    assert_eq!(l.hdr(hdr::WRITER).load(Relaxed), 0, "every writer rebuilds");
+    l.apply_quotas(&[q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None)]);
+    assert_ne!(l.hdr(hdr::WRITER).load(Relaxed), 0);
+    assert_eq!(filter_total(&l), 2, "api_key_vip and the template");
+    assert_eq!(passes(&l, b"api_key_vip", 30), 21);
+}
+
+#[test]
 fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
     let (l, _) = keyed(1000);
+    l.apply_quotas(&[q(1, "abc_*", 1, 1.0, 2.0, 2.0, None)]);
+    // An override of abc_* on the same bit as api_vip.
+    let shared = (0..1_000_000)
+        .map(|i| format!("abc_s{i}"))
+        .find(|n| bit_of(&l, n.as_bytes()) == bit_of(&l, b"api_vip"))
+        .unwrap();
     l.apply_quotas(&[
-        q(1, "abc_*", 1, 1.0, 2.0, 2.0, None),
         q(2, "api_vip", 1, 1.0, 20.0, 20.0, None),
+        q(5, &shared, 1, 1.0, 20.0, 20.0, None),
     ]);
     let h = crate::zone::keys::name_hash(l.key_secret(), b"api_vip");
-    assert!(!l.may_have_quota(h), "no template covers it");
+    assert_eq!(filter_total(&l), 2, "the other override and abc_*, not api_vip");
     // What `apply_quotas` does first with a batch that names a template, then the template
     // inserted: a request path that meets `api_*` before the recount still finds the
-    // override.
+    // override, also when the batch removes the other quota of its bit (which was the
+    // bit's only count).
     let mut w = l.writer();
     l.saturate_overrides(&mut w);
     l.insert(&mut w, &q(3, "api_*", 1, 1.0, 2.0, 2.0, None), 10 * S).unwrap();
+    l.count_override(&mut w, shared.as_bytes(), false);
     drop(w);
+    assert!(l.may_have_quota(h));
     assert!(l.template_for(b"api_vip").is_some());
     assert_eq!(l.resolve(b"api_vip", 10 * S).map(|r| r.0), l.find(b"api_vip").map(|r| r.0));
     // A batch that makes a template ends counted.
     l.apply_quotas(&[q(4, "zz_*", 2, 1.0, 2.0, 2.0, None)]);
     assert!(l.may_have_quota(h));
-    assert_eq!(filter_total(&l), 4, "api_vip and each template");
+    assert_eq!(filter_total(&l), 5, "api_vip, the other override and each template");
 }
 
 #[test]
