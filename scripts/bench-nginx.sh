@@ -40,7 +40,12 @@
 # inside the interval is reported as not resolved by the run. The last columns are the CPU
 # time of nginx's workers (every thread, the sync agent's included) per request, against
 # plain's in the same round: what a request costs the host, whatever wrk or the root
-# (sharing the second CPU here) did to the request rate.
+# (sharing the second CPU here) did to the request rate. Each variant starts once both
+# nginx's sync agents have ended two rounds and have nothing waiting (wait_quiet): a
+# variant's figure holds its own agent's rounds during its run, not the leftover of the
+# variant before. What its agent syncs after its run is in no figure: that favours the
+# variants with the most to sync (churn, template) by up to a round of it in 2 s.
+# BENCH_NO_QUIET=1 measures the old way (each round, not each variant, starts quiet).
 #
 # Memory: a second nginx with only yarl (same zone, 1M quotas, account traffic through
 # every worker) against the same nginx with the module loaded and unused: the difference of
@@ -348,13 +353,36 @@ for workers in $WORKER_SET; do
     done
     # stats_field PORT FIELD: a number of the yarl_stats page behind PORT.
     stats_field() { curl -sf "http://127.0.0.1:$1/stats" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" | head -n 1; }
+    # Waits until the sync agent behind PORT has ended two rounds (the second began after
+    # this call, so it took every count made before) and has nothing waiting for the root
+    # (at most 10 s for the rounds, wait_synced's 2 minutes after). Each variant starts so:
+    # what the agent still had to sync from the variant before (the churn variants' 150,000
+    # new keys) then falls in no variant's time, where it used to fall in the next one's
+    # (2026-11-29, 6 rounds: yarl_account 1M right after churn 0.57-0.84 of plain, 0.81-0.87
+    # right after plain).
+    wait_quiet() {
+        local r0 r
+        r0=$(stats_field "$1" rounds)
+        for _ in $(seq 1 100); do
+            r=$(stats_field "$1" rounds)
+            [ "${r:-0}" -ge $(( ${r0:-0} + 2 )) ] && break
+            sleep 0.1
+        done
+        wait_synced "$1"
+    }
     declare -A UNLIMITED=()
     for round in $(seq 1 "$ROUNDS"); do
         wait_synced "$port"
         wait_synced "$cport"
         order=$(rotated "$round" $VARIANTS)
         for v in $order; do
-            if [ "$v" = conc1 ]; then wait_synced "${VPORT[$v]}"; fi
+            if [ -z "${BENCH_NO_QUIET:-}" ]; then
+                wait_quiet "$port" & q=$!
+                wait_quiet "$cport"
+                wait "$q"
+            elif [ "$v" = conc1 ]; then
+                wait_synced "${VPORT[$v]}"
+            fi
             cpu0=$(workers_cpu_ns "${VDIR[$v]}")
             [ "$v" = tmpl1m ] && ins0=$(stats_field "${VPORT[$v]}" keys_inserted)
             un0=$(stats_field "${VPORT[$v]}" unlimited)
