@@ -77,6 +77,15 @@ impl Drop for WriterGuard<'_> {
     }
 }
 
+#[cfg(test)]
+type MidBatch = std::cell::RefCell<Option<Box<dyn Fn(&Limiter)>>>;
+
+#[cfg(test)]
+thread_local! {
+    /// Called after each update of a batch, in tests: what a request path may see then.
+    pub(super) static MID_BATCH: MidBatch = const { std::cell::RefCell::new(None) };
+}
+
 /// What [`Limiter::apply_quotas_with_resets`] did beyond its report.
 #[derive(Debug, Default)]
 pub(crate) struct Applied {
@@ -299,6 +308,12 @@ impl Limiter {
             } else {
                 self.apply_new(w, &mut a, u);
             }
+            #[cfg(test)]
+            MID_BATCH.with(|h| {
+                if let Some(f) = h.borrow().as_ref() {
+                    f(self);
+                }
+            });
             // A quota that did not fit in the block is not limited here at all: no entry.
             let cap = u.limits.max_in_flight();
             let slot = (!u.deleted && cap > 0).then(|| self.find_id(w, u.id)).flatten();

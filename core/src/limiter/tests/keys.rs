@@ -248,6 +248,30 @@ fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
 }
 
 #[test]
+fn inside_a_batch_that_makes_a_template_its_overrides_are_found() {
+    // apply_quotas itself, watched between its updates: the override filter must not
+    // send api_vip to a key once api_* is in the index, before the batch's recount. (A
+    // template of the same length and first byte, abc_*, makes the request path look for
+    // `api_*` in the index before the batch publishes the new template's bitmaps.)
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[
+        q(1, "abc_*", 1, 1.0, 2.0, 2.0, None),
+        q(2, "api_vip", 1, 1.0, 20.0, 20.0, None),
+    ]);
+    let checked = std::rc::Rc::new(std::cell::Cell::new(0));
+    let seen = checked.clone();
+    crate::limiter::writer::MID_BATCH.set(Some(Box::new(move |l: &Limiter| {
+        if l.template_for(b"api_vip").is_some() {
+            assert_eq!(l.resolve(b"api_vip", 10 * S).map(|r| r.0), l.find(b"api_vip").map(|r| r.0));
+            seen.set(seen.get() + 1);
+        }
+    })));
+    l.apply_quotas(&[q(3, "api_*", 1, 1.0, 2.0, 2.0, None), q(4, "other", 1, 1.0, 2.0, 2.0, None)]);
+    crate::limiter::writer::MID_BATCH.set(None);
+    assert_eq!(checked.get(), 2, "after each update once api_* was in");
+}
+
+#[test]
 fn the_longest_prefix_wins() {
     let (l, _) = keyed(1000);
     l.apply_quotas(&[
