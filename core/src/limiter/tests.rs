@@ -476,8 +476,13 @@ fn local_guard_caps_one_hosts_own_rate_at_the_limit() {
 
 /// Two handles on one block stand for two nginx workers sharing a zone.
 fn shared_pair(clock: &ManualClock, quotas: u32) -> (Limiter, Limiter) {
-    let block = Block::for_quotas(quotas);
-    crate::zone::prepare(&block, 0).unwrap();
+    shared_pair_with_keys(clock, quotas, 0)
+}
+
+/// [`shared_pair`] with room for `keys` keys.
+fn shared_pair_with_keys(clock: &ManualClock, quotas: u32, keys: u32) -> (Limiter, Limiter) {
+    let block = Block::for_capacity(quotas, keys);
+    crate::zone::prepare(&block, keys).unwrap();
     let open = || {
         Limiter::builder()
             .clock(Arc::new(clock.clone()))

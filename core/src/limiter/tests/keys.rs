@@ -215,6 +215,36 @@ fn a_writer_overtaken_in_a_batch_has_every_writer_count_again() {
 }
 
 #[test]
+fn handles_taking_turns_as_writer_keep_the_counts_of_one_bit() {
+    // Two workers of one nginx: each handle keeps its own counts of the filter, and an
+    // override one of them made must keep its bit when the other removes the bit's other
+    // quota with counts from before it.
+    let clock = ManualClock::at(10 * S);
+    let (a, b) = shared_pair_with_keys(&clock, 1000, 1000);
+    a.apply_quotas(&[
+        q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None),
+        q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
+    ]);
+    let other = (0..1_000_000)
+        .map(|i| format!("api_key_s{i}"))
+        .find(|n| bit_of(&a, n.as_bytes()) == bit_of(&a, b"api_key_vip"))
+        .unwrap();
+    b.apply_quotas(&[q(3, &other, 1, 1.0, 20.0, 20.0, None)]);
+    // a's own counts say one quota on the bit; the block has two.
+    a.apply_quotas(&[tomb(2, "api_key_vip", 2)]);
+    for l in [&a, &b] {
+        assert_eq!(l.quota(&other).unwrap().template, None, "still its own quota");
+    }
+    assert_eq!(passes(&b, other.as_bytes(), 30), 21);
+    assert_eq!(passes(&a, b"api_key_vip", 10), 3, "a key of the template again");
+    // And back: b, whose counts predate the tomb, removes the last one.
+    b.apply_quotas(&[tomb(3, &other, 2)]);
+    assert!(!a.may_have_quota(crate::zone::keys::name_hash(a.key_secret(), other.as_bytes())));
+    assert_eq!(passes(&a, other.as_bytes(), 10), 3);
+    assert_eq!(filter_total(&a), 1, "the template alone");
+}
+
+#[test]
 fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
     let (l, _) = keyed(1000);
     l.apply_quotas(&[q(1, "abc_*", 1, 1.0, 2.0, 2.0, None)]);
