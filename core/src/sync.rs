@@ -545,7 +545,9 @@ impl SyncEngine {
                         c.set_own_rate(s, v.saturating_add(r) as f64 / since);
                     }
                     let id = c.id_of(s);
-                    if let Some(id) = id.filter(|_| s >= first_key) {
+                    // Keys new to the writer, told by their slot's mark: the slot is in the
+                    // cache now, and the writer's map of a million ids is not.
+                    if let Some(id) = id.filter(|&id| s >= first_key && !c.key_known(s, id)) {
                         keys.push((s, id));
                     }
                     match (v > 0 || r > 0, id) {
@@ -660,12 +662,14 @@ impl SyncEngine {
                 })
                 .map(|(_, b)| (**b).clone())
                 .collect();
+            let mut at = 0;
             let key_templates = self.limiter.key_templates(
                 batches
                     .iter()
                     .flat_map(|b| b.deltas.iter().map(|d| d.0))
                     .chain(hints.iter().map(|h| h.0))
                     .chain(watch.iter().copied()),
+                |id| self.round.slot_of_id_from(&mut at, id),
             );
             // A key capped by its template may have nothing else to sync: the root learns
             // its template from its entry to grant it shares.

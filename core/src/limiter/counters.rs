@@ -208,6 +208,12 @@ impl CounterAccess<'_> {
         self.limiter.find_id(self.writer, id)
     }
 
+    /// Whether the writer knows key `id` in slot `s` by its id (see `Limiter::learn_keys`).
+    #[inline]
+    pub fn key_known(&self, s: u32, id: QuotaId) -> bool {
+        self.limiter.key_known(s, id)
+    }
+
     fn slot(&self, s: u32) -> Option<Slot<'_>> {
         self.limiter.live_slot(s)
     }

@@ -16,7 +16,7 @@ use super::{ApplyReport, Limiter};
 use crate::quota::{is_template, raw_name, validate_name, Epoch, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
 use crate::zone::keys::{is_key_id, key_id, TEMPLATE};
-use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, SHADOW};
+use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, SHADOW, TAG_PARENT};
 use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
@@ -804,7 +804,9 @@ impl Limiter {
     }
 
     /// Lets the writer find keys the request paths inserted, by their wire id: they come to
-    /// the sync engine as dirty slots, and answers name them by id.
+    /// the sync engine as dirty slots, and answers name them by id. Each key learned is
+    /// marked in its slot ([`key_known`](Self::key_known)), so that the rounds after pass it
+    /// by.
     pub(crate) fn learn_keys(&self, keys: &[(u32, u64)]) {
         if keys.is_empty() {
             return;
@@ -815,7 +817,24 @@ impl Limiter {
             if self.find_id(w, id).is_none() {
                 w.by_id.insert_unique(hash_id(id), s, |&j| self.id_at(j));
             }
+            let Some(slot) = self.slot(s).filter(|x| x.id() == id) else { continue };
+            // One read-modify-write: a request path publishing another key here meanwhile
+            // rewrites the whole word, before (its key then bears this key's mark, not its
+            // own) or after (no mark).
+            let mark = u64::from(crate::zone::keys::known_mark(id));
+            let _ = slot
+                .w(TAG_PARENT)
+                .fetch_update(Relaxed, Relaxed, |v| Some(v & !0xFFFF_FFFF | mark));
         }
+    }
+
+    /// Whether the writer knows key `id` in slot `s` by its id (its mark is there). Every
+    /// writer knows what another marked: one that takes over learns every key of the
+    /// block, and a key leaves the writer's map only when freed, before another's publish
+    /// rewrites the mark.
+    #[inline]
+    pub(crate) fn key_known(&self, s: u32, id: u64) -> bool {
+        self.slot(s).is_some_and(|x| x.tag() == crate::zone::keys::known_mark(id))
     }
 
     /// Takes the cluster's secret for key ids from a root, the first time one gives it
@@ -856,10 +875,13 @@ impl Limiter {
     }
 
     /// For the keys among `ids` (in any order, repeated or not): their template's id, sorted
-    /// by key, for a root that may meet them for the first time.
+    /// by key, for a root that may meet them for the first time. `slot_hint` may tell where
+    /// a key is (the round's batch knows its own keys' slots), asked in increasing order of
+    /// id; a hint is checked, and a key without one is looked up among all the writer knows.
     pub(crate) fn key_templates(
         &self,
         ids: impl Iterator<Item = QuotaId>,
+        mut slot_hint: impl FnMut(QuotaId) -> Option<u32>,
     ) -> Vec<(QuotaId, QuotaId)> {
         let mut keys: Vec<QuotaId> = ids.filter(|&id| is_key_id(id)).collect();
         if keys.is_empty() {
@@ -870,7 +892,9 @@ impl Limiter {
         let w = self.writer();
         keys.into_iter()
             .filter_map(|k| {
-                let s = self.find_id(&w, k)?;
+                let s = slot_hint(k)
+                    .filter(|&s| self.slot(s).is_some_and(|x| x.id() == k))
+                    .or_else(|| self.find_id(&w, k))?;
                 let t = self.template_of_key(s)?;
                 Some((k, self.live_slot(t)?.get(ID)))
             })

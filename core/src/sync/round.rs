@@ -95,6 +95,16 @@ impl RoundState {
         Some(self.by_id[i].1 as usize)
     }
 
+    /// The slot of the batch entry that carries `id`, for ids asked in increasing order
+    /// from cursor `at` (0 for the first): one pass over the round's ids for them all.
+    pub fn slot_of_id_from(&self, at: &mut usize, id: QuotaId) -> Option<u32> {
+        while self.by_id.get(*at).is_some_and(|e| e.0 < id) {
+            *at += 1;
+        }
+        let &(_, k) = self.by_id.get(*at).filter(|e| e.0 == id)?;
+        Some(self.entries[k as usize].0)
+    }
+
     /// Where to record a report of slot `s`, whose batch entry is `entry`: that entry's
     /// facts, or new ones in `others`.
     pub fn facts_mut(&mut self, s: u32, entry: Option<usize>) -> &mut Facts {

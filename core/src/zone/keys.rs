@@ -19,7 +19,7 @@
 //! | word | in a key's slot |
 //! |---|---|
 //! | 0 | state: 0 empty, [`claimed`] while a request path fills it, [`tomb`] with the time it was freed, or the key's wire id ([`is_key_id`]) |
-//! | 1 | (unused tag) · the template's parent slot + 1 |
+//! | 1 | the writer's mark that it knows the key by its wire id ([`known_mark`]; 0 until then) · the template's parent slot + 1 |
 //! | 2–12 | as in a quota's slot: limits (the template's), the counter |
 //! | 13, 14 | the 128-bit name hash |
 //! | 15 | the template's slot + 1 |
@@ -98,6 +98,16 @@ pub fn key_id(secret: (u64, u64), raw: &[u8]) -> u64 {
     let mut h = SipHasher13::new_with_keys(secret.0, secret.1);
     h.write(raw);
     KEY | h.finish() & LOW62
+}
+
+/// The low half of word 1 in the slot of key `id` once the sync agent's writer knows the key
+/// by its id (see `Limiter::learn_keys`): each round then skips, for the keys it meets again,
+/// the lookup of the id among the million it knows, a cache miss each. Never 0, which a
+/// request path writes when it publishes a key. A fingerprint of the id rather than a flag:
+/// a mark the writer sets just as another key takes the slot names the key it was meant for.
+#[inline]
+pub(crate) fn known_mark(id: u64) -> u32 {
+    (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32 | 1
 }
 
 /// The 128-bit hash that names a key in a block, keyed by the block's own secret.

@@ -497,6 +497,39 @@ fn a_nearly_full_table_frees_drained_keys_without_waiting_a_minute() {
 }
 
 #[test]
+fn a_learned_key_bears_its_mark_and_a_key_taking_its_slot_does_not() {
+    let (l, _) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    passes(&l, b"k_a", 1);
+    let s = l.dirty_key_slots()[0];
+    let a = l.slot(s).unwrap().id();
+    assert!(!l.key_known(s, a), "new to the writer");
+    l.learn_keys(&[(s, a)]);
+    assert!(l.key_known(s, a));
+    assert_eq!(l.find_id(&l.writer(), a), Some(s));
+    // A request path takes the slot over for another key (a drained key's, as when its
+    // window is full): its publish leaves no mark.
+    let table = l.key_table();
+    let pos = s - l.key_slots().start;
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_b");
+    let b = crate::zone::keys::key_id(l.cluster_secret(), b"k_b");
+    assert!(table.claim(pos, a, h.0));
+    table.publish(pos, h, b, l.template_for(b"k_b").unwrap(), (1000, 5000, 5000), 0);
+    assert!(!l.key_known(s, b), "the publish cleared the mark");
+    // The writer learning the old key just after that publish marks nothing; a mark that
+    // landed anyway names the old key, not the new one.
+    l.learn_keys(&[(s, a)]);
+    assert!(!l.key_known(s, b));
+    let mark = u64::from(crate::zone::keys::known_mark(a));
+    l.slot(s).unwrap().w(crate::zone::slot::TAG_PARENT).fetch_or(mark, Relaxed);
+    assert!(!l.key_known(s, b));
+    l.learn_keys(&[(s, b)]);
+    assert!(l.key_known(s, b));
+    assert_eq!(l.find_id(&l.writer(), b), Some(s));
+    assert_eq!(l.slot(s).unwrap().parent(), 0, "the mark leaves the parent be");
+}
+
+#[test]
 fn a_claim_left_by_a_dead_inserter_is_freed_by_the_second_sweep() {
     let (l, clock) = keyed(64);
     l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
