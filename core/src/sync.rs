@@ -190,6 +190,11 @@ pub struct SyncEngine {
     /// known to the cluster is decided on the cluster's count and rate, not on the guess a
     /// key new to every host needs (see `Slot::estimate`).
     reported_keys: HashMap<QuotaId, Reported>,
+    /// Per batch still pending at some root (by `seq`): the templates of its keys, found
+    /// when it was first sent. A root that does not answer gets every pending batch again
+    /// each round (up to `max_pending_batches`), and looking their keys up again each time
+    /// cost a probe of the writer's id index per key per round.
+    batch_templates: HashMap<u64, Arc<[(QuotaId, QuotaId)]>>,
     /// The block's count of keys inserted when [`Self::adopt_keys`] last looked
     /// (`u64::MAX`: look at the next call).
     keys_seen: u64,
@@ -347,6 +352,7 @@ impl SyncEngine {
             key_resets: HashMap::new(),
             root_epochs: Vec::new(),
             reported_keys: HashMap::new(),
+            batch_templates: HashMap::new(),
             keys_seen: u64::MAX,
             in_flight: in_flight::InFlight::default(),
             in_flight_ack: false,
@@ -662,15 +668,28 @@ impl SyncEngine {
                 })
                 .map(|(_, b)| (**b).clone())
                 .collect();
+            // A batch's keys are named with the templates they had when it was first sent.
+            let (limiter, round, cache) = (&self.limiter, &self.round, &mut self.batch_templates);
+            let mut parts: Vec<Arc<[(QuotaId, QuotaId)]>> = batches
+                .iter()
+                .map(|b| {
+                    let mut at = 0;
+                    let ids = b.deltas.iter().map(|d| d.0);
+                    let t = cache.entry(b.seq).or_insert_with(|| {
+                        limiter.key_templates(ids, |id| round.slot_of_id_from(&mut at, id)).into()
+                    });
+                    t.clone()
+                })
+                .collect();
             let mut at = 0;
-            let key_templates = self.limiter.key_templates(
-                batches
-                    .iter()
-                    .flat_map(|b| b.deltas.iter().map(|d| d.0))
-                    .chain(hints.iter().map(|h| h.0))
-                    .chain(watch.iter().copied()),
-                |id| self.round.slot_of_id_from(&mut at, id),
+            parts.push(
+                limiter
+                    .key_templates(hints.iter().map(|h| h.0).chain(watch.iter().copied()), |id| {
+                        round.slot_of_id_from(&mut at, id)
+                    })
+                    .into(),
             );
+            let key_templates = merge_templates(&parts);
             // A key capped by its template may have nothing else to sync: the root learns
             // its template from its entry to grant it shares.
             let key_templates = self.limiter.with_permit_templates(key_templates, &reports[i]);
@@ -698,7 +717,18 @@ impl SyncEngine {
             });
             e.set(zroots::LAST_ATTEMPT, now.max(1));
         }
+        self.forget_templates();
         calls
+    }
+
+    /// Drops the key templates of batches no root has pending any more.
+    fn forget_templates(&mut self) {
+        if self.batch_templates.is_empty() {
+            return;
+        }
+        let pending: HashSet<u64> =
+            self.roots.iter().flat_map(|l| l.pending().map(|b| b.seq)).collect();
+        self.batch_templates.retain(|seq, _| pending.contains(seq));
     }
 
     /// Hands the result of the call to root `root` to the engine.
@@ -980,6 +1010,7 @@ impl SyncEngine {
         self.kept_out.fill(false);
         self.merged.fill(false);
         self.limiter.sweep_keys(now);
+        self.forget_templates();
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);
         // A round no root answered keeps the view fresh for a horizon after the last one
@@ -1207,5 +1238,15 @@ mod round;
 mod session;
 mod slot_set;
 mod status;
+/// Key templates of several lists, each sorted by key, in one list sorted by key, each key
+/// once (a key of two batches has one template).
+fn merge_templates(parts: &[Arc<[(QuotaId, QuotaId)]>]) -> Vec<(QuotaId, QuotaId)> {
+    let mut all: Vec<(QuotaId, QuotaId)> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+    // A stable sort merges the sorted runs it finds rather than sorting from scratch.
+    all.sort_by_key(|t| t.0);
+    all.dedup_by_key(|t| t.0);
+    all
+}
+
 #[cfg(test)]
 mod tests;

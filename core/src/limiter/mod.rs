@@ -50,6 +50,8 @@ mod ledger;
 mod permits;
 mod section;
 mod writer;
+#[cfg(test)]
+pub(crate) use writer::FIND_IDS;
 
 pub(crate) use counters::no_pace;
 pub use inspect::{AgentLease, ZoneStatus};

@@ -86,6 +86,12 @@ thread_local! {
     pub(super) static MID_BATCH: MidBatch = const { std::cell::RefCell::new(None) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Lookups of the writer's id index, in tests: the probes a round should spare.
+    pub(crate) static FIND_IDS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// What [`Limiter::apply_quotas_with_resets`] did beyond its report.
 #[derive(Debug, Default)]
 pub(crate) struct Applied {
@@ -220,6 +226,8 @@ impl Limiter {
     }
 
     pub(super) fn find_id(&self, w: &Writer, id: QuotaId) -> Option<u32> {
+        #[cfg(test)]
+        FIND_IDS.set(FIND_IDS.get() + 1);
         w.by_id.find(hash_id(id), |&i| self.slot(i).is_some_and(|s| s.get(ID) == id)).copied()
     }
 

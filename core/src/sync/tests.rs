@@ -971,6 +971,43 @@ fn keys_are_counted_cluster_wide() {
     assert_eq!(root.keys_per_template(), vec![(1, 2)]);
 }
 
+/// A root that does not answer gets every pending batch again each round: their keys keep
+/// the templates found when each was first sent, with no lookup of the writer's id index
+/// per key and round; the round's own batch finds its keys' slots in the round.
+#[test]
+fn batches_resent_to_a_silent_root_keep_their_key_templates() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "api_key_*", 0.001, 50.0, 50.0)]);
+    root.set_key_secret((11, 12));
+    let mut a = node(&clock, 1);
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    let finds = || crate::limiter::FIND_IDS.with(|c| c.get());
+    let mut last = Vec::new();
+    for r in 0..3 {
+        for i in 0..20 {
+            a.limiter.account(format!("api_key_{r}_{i}").as_str(), 1).unwrap();
+        }
+        clock.advance(Duration::from_secs(1));
+        let now = clock.now_nanos();
+        let before = finds();
+        let calls = a.engine.begin_round(now);
+        assert_eq!(finds() - before, 20, "round {r}: only the new keys, learned once");
+        assert_eq!(calls[0].request.batches.len(), r + 1);
+        last = calls[0].request.key_templates.clone();
+        for call in calls {
+            a.engine.on_response(call.root, Err("down".into()), Duration::from_millis(1), now);
+        }
+        a.engine.end_round(now);
+    }
+    assert_eq!(last.len(), 60, "every key of the three batches");
+    assert!(last.iter().all(|t| t.1 == 1) && last.windows(2).all(|w| w[0].0 < w[1].0));
+    round(&mut a, &mut [Some(&mut root)], clock.now_nanos());
+    assert!(a.engine.batch_templates.is_empty(), "acknowledged: forgotten");
+    let id = crate::zone::keys::key_id((11, 12), b"api_key_0_0");
+    let fill = root.counter(id, clock.now_nanos()).map(|c| c.fill);
+    assert!(fill.is_some_and(|f| f > 0.99), "the resent counts reached the root: {fill:?}");
+}
+
 /// A root with the template `api_key_*` (bursts `low`/`high`, next to no drain) and three
 /// limiters that each know the others are live.
 fn three_nodes_on_a_template(clock: &ManualClock, low: f64, high: f64) -> (RootState, Vec<Node>) {
