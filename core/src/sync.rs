@@ -190,11 +190,12 @@ pub struct SyncEngine {
     /// known to the cluster is decided on the cluster's count and rate, not on the guess a
     /// key new to every host needs (see `Slot::estimate`).
     reported_keys: HashMap<QuotaId, Reported>,
-    /// Per batch still pending at some root (by `seq`): the templates of its keys, found
-    /// when it was first sent. A root that does not answer gets every pending batch again
-    /// each round (up to `max_pending_batches`), and looking their keys up again each time
-    /// cost a probe of the writer's id index per key per round.
-    batch_templates: HashMap<u64, Arc<[(QuotaId, QuotaId)]>>,
+    /// Per batch still pending at some root (by `seq` and shard: each shard's roots get
+    /// their part of a round's batch under the same `seq`): the templates of its keys,
+    /// found when it was first sent. A root that does not answer gets every pending batch
+    /// again each round (up to `max_pending_batches`), and looking their keys up again
+    /// each time cost a probe of the writer's id index per key per round.
+    batch_templates: HashMap<(u64, u32), Templates>,
     /// The block's count of keys inserted when [`Self::adopt_keys`] last looked
     /// (`u64::MAX`: look at the next call).
     keys_seen: u64,
@@ -668,27 +669,23 @@ impl SyncEngine {
                 })
                 .map(|(_, b)| (**b).clone())
                 .collect();
-            // A batch's keys are named with the templates they had when it was first sent.
+            // A batch's keys are named with the templates they had when it was first sent;
+            // where a key has two (a later batch, hints, watch), the latest.
             let (limiter, round, cache) = (&self.limiter, &self.round, &mut self.batch_templates);
-            let mut parts: Vec<Arc<[(QuotaId, QuotaId)]>> = batches
-                .iter()
-                .map(|b| {
-                    let mut at = 0;
-                    let ids = b.deltas.iter().map(|d| d.0);
-                    let t = cache.entry(b.seq).or_insert_with(|| {
-                        limiter.key_templates(ids, |id| round.slot_of_id_from(&mut at, id)).into()
-                    });
-                    t.clone()
-                })
-                .collect();
             let mut at = 0;
-            parts.push(
-                limiter
-                    .key_templates(hints.iter().map(|h| h.0).chain(watch.iter().copied()), |id| {
-                        round.slot_of_id_from(&mut at, id)
-                    })
-                    .into(),
-            );
+            let mut parts: Vec<Templates> = vec![limiter
+                .key_templates(hints.iter().map(|h| h.0).chain(watch.iter().copied()), |id| {
+                    round.slot_of_id_from(&mut at, id)
+                })
+                .into()];
+            parts.extend(batches.iter().rev().map(|b| {
+                let mut at = 0;
+                let ids = b.deltas.iter().map(|d| d.0);
+                let t = cache.entry((b.seq, link.shard)).or_insert_with(|| {
+                    limiter.key_templates(ids, |id| round.slot_of_id_from(&mut at, id)).into()
+                });
+                t.clone()
+            }));
             let key_templates = merge_templates(&parts);
             // A key capped by its template may have nothing else to sync: the root learns
             // its template from its entry to grant it shares.
@@ -726,9 +723,9 @@ impl SyncEngine {
         if self.batch_templates.is_empty() {
             return;
         }
-        let pending: HashSet<u64> =
-            self.roots.iter().flat_map(|l| l.pending().map(|b| b.seq)).collect();
-        self.batch_templates.retain(|seq, _| pending.contains(seq));
+        let pending: HashSet<(u64, u32)> =
+            self.roots.iter().flat_map(|l| l.pending().map(|b| (b.seq, l.shard))).collect();
+        self.batch_templates.retain(|k, _| pending.contains(k));
     }
 
     /// Hands the result of the call to root `root` to the engine.
@@ -1238,9 +1235,12 @@ mod round;
 mod session;
 mod slot_set;
 mod status;
+/// Keys and their templates' ids, sorted by key.
+type Templates = Arc<[(QuotaId, QuotaId)]>;
+
 /// Key templates of several lists, each sorted by key, in one list sorted by key, each key
-/// once (a key of two batches has one template).
-fn merge_templates(parts: &[Arc<[(QuotaId, QuotaId)]>]) -> Vec<(QuotaId, QuotaId)> {
+/// once, with the template of the first list that has it.
+fn merge_templates(parts: &[Templates]) -> Vec<(QuotaId, QuotaId)> {
     let mut all: Vec<(QuotaId, QuotaId)> = parts.iter().flat_map(|p| p.iter().copied()).collect();
     // A stable sort merges the sorted runs it finds rather than sorting from scratch.
     all.sort_by_key(|t| t.0);

@@ -211,7 +211,7 @@ impl CounterAccess<'_> {
     /// Whether the writer knows key `id` in slot `s` by its id (see `Limiter::learn_keys`).
     #[inline]
     pub fn key_known(&self, s: u32, id: QuotaId) -> bool {
-        self.limiter.key_known(s, id)
+        self.limiter.key_known(self.writer, s, id)
     }
 
     fn slot(&self, s: u32) -> Option<Slot<'_>> {

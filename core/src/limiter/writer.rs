@@ -29,7 +29,7 @@ pub(crate) const SLOT_QUARANTINE_NS: u64 = 2_000_000_000;
 /// The writing handle's caches (see the module docs).
 #[derive(Default)]
 pub(crate) struct Writer {
-    token: u64,
+    pub(super) token: u64,
     /// Slot indices, found by the slot's id.
     by_id: HashTable<u32>,
     /// Children whose parent is not (yet) known: child slot → parent name.
@@ -822,27 +822,37 @@ impl Limiter {
         let mut guard = self.writer();
         let w = &mut *guard;
         for &(s, id) in keys {
-            if self.find_id(w, id).is_none() {
-                w.by_id.insert_unique(hash_id(id), s, |&j| self.id_at(j));
+            let at = match self.find_id(w, id) {
+                Some(t) => t,
+                None => {
+                    w.by_id.insert_unique(hash_id(id), s, |&j| self.id_at(j));
+                    s
+                }
+            };
+            // Marked only where the map finds the key: one live in two slots at once (first
+            // sights in two workers that both published) is looked up again in the other
+            // at each round, so that it is learned there once the first goes.
+            if at != s {
+                continue;
             }
             let Some(slot) = self.slot(s).filter(|x| x.id() == id) else { continue };
             // One read-modify-write: a request path publishing another key here meanwhile
             // rewrites the whole word, before (its key then bears this key's mark, not its
             // own) or after (no mark).
-            let mark = u64::from(crate::zone::keys::known_mark(id));
+            let mark = u64::from(crate::zone::keys::known_mark(id, w.token));
             let _ = slot
                 .w(TAG_PARENT)
                 .fetch_update(Relaxed, Relaxed, |v| Some(v & !0xFFFF_FFFF | mark));
         }
     }
 
-    /// Whether the writer knows key `id` in slot `s` by its id (its mark is there). Every
-    /// writer knows what another marked: one that takes over learns every key of the
-    /// block, and a key leaves the writer's map only when freed, before another's publish
-    /// rewrites the mark.
+    /// Whether writer `w` knows key `id` in slot `s` by its id (its mark is there): marks
+    /// are set only where its map finds the key, and a key leaves the map only when freed,
+    /// before another's publish rewrites the mark. A writer that rebuilt (another process's
+    /// took over meanwhile) has a new token, and learns each key again once.
     #[inline]
-    pub(crate) fn key_known(&self, s: u32, id: u64) -> bool {
-        self.slot(s).is_some_and(|x| x.tag() == crate::zone::keys::known_mark(id))
+    pub(crate) fn key_known(&self, w: &Writer, s: u32, id: u64) -> bool {
+        self.slot(s).is_some_and(|x| x.tag() == crate::zone::keys::known_mark(id, w.token))
     }
 
     /// Takes the cluster's secret for key ids from a root, the first time one gives it

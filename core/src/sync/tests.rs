@@ -1008,6 +1008,71 @@ fn batches_resent_to_a_silent_root_keep_their_key_templates() {
     assert!(fill.is_some_and(|f| f > 0.99), "the resent counts reached the root: {fill:?}");
 }
 
+/// A key of a pending batch whose template went (the key freed and met again under
+/// another) is named with the template it has now: a root refuses a deleted template's
+/// keys, and would drop its counts in every batch of the call.
+#[test]
+fn a_key_in_batches_of_two_templates_is_named_with_the_latest() {
+    let clock = ManualClock::at(S);
+    let mut a = node(&clock, 1);
+    let old = quota(1, "api_key_*", 0.001, 50.0, 50.0);
+    a.limiter.apply_quotas(std::slice::from_ref(&old));
+    let down = |a: &mut Node, now: u64| {
+        let calls = a.engine.begin_round(now);
+        let sent = calls[0].request.key_templates.clone();
+        for call in calls {
+            a.engine.on_response(call.root, Err("down".into()), Duration::from_millis(1), now);
+        }
+        a.engine.end_round(now);
+        sent
+    };
+    a.limiter.account("api_key_x", 1).unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(down(&mut a, clock.now_nanos()).iter().map(|t| t.1).collect::<Vec<_>>(), [1]);
+    a.limiter.apply_quotas(&[
+        QuotaUpdate { deleted: true, epoch: 3, ..old },
+        quota(2, "api_*", 0.001, 50.0, 50.0),
+    ]);
+    a.limiter.account("api_key_x", 1).unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(down(&mut a, clock.now_nanos()).iter().map(|t| t.1).collect::<Vec<_>>(), [2]);
+}
+
+/// Each shard's roots get their part of a round's batch under the same `seq`, and the
+/// templates of their own keys, when first sent and when resent.
+#[test]
+fn each_shards_roots_get_the_templates_of_their_own_keys() {
+    let clock = ManualClock::at(S);
+    let limiter = Arc::new(
+        Limiter::builder().clock(Arc::new(clock.clone())).random(SeededRandom::new(1)).build(),
+    );
+    let shards = vec![vec!["http://root0".to_string()], vec!["http://root1".to_string()]];
+    let mut engine = SyncEngine::sharded(limiter.clone(), shards, SyncConfig::default()).unwrap();
+    limiter.apply_quotas(&[quota(1, "api_key_*", 0.001, 50.0, 50.0)]);
+    for r in 0..2 {
+        for i in 0..40 {
+            limiter.account(format!("api_key_{r}_{i}").as_str(), 1).unwrap();
+        }
+        clock.advance(Duration::from_secs(1));
+        let now = clock.now_nanos();
+        let calls = engine.begin_round(now);
+        assert_eq!(calls.len(), 2);
+        for call in &calls {
+            let sent: std::collections::BTreeSet<QuotaId> =
+                call.request.batches.iter().flat_map(|b| b.deltas.iter().map(|d| d.0)).collect();
+            let named: std::collections::BTreeSet<QuotaId> =
+                call.request.key_templates.iter().map(|t| t.0).collect();
+            assert!(!sent.is_empty());
+            assert_eq!(sent, named, "round {r}, root {}", call.root);
+            assert_eq!(call.request.batches.len(), r + 1);
+        }
+        for call in calls {
+            engine.on_response(call.root, Err("down".into()), Duration::from_millis(1), now);
+        }
+        engine.end_round(now);
+    }
+}
+
 /// A root with the template `api_key_*` (bursts `low`/`high`, next to no drain) and three
 /// limiters that each know the others are live.
 fn three_nodes_on_a_template(clock: &ManualClock, low: f64, high: f64) -> (RootState, Vec<Node>) {

@@ -100,14 +100,16 @@ pub fn key_id(secret: (u64, u64), raw: &[u8]) -> u64 {
     KEY | h.finish() & LOW62
 }
 
-/// The low half of word 1 in the slot of key `id` once the sync agent's writer knows the key
-/// by its id (see `Limiter::learn_keys`): each round then skips, for the keys it meets again,
-/// the lookup of the id among the million it knows, a cache miss each. Never 0, which a
-/// request path writes when it publishes a key. A fingerprint of the id rather than a flag:
-/// a mark the writer sets just as another key takes the slot names the key it was meant for.
+/// The low half of word 1 in the slot of key `id` once the sync agent's writer (the one
+/// stamped `token`) knows the key by its id (see `Limiter::learn_keys`): each round then
+/// skips, for the keys it meets again, the lookup of the id among the million it knows, a
+/// cache miss each. Never 0, which a request path writes when it publishes a key. A
+/// fingerprint of the id and the writer's token rather than a flag: a mark the writer sets
+/// just as another key takes the slot names the key it was meant for, and a writer that
+/// takes over (a new token) trusts no mark of the one before, whose map it did not see.
 #[inline]
-pub(crate) fn known_mark(id: u64) -> u32 {
-    (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32 | 1
+pub(crate) fn known_mark(id: u64, token: u64) -> u32 {
+    ((id ^ token.rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32 | 1
 }
 
 /// The 128-bit hash that names a key in a block, keyed by the block's own secret.

@@ -500,12 +500,13 @@ fn a_nearly_full_table_frees_drained_keys_without_waiting_a_minute() {
 fn a_learned_key_bears_its_mark_and_a_key_taking_its_slot_does_not() {
     let (l, _) = keyed(64);
     l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    let known = |s: u32, id: u64| l.key_known(&l.writer(), s, id);
     passes(&l, b"k_a", 1);
     let s = l.dirty_key_slots()[0];
     let a = l.slot(s).unwrap().id();
-    assert!(!l.key_known(s, a), "new to the writer");
+    assert!(!known(s, a), "new to the writer");
     l.learn_keys(&[(s, a)]);
-    assert!(l.key_known(s, a));
+    assert!(known(s, a));
     assert_eq!(l.find_id(&l.writer(), a), Some(s));
     // A request path takes the slot over for another key (a drained key's, as when its
     // window is full): its publish leaves no mark.
@@ -515,18 +516,58 @@ fn a_learned_key_bears_its_mark_and_a_key_taking_its_slot_does_not() {
     let b = crate::zone::keys::key_id(l.cluster_secret(), b"k_b");
     assert!(table.claim(pos, a, h.0));
     table.publish(pos, h, b, l.template_for(b"k_b").unwrap(), (1000, 5000, 5000), 0);
-    assert!(!l.key_known(s, b), "the publish cleared the mark");
+    assert!(!known(s, b), "the publish cleared the mark");
     // The writer learning the old key just after that publish marks nothing; a mark that
     // landed anyway names the old key, not the new one.
     l.learn_keys(&[(s, a)]);
-    assert!(!l.key_known(s, b));
-    let mark = u64::from(crate::zone::keys::known_mark(a));
+    assert!(!known(s, b));
+    let mark = u64::from(crate::zone::keys::known_mark(a, l.writer().token));
     l.slot(s).unwrap().w(crate::zone::slot::TAG_PARENT).fetch_or(mark, Relaxed);
-    assert!(!l.key_known(s, b));
+    assert!(!known(s, b));
     l.learn_keys(&[(s, b)]);
-    assert!(l.key_known(s, b));
+    assert!(known(s, b));
     assert_eq!(l.find_id(&l.writer(), b), Some(s));
     assert_eq!(l.slot(s).unwrap().parent(), 0, "the mark leaves the parent be");
+}
+
+#[test]
+fn a_key_in_two_slots_is_marked_only_where_the_writer_finds_it() {
+    // Two workers' first sights of one name may both publish it (the later one settles
+    // only once it looks again): the writer's map names one slot, and a mark on the other
+    // would outlive that slot's freeing, with the key never learned again.
+    let (l, _) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    passes(&l, b"k_a", 1);
+    let first = l.dirty_key_slots()[0];
+    let a = l.slot(first).unwrap().id();
+    l.learn_keys(&[(first, a)]);
+    let table = l.key_table();
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_a");
+    let other = (0..table.cap()).find(|&p| table.slot(p).unwrap().id() == 0).unwrap();
+    assert!(table.claim(other, 0, h.0));
+    table.publish(other, h, a, l.template_for(b"k_a").unwrap(), (1000, 5000, 5000), 0);
+    let second = other + l.key_slots().start;
+    l.learn_keys(&[(second, a)]);
+    assert!(!l.key_known(&l.writer(), second, a));
+    assert_eq!(l.find_id(&l.writer(), a), Some(first));
+}
+
+#[test]
+fn a_writer_that_takes_over_trusts_no_mark_of_the_one_before() {
+    let clock = ManualClock::at(10 * S);
+    let (a, b) = shared_pair_with_keys(&clock, 1000, 1000);
+    a.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    passes(&a, b"k_x", 1);
+    let s = a.dirty_key_slots()[0];
+    let id = a.slot(s).unwrap().id();
+    a.learn_keys(&[(s, id)]);
+    assert!(a.key_known(&a.writer(), s, id));
+    // b's writer takes the block over: its map comes from its own walk of the table.
+    b.apply_quotas(&[q(2, "elsewhere", 1, 1.0, 1.0, 1.0, None)]);
+    assert!(!b.key_known(&b.writer(), s, id), "a's mark");
+    b.learn_keys(&[(s, id)]);
+    assert!(b.key_known(&b.writer(), s, id));
+    assert_eq!(b.find_id(&b.writer(), id), Some(s));
 }
 
 #[test]
