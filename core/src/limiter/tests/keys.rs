@@ -151,6 +151,15 @@ fn bit_of(l: &Limiter, n: &[u8]) -> usize {
     crate::limiter::keys::override_bit(crate::zone::keys::name_hash(l.key_secret(), n))
 }
 
+/// A name `prefix` + a number whose filter bit is the bit of `of`.
+fn name_on_bit(l: &Limiter, prefix: &str, of: &[u8]) -> String {
+    let bit = bit_of(l, of);
+    (0..1_000_000)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|n| bit_of(l, n.as_bytes()) == bit)
+        .expect("a name on the bit")
+}
+
 #[test]
 fn a_rename_that_fails_uncounts_its_override_once() {
     // Two overrides on one bit; the arena then fills, and renaming one of them to a long
@@ -158,11 +167,7 @@ fn a_rename_that_fails_uncounts_its_override_once() {
     let clock = ManualClock::at(10 * S);
     let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(200).keys(100).build();
     l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
-    let vip = bit_of(&l, b"api_key_vip");
-    let other = (0..1_000_000)
-        .map(|i| format!("api_key_s{i}"))
-        .find(|n| bit_of(&l, n.as_bytes()) == vip)
-        .unwrap();
+    let other = name_on_bit(&l, "api_key_s", b"api_key_vip");
     l.apply_quotas(&[
         q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
         q(3, &other, 1, 1.0, 20.0, 20.0, None),
@@ -225,10 +230,7 @@ fn handles_taking_turns_as_writer_keep_the_counts_of_one_bit() {
         q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None),
         q(2, "api_key_vip", 1, 1.0, 20.0, 20.0, None),
     ]);
-    let other = (0..1_000_000)
-        .map(|i| format!("api_key_s{i}"))
-        .find(|n| bit_of(&a, n.as_bytes()) == bit_of(&a, b"api_key_vip"))
-        .unwrap();
+    let other = name_on_bit(&a, "api_key_s", b"api_key_vip");
     b.apply_quotas(&[q(3, &other, 1, 1.0, 20.0, 20.0, None)]);
     // a's own counts say one quota on the bit; the block has two.
     a.apply_quotas(&[tomb(2, "api_key_vip", 2)]);
@@ -249,10 +251,7 @@ fn a_batch_naming_a_template_has_every_name_take_the_index_until_counted() {
     let (l, _) = keyed(1000);
     l.apply_quotas(&[q(1, "abc_*", 1, 1.0, 2.0, 2.0, None)]);
     // An override of abc_* on the same bit as api_vip.
-    let shared = (0..1_000_000)
-        .map(|i| format!("abc_s{i}"))
-        .find(|n| bit_of(&l, n.as_bytes()) == bit_of(&l, b"api_vip"))
-        .unwrap();
+    let shared = name_on_bit(&l, "abc_s", b"api_vip");
     l.apply_quotas(&[
         q(2, "api_vip", 1, 1.0, 20.0, 20.0, None),
         q(5, &shared, 1, 1.0, 20.0, 20.0, None),
