@@ -691,3 +691,23 @@ fn templates_beyond_the_counted_ones_are_counted_together() {
     assert_eq!(rows.iter().map(|r| r.keys).sum::<u64>(), n - 1);
     assert_eq!(rows.last().unwrap().keys, 2);
 }
+
+#[test]
+fn keys_the_writer_learned_are_not_counted_as_quotas() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[q(1, "k_*", 1, 100.0, 5.0, 5.0, None)]);
+    for i in 0..10 {
+        l.account(format!("k_{i}").as_bytes(), 1).unwrap();
+    }
+    let keys: Vec<(u32, u64)> = l
+        .take_dirty()
+        .into_iter()
+        .filter(|&s| l.is_key_slot(s))
+        .map(|s| (s, l.slot(s).unwrap().id()))
+        .collect();
+    assert_eq!(keys.len(), 10);
+    l.learn_keys(&keys);
+    l.apply_quotas(&[q(2, "other", 1, 1.0, 1.0, 1.0, None)]);
+    assert_eq!(l.quota_count(), 2);
+    assert_eq!(l.zone_status().usage.keys, 10);
+}
