@@ -112,7 +112,8 @@ impl<'a> Index<'a> {
 
     /// Slots whose entry carries this hash's tag, in probe order, until an empty entry:
     /// `accept` decides (name comparison) and ends the probe. `first` is asked before any
-    /// entry is compared, once the first one is loaded: a lookup that tries the name's home
+    /// entry is compared, once the first one is loaded (and not when it is empty: then there
+    /// is nothing to find): a lookup that tries the name's home
     /// slot there (see `Limiter::find`) has both cache misses under way at once, so a name
     /// that is not at home costs no more than the index alone.
     #[inline]
@@ -127,6 +128,13 @@ impl<'a> Index<'a> {
         let words = self.area(area);
         let mut pos = spot.home as usize;
         let mut loaded = words.map(|w| Self::load(w, pos, Acquire));
+        // An empty first entry: no name of this hash is indexed, so none is held (the writer
+        // indexes a quota before it publishes its id; one being deleted is missed from the
+        // removal of its entry on, as it was when every lookup took the index). A predicted
+        // branch: a lookup of a name that is there does not wait for it.
+        if loaded == Some(0) {
+            return None;
+        }
         if let Some(s) = first() {
             return Some(s);
         }
