@@ -471,33 +471,15 @@ impl Limiter {
         }
     }
 
-    /// The slot of `name`, if a quota has it: its home slot when it holds the name (one
-    /// cache miss), else where the index says (the index entry was loaded meanwhile).
+    /// The slot of `name`, if a quota has it.
     #[inline]
     fn find<N: AsRef<[u8]> + ?Sized>(&self, n: &N) -> Option<(u32, Slot<'_>)> {
         let n = n.as_ref();
         let arena = self.arena();
-        let h = self.hash(n);
-        let at_home = || {
-            let home = self.home_slot(h)?;
-            let x = self.live_slot(home)?;
-            (x.tag() == (h >> 32) as u32 && x.name_eq(n, &arena)).then_some(home)
-        };
         let s = self
             .index()
-            .find(h, at_home, |s| self.slot(s).is_some_and(|x| x.name_eq(n, &arena)))?;
+            .find(self.hash(n), |s| self.slot(s).is_some_and(|x| x.name_eq(n, &arena)))?;
         Some((s, self.live_slot(s)?))
-    }
-
-    /// The slot a quota whose name hashes to `h` takes when it is free on its insert
-    /// (none before the first insert): the hash's bits above the index's, in the block's
-    /// [`hdr::HOME_SPAN`]. A span that grew since gives an older quota another home, which
-    /// costs its lookups the index, nothing else.
-    #[inline]
-    fn home_slot(&self, h: u64) -> Option<u32> {
-        let span = self.hdr(hdr::HOME_SPAN).load(Relaxed);
-        (span != 0)
-            .then(|| ((h >> 16) & (span - 1)).min(u64::from(self.layout.slot_cap - 1)) as u32)
     }
 
     /// A quota's name; for a key, its template's (keys keep no name, and their template is

@@ -287,194 +287,15 @@ fn a_cycle_does_not_hang_a_decision() {
 
 #[test]
 fn freed_slots_are_reused_only_after_quarantine() {
-    let clock = ManualClock::at(10 * S);
-    let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(300).build();
-    l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None)]);
-    let freed = l.find("a").unwrap().0;
-    l.apply_quotas(&[tomb(1, "a", 2)]);
-    // Names whose home is a's slot, and names for every unused slot: none takes it yet.
-    let homed = names_at_home(&l, "b", freed, 2);
-    l.apply_quotas(&[q(2, &homed[0], 3, 1.0, 0.0, 0.0, None)]);
-    assert_ne!(l.find(&homed[0]).unwrap().0, freed, "slot of a is still quarantined");
-    let cap = l.layout.slot_cap;
-    let others: Vec<_> = (0..cap - 2)
-        .map(|i| q(10 + u64::from(i), &format!("o{i}"), 5, 1.0, 0.0, 0.0, None))
-        .collect();
-    l.apply_quotas(&others);
-    assert_eq!(l.quota_count(), u64::from(cap) - 1, "every other slot taken");
-    assert_eq!(l.apply_quotas(&[q(3, "late", 6, 1.0, 0.0, 0.0, None)]).missing, 1);
-    clock.advance(Duration::from_secs(3));
-    l.apply_quotas(&[q(4, &homed[1], 7, 1.0, 0.0, 0.0, None)]);
-    assert_eq!(l.find(&homed[1]).unwrap().0, freed, "slot of a was reused");
-    assert_eq!(l.quota_count(), u64::from(cap));
-}
-
-#[test]
-fn most_quotas_sit_in_the_slot_their_name_picks_and_are_found_there_without_the_index() {
-    let clock = ManualClock::at(10 * S);
-    let l = Limiter::builder().clock(Arc::new(clock.clone())).capacity(12_000).build();
-    let n = 10_000u64;
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let batch: Vec<_> =
-            chunk.iter().map(|&i| q(i + 1, &format!("q{i}"), 1, 1.0, 0.0, 0.0, None)).collect();
-        l.apply_quotas(&batch);
-    }
-    let name = |i: u64| format!("q{i}");
-    let at_home: Vec<bool> = (0..n)
-        .map(|i| {
-            let (s, _) = l.find(&name(i)).unwrap();
-            l.home_slot(l.hash(name(i).as_bytes())) == Some(s)
-        })
-        .collect();
-    let home = at_home.iter().filter(|&&h| h).count() as f64 / n as f64;
-    // 10,000 quotas in 12,000 slots, homes over the first 8,192 (the span doubled as they
-    // came, so the first ones' homes moved).
-    assert!(home > 0.4, "{home}");
-    // With every index entry deleted, a lookup still finds the quotas at home, and only
-    // those.
-    for w in &l.words()[l.layout.index..l.layout.arena] {
-        w.store(u64::MAX, Relaxed);
-    }
-    for i in 0..n {
-        assert_eq!(l.find(&name(i)).is_some(), at_home[i as usize], "{}", name(i));
-    }
-    // An empty entry where the probe starts says the name is not held: its home is not
-    // read (what a name no quota has costs).
-    for w in &l.words()[l.layout.index..l.layout.arena] {
-        w.store(0, Relaxed);
-    }
-    assert!((0..n).all(|i| l.find(&name(i)).is_none()));
-}
-
-#[test]
-fn a_few_quotas_of_a_large_block_stay_in_its_first_slots() {
-    let (l, _) = setup();
-    let batch: Vec<_> =
-        (0..300).map(|i| q(i + 1, &format!("q{i}"), 1, 1.0, 0.0, 0.0, None)).collect();
-    l.apply_quotas(&batch);
-    let top = (0..300).map(|i| l.find(&format!("q{i}")).unwrap().0).max().unwrap();
-    // Homes in the first 1,024 slots, and the quotas whose home was taken just above.
-    assert!(top < 2048, "{top}: the pages of a block are touched as its quotas need them");
-    assert_eq!(l.hdr(hdr::HOME_SPAN).load(Relaxed), 1024);
-}
-
-#[test]
-fn a_writer_that_takes_over_gives_no_quota_a_held_or_resting_slot() {
-    let clock = ManualClock::at(10 * S);
-    let (a, b) = shared_pair_with_keys(&clock, 300, 0);
-    let cap = u64::from(a.layout.slot_cap);
-    assert!(cap >= 300);
-    let mk = |r: std::ops::Range<u64>, v: u64| -> Vec<QuotaUpdate> {
-        r.map(|i| q(i + 1, &format!("q{i}"), v, 1.0, 0.0, 0.0, None)).collect()
-    };
-    // 100 quotas that stay, 100 deleted, 100 slots free and the rest held.
-    a.apply_quotas(&mk(0..200, 1));
-    a.apply_quotas(&mk(1000..1000 + cap - 300, 1));
-    let resting: Vec<u32> = (0..100).map(|i| a.find(&format!("q{i}")).unwrap().0).collect();
-    a.apply_quotas(&(0..100).map(|i| tomb(i + 1, &format!("q{i}"), 2)).collect::<Vec<_>>());
-    // b's writer rebuilds from the block: held slots and the free list are not its to give.
-    let report = b.apply_quotas(&mk(200..400, 1));
-    assert_eq!((report.inserted, report.missing), (100, 100), "100 slots free, 100 rest");
-    let held = (100..300).filter(|&i| b.find(&format!("q{i}")).is_some());
-    let mut slots: Vec<u32> = held.clone().map(|i| b.find(&format!("q{i}")).unwrap().0).collect();
-    for (i, s) in held.zip(&slots) {
-        assert_eq!(b.slot(*s).unwrap().id(), i + 1);
-        assert!(!resting.contains(s), "q{i} took a resting slot");
-    }
-    slots.sort_unstable();
-    slots.dedup();
-    assert_eq!(slots.len(), 200);
-    // Once the resting slots are out of quarantine, the quotas refused take them.
-    clock.advance(Duration::from_secs(3));
-    let missing: Vec<u64> = (200..400).filter(|&i| a.find(&format!("q{i}")).is_none()).collect();
-    let retry: Vec<_> = missing.iter().flat_map(|&i| mk(i..i + 1, 2)).collect();
-    assert_eq!(a.apply_quotas(&retry).inserted, 100);
-    assert_eq!(a.quota_count(), cap);
-}
-
-#[test]
-fn a_freed_home_out_of_quarantine_is_a_home_again() {
     let (l, clock) = setup();
-    l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None), q(2, "b", 1, 1.0, 0.0, 0.0, None)]);
-    let (a, b) = (l.find("a").unwrap().0, l.find("b").unwrap().0);
-    assert_eq!(l.home_slot(l.hash(b"a")), Some(a));
-    l.apply_quotas(&[tomb(1, "a", 2), tomb(2, "b", 2)]);
+    l.apply_quotas(&[q(1, "a", 1, 1.0, 0.0, 0.0, None)]);
+    l.apply_quotas(&[tomb(1, "a", 2)]);
+    l.apply_quotas(&[q(2, "b", 3, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.used_slots(), 2, "slot of a is still quarantined");
     clock.advance(Duration::from_secs(3));
-    // Other names first (they take neither), then names whose homes were a's and b's.
-    let names = [names_at_home(&l, "x", b, 1), names_at_home(&l, "y", a, 1)].concat();
-    let c = (0..)
-        .map(|i| format!("c{i}"))
-        .find(|c| !matches!(l.home_slot(l.hash(c.as_bytes())), Some(h) if h == a || h == b))
-        .unwrap();
-    l.apply_quotas(&[q(3, &c, 3, 1.0, 0.0, 0.0, None), q(4, &names[0], 3, 1.0, 0.0, 0.0, None)]);
-    l.apply_quotas(&[q(5, &names[1], 4, 1.0, 0.0, 0.0, None)]);
-    assert_eq!((l.find(&names[0]).unwrap().0, l.find(&names[1]).unwrap().0), (b, a));
-}
-
-#[test]
-fn quotas_made_renamed_and_deleted_at_random_by_two_writers_keep_slots_of_their_own() {
-    let clock = ManualClock::at(10 * S);
-    let (a, b) = shared_pair_with_keys(&clock, 1024, 0);
-    let mut rng = fastrand::Rng::with_seed(17);
-    // id → (name, epoch, limit): the quotas that should be held.
-    let mut model: HashMap<u64, (String, u64, u64)> = HashMap::new();
-    let (mut next_id, mut next_name, mut epoch) = (1u64, 0u64, 1u64);
-    for round in 0..400 {
-        let mut batch = Vec::new();
-        for _ in 0..rng.usize(1..8) {
-            epoch += 1;
-            let ids: Vec<u64> = model.keys().copied().filter(|i| !batch_has(&batch, *i)).collect();
-            let pick = (!ids.is_empty()).then(|| ids[rng.usize(..ids.len())]);
-            match (rng.u8(..4), pick) {
-                (0, Some(id)) if model.len() > 20 => {
-                    let (name, _, _) = model.remove(&id).unwrap();
-                    batch.push(tomb(id, &name, epoch));
-                }
-                (1, Some(id)) => {
-                    next_name += 1;
-                    let e = model.get_mut(&id).unwrap();
-                    *e = (format!("r{next_name}"), epoch, e.2);
-                    batch.push(q(id, &e.0, epoch, e.2 as f64, 0.0, 0.0, None));
-                }
-                _ if model.len() < 100 => {
-                    next_name += 1;
-                    let e = (format!("n{next_name}"), epoch, rng.u64(1..1000));
-                    batch.push(q(next_id, &e.0, epoch, e.2 as f64, 0.0, 0.0, None));
-                    model.insert(next_id, e);
-                    next_id += 1;
-                }
-                _ => {}
-            }
-        }
-        let writer = if rng.bool() { &a } else { &b };
-        let report = writer.apply_quotas(&batch);
-        assert_eq!(report.missing, 0, "round {round}");
-        clock.advance(Duration::from_millis(rng.u64(100..600)));
-        let mut slots = HashSet::new();
-        for (id, (name, _, limit)) in &model {
-            for l in [&a, &b] {
-                let (s, x) = l.find(name).unwrap_or_else(|| panic!("round {round}: {name} lost"));
-                assert_eq!(x.id(), *id, "round {round}: {name}");
-                assert_eq!(l.quota(name).unwrap().limit, *limit as f64);
-                slots.insert(s);
-            }
-        }
-        assert_eq!(slots.len(), model.len(), "round {round}: two quotas in one slot");
-        assert_eq!(a.quota_count(), model.len() as u64);
-    }
-}
-
-fn batch_has(batch: &[QuotaUpdate], id: u64) -> bool {
-    batch.iter().any(|u| u.id == id)
-}
-
-/// `n` names `prefix` + a number whose home slot is `s`.
-fn names_at_home(l: &Limiter, prefix: &str, s: u32, n: usize) -> Vec<String> {
-    (0..10_000_000)
-        .map(|i| format!("{prefix}{i}"))
-        .filter(|x| l.home_slot(l.hash(x.as_bytes())) == Some(s))
-        .take(n)
-        .collect()
+    l.apply_quotas(&[q(3, "c", 4, 1.0, 0.0, 0.0, None)]);
+    assert_eq!(l.used_slots(), 2, "slot of a was reused");
+    assert_eq!(l.names(), ["b".to_string(), "c".to_string()].into_iter().collect());
 }
 
 #[test]
@@ -536,7 +357,7 @@ fn demand_above_the_limit_suppresses_its_excess_share() {
     let now = clock.now_nanos();
     set_fill(&l, "a", 11.0, now);
     // Demand 4x the limit: 3/4 of attempts are refused, far more than the fill zone's 0.1%.
-    l.with_counters(|c| c.set_rates(l.find("a").unwrap().0, 0.0, 400_000.0));
+    l.with_counters(|c| c.set_rates(0, 0.0, 400_000.0));
     let n = 20_000;
     let rejected = (0..n).filter(|_| l.check("a").outcome == Outcome::Rejected).count();
     let frac = rejected as f64 / n as f64;
@@ -562,13 +383,13 @@ fn a_clump_of_a_key_under_its_limit_is_not_read_as_demand_above_it() {
     let now = clock.now_nanos();
     set_fill(&l, "k", 15.25, now);
     let refused = |l: &Limiter| (0..20_000).filter(|_| !l.check("k").allowed()).count() as f64;
-    l.with_counters(|c| c.set_rates(l.find("k").unwrap().0, 0.0, 17_500.0));
+    l.with_counters(|c| c.set_rates(0, 0.0, 17_500.0));
     // The drop zone alone: 0.25 / 15.
     let frac = refused(&l) / 20_000.0;
     assert!((frac - 0.25 / 15.0).abs() < 0.005, "{frac}");
     // 25/s over 2 s is 50 units; less 3 sigma of that count (21.2), 28.8, still above the
     // 20 of the limit: taken as read.
-    l.with_counters(|c| c.set_rates(l.find("k").unwrap().0, 0.0, 25_000.0));
+    l.with_counters(|c| c.set_rates(0, 0.0, 25_000.0));
     let frac = refused(&l) / 20_000.0;
     assert!((frac - 0.6).abs() < 0.015, "{frac}");
 }
@@ -623,7 +444,7 @@ fn demand_switch_off_leaves_only_the_fill_zone() {
     l.set_cluster_fresh(true);
     l.apply_quotas(&[q(1, "a", 1, 100.0, 10.0, 1000.0, None)]);
     set_fill(&l, "a", 11.0, clock.now_nanos());
-    l.with_counters(|c| c.set_rates(l.find("a").unwrap().0, 0.0, 400_000.0));
+    l.with_counters(|c| c.set_rates(0, 0.0, 400_000.0));
     let rejected = (0..2000).filter(|_| !l.check("a").allowed()).count();
     assert!(rejected < 20, "demand off, yet {rejected} of 2000 refused");
 }
@@ -671,6 +492,63 @@ fn shared_pair_with_keys(clock: &ManualClock, quotas: u32, keys: u32) -> (Limite
             .unwrap()
     };
     (open(), open())
+}
+
+#[test]
+fn quotas_made_renamed_and_deleted_at_random_by_two_writers_keep_slots_of_their_own() {
+    let clock = ManualClock::at(10 * S);
+    let (a, b) = shared_pair_with_keys(&clock, 1024, 0);
+    let mut rng = fastrand::Rng::with_seed(17);
+    // id → (name, epoch, limit): the quotas that should be held.
+    let mut model: HashMap<u64, (String, u64, u64)> = HashMap::new();
+    let (mut next_id, mut next_name, mut epoch) = (1u64, 0u64, 1u64);
+    for round in 0..400 {
+        let mut batch = Vec::new();
+        for _ in 0..rng.usize(1..8) {
+            epoch += 1;
+            let ids: Vec<u64> = model.keys().copied().filter(|i| !batch_has(&batch, *i)).collect();
+            let pick = (!ids.is_empty()).then(|| ids[rng.usize(..ids.len())]);
+            match (rng.u8(..4), pick) {
+                (0, Some(id)) if model.len() > 20 => {
+                    let (name, _, _) = model.remove(&id).unwrap();
+                    batch.push(tomb(id, &name, epoch));
+                }
+                (1, Some(id)) => {
+                    next_name += 1;
+                    let e = model.get_mut(&id).unwrap();
+                    *e = (format!("r{next_name}"), epoch, e.2);
+                    batch.push(q(id, &e.0, epoch, e.2 as f64, 0.0, 0.0, None));
+                }
+                _ if model.len() < 100 => {
+                    next_name += 1;
+                    let e = (format!("n{next_name}"), epoch, rng.u64(1..1000));
+                    batch.push(q(next_id, &e.0, epoch, e.2 as f64, 0.0, 0.0, None));
+                    model.insert(next_id, e);
+                    next_id += 1;
+                }
+                _ => {}
+            }
+        }
+        let writer = if rng.bool() { &a } else { &b };
+        let report = writer.apply_quotas(&batch);
+        assert_eq!(report.missing, 0, "round {round}");
+        clock.advance(Duration::from_millis(rng.u64(100..600)));
+        let mut slots = HashSet::new();
+        for (id, (name, _, limit)) in &model {
+            for l in [&a, &b] {
+                let (s, x) = l.find(name).unwrap_or_else(|| panic!("round {round}: {name} lost"));
+                assert_eq!(x.id(), *id, "round {round}: {name}");
+                assert_eq!(l.quota(name).unwrap().limit, *limit as f64);
+                slots.insert(s);
+            }
+        }
+        assert_eq!(slots.len(), model.len(), "round {round}: two quotas in one slot");
+        assert_eq!(a.quota_count(), model.len() as u64);
+    }
+}
+
+fn batch_has(batch: &[QuotaUpdate], id: u64) -> bool {
+    batch.iter().any(|u| u.id == id)
 }
 
 #[test]
@@ -773,7 +651,7 @@ fn a_refused_zero_weight_counts_nothing() {
     assert_eq!(d.outcome, Outcome::Rejected);
     let (a, _) = l.find("a").unwrap();
     let (b, _) = l.find("b").unwrap();
-    assert_eq!(l.take_dirty(), if a < b { vec![a, b] } else { vec![b, a] });
+    assert_eq!(l.take_dirty(), vec![a, b]);
     let rejected = |s| l.slot(s).unwrap().get(crate::zone::slot::REJECTED);
     assert_eq!((rejected(a), rejected(b)), (1000, 2000));
 }

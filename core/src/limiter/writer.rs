@@ -11,11 +11,6 @@
 //! Slots of deleted quotas wait [`SLOT_QUARANTINE_NS`] in a first-in first-out list before
 //! reuse, so a reader that found a slot an instant before the delete never sees another
 //! quota's numbers in it.
-//!
-//! A new quota takes its name's home slot (see `Limiter::home_slot`) when that slot is
-//! unused, so that lookups find most quotas without the index. Unused slots are a bitmap
-//! in the writer's memory (in the block, the slots neither held nor in the free list): a
-//! freed slot joins them once out of quarantine.
 
 use super::{ApplyReport, Limiter};
 use crate::quota::{is_template, raw_name, validate_name, Epoch, QuotaId, QuotaUpdate};
@@ -30,9 +25,6 @@ use std::sync::atomic::Ordering::*;
 
 /// How long a deleted quota's slot waits before it is reused.
 pub(crate) const SLOT_QUARANTINE_NS: u64 = 2_000_000_000;
-
-/// The home span of a block's first quotas (see [`hdr::HOME_SPAN`]).
-const HOME_SPAN_FIRST: u64 = 1024;
 
 /// The writing handle's caches (see the module docs).
 #[derive(Default)]
@@ -51,47 +43,8 @@ pub(crate) struct Writer {
     pub(super) overrides: Vec<u32>,
     /// Every bit of the filter is set until the batch's recount: counts wait for it.
     pub(super) overrides_saturated: bool,
-    /// Quota slots neither held nor in the block's free list (never used, or taken and given
-    /// back unpublished), one bit each: a new quota's home slot is taken only from these,
-    /// so a freed slot still waits out its quarantine.
-    unused: Vec<u64>,
-    /// No word of `unused` below this one has a bit set.
-    unused_from: usize,
     /// Quotas held (`by_id` holds the keys learned too).
     quotas: u64,
-}
-
-impl Writer {
-    fn take_unused(&mut self, s: u32) -> bool {
-        let (k, bit) = (s as usize / 64, 1u64 << (s % 64));
-        let Some(word) = self.unused.get_mut(k) else { return false };
-        let was = *word & bit != 0;
-        *word &= !bit;
-        was
-    }
-
-    fn put_unused(&mut self, s: u32) {
-        let k = s as usize / 64;
-        if let Some(word) = self.unused.get_mut(k) {
-            *word |= 1 << (s % 64);
-            self.unused_from = self.unused_from.min(k);
-        }
-    }
-
-    /// The lowest unused slot from `from` on (a multiple of 64), else the lowest of all,
-    /// taken.
-    fn take_lowest_unused(&mut self, from: u32) -> Option<u32> {
-        let start = (from as usize / 64).max(self.unused_from);
-        let found = (start..self.unused.len())
-            .chain(self.unused_from..start)
-            .find(|&k| self.unused[k] != 0)?;
-        if found < start {
-            self.unused_from = found;
-        }
-        let s = (found * 64) as u32 + self.unused[found].trailing_zeros();
-        self.take_unused(s);
-        Some(s)
-    }
 }
 
 /// The writer, held. Another process's writer that took the block over meanwhile (this
@@ -219,7 +172,6 @@ impl Limiter {
                 w.unresolved.insert(i, String::from_utf8_lossy(&parent).into());
             }
         }
-        self.rebuild_unused(w);
         let keys = self.key_table();
         // A walk of the whole table, only when it holds keys (a fresh block holds none).
         let positions = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { keys.cap() } else { 0 };
@@ -239,31 +191,6 @@ impl Limiter {
         let token = fastrand::u64(1..);
         self.hdr(hdr::WRITER).store(token, Release);
         w.token = token;
-    }
-
-    /// The writer's map of unused quota slots, from the block: every slot but the held ones
-    /// and those in the free list (walked at most once around, should a writer that died
-    /// have left it looped).
-    fn rebuild_unused(&self, w: &mut Writer) {
-        let cap = self.layout.slot_cap as usize;
-        w.unused = vec![u64::MAX; cap.div_ceil(64)];
-        if cap % 64 != 0 {
-            w.unused[cap / 64] = (1 << (cap % 64)) - 1;
-        }
-        w.unused_from = 0;
-        for i in 0..self.used_slots() {
-            if self.live_slot(i).is_some() {
-                w.take_unused(i);
-            }
-        }
-        let mut next = self.hdr(hdr::FREE_HEAD).load(Relaxed);
-        for _ in 0..cap {
-            let Some(s) = next.checked_sub(1).filter(|&s| s < cap as u64) else { break };
-            if !w.take_unused(s as u32) {
-                break;
-            }
-            next = self.cold(s as u32).1.load(Relaxed);
-        }
     }
 
     /// The templates' prefixes (without the `*`), and the bitmaps of their lengths and
@@ -648,10 +575,10 @@ impl Limiter {
         let raw = raw_name(&u.name);
         let n = &raw[..];
         let h = self.hash(n);
-        let s = self.alloc_slot(w, now, h)?;
+        let s = self.alloc_slot(now)?;
         let slot = self.slot(s)?;
         if !self.write_name(s, n) {
-            w.put_unused(s);
+            self.return_slot(s);
             return None;
         }
         slot.set_tag_parent((h >> 32) as u32, 0);
@@ -660,7 +587,7 @@ impl Limiter {
         self.cold(s).1.store(0, Relaxed);
         if self.index().insert(h, s, now, &|x| self.rehash_slot(x)).is_err() {
             self.drop_name(s);
-            w.put_unused(s);
+            self.return_slot(s);
             return None;
         }
         slot.w(ID).store(u.id, Release);
@@ -695,64 +622,37 @@ impl Limiter {
         indexed
     }
 
-    /// A slot for a new quota whose name hashes to `h`: its home slot if unused, else the
-    /// lowest unused one above the home span, else the lowest unused one.
-    fn alloc_slot(&self, w: &mut Writer, now: u64, h: u64) -> Option<u32> {
-        self.grow_home_span(w.quotas + 1);
-        // Freed slots out of quarantine are unused again: homes like any other.
-        while let Some(s) = self.pop_free(now) {
-            w.put_unused(s);
-        }
-        let s = match self.home_slot(h).filter(|&home| w.take_unused(home)) {
-            Some(home) => home,
-            // Above the span first: slots there are nobody's home (until it doubles).
-            None => w.take_lowest_unused(self.home_span_now() as u32)?,
-        };
-        let next = self.hdr(hdr::NEXT_SLOT);
-        if u64::from(s) >= next.load(Relaxed) {
-            next.store(u64::from(s) + 1, Relaxed);
-        }
-        Some(s)
-    }
-
-    /// Doubles the home span while the quotas fill more than half of it, up to the
-    /// largest power of two the slots hold: the homes of a few quotas stay in the first
-    /// slots of a large block (its untouched pages cost no memory), and the homes of many
-    /// spread over all.
-    fn grow_home_span(&self, held: u64) {
-        if self.layout.slot_cap == 0 {
-            return;
-        }
-        let span = self.hdr(hdr::HOME_SPAN);
-        let most = 1u64 << (63 - u64::from(self.layout.slot_cap).leading_zeros());
-        let mut s = span.load(Relaxed).max(HOME_SPAN_FIRST).min(most);
-        while s < most && held * 2 > s {
-            s *= 2;
-        }
-        if s != span.load(Relaxed) {
-            span.store(s, Relaxed);
-        }
-    }
-
-    fn home_span_now(&self) -> u64 {
-        self.hdr(hdr::HOME_SPAN).load(Relaxed)
-    }
-
-    /// The oldest freed slot, once out of quarantine.
-    fn pop_free(&self, now: u64) -> Option<u32> {
+    fn alloc_slot(&self, now: u64) -> Option<u32> {
         let head = self.hdr(hdr::FREE_HEAD).load(Relaxed) as u32;
-        let s = head.checked_sub(1)?;
-        let (freed_at, next) = self.cold(s);
-        if now.saturating_sub(freed_at.load(Relaxed)) < SLOT_QUARANTINE_NS {
+        if head != 0 {
+            let s = head - 1;
+            let (freed_at, next) = self.cold(s);
+            if now.saturating_sub(freed_at.load(Relaxed)) >= SLOT_QUARANTINE_NS {
+                let next = next.load(Relaxed);
+                self.hdr(hdr::FREE_HEAD).store(next, Relaxed);
+                if next == 0 {
+                    self.hdr(hdr::FREE_TAIL).store(0, Relaxed);
+                }
+                self.hdr(hdr::FREE_COUNT).fetch_sub(1, Relaxed);
+                return Some(s);
+            }
+        }
+        let n = self.hdr(hdr::NEXT_SLOT).load(Relaxed);
+        if n >= u64::from(self.layout.slot_cap) {
             return None;
         }
-        let next = next.load(Relaxed);
-        self.hdr(hdr::FREE_HEAD).store(next, Relaxed);
-        if next == 0 {
-            self.hdr(hdr::FREE_TAIL).store(0, Relaxed);
+        self.hdr(hdr::NEXT_SLOT).store(n + 1, Relaxed);
+        Some(n as u32)
+    }
+
+    /// Gives back a slot that was allocated but never published.
+    fn return_slot(&self, s: u32) {
+        let next = self.hdr(hdr::NEXT_SLOT);
+        if u64::from(s) + 1 == next.load(Relaxed) {
+            next.store(u64::from(s), Relaxed);
+        } else {
+            self.push_free(s, 0);
         }
-        self.hdr(hdr::FREE_COUNT).fetch_sub(1, Relaxed);
-        Some(s)
     }
 
     fn push_free(&self, s: u32, at: u64) {

@@ -1,10 +1,6 @@
 //! The name index: open addressing with linear probing, split into shards so that a shard
 //! full of deleted entries can be rebuilt beside the live one and switched in atomically.
 //!
-//! Most lookups do not need it: a quota sits in its name's home slot when that was free at
-//! its creation, and `Limiter::find` tries that slot while the index entry loads. The index
-//! is what finds the others, and what the writer keeps names unique with.
-//!
 //! An entry is half a word: 0 = empty, [`TOMB`] = deleted, otherwise the name's tag (the
 //! hash's top 8 bits) in the high 8 bits and slot + 1 in the low 24 ([`MAX_QUOTAS`]). Half
 //! a word rather than a word because a lookup's first cache miss is its index entry: at
@@ -111,37 +107,16 @@ impl<'a> Index<'a> {
     }
 
     /// Slots whose entry carries this hash's tag, in probe order, until an empty entry:
-    /// `accept` decides (name comparison) and ends the probe. `first` is asked before any
-    /// entry is compared, once the first one is loaded (and not when it is empty: then there
-    /// is nothing to find): a lookup that tries the name's home
-    /// slot there (see `Limiter::find`) has both cache misses under way at once, so a name
-    /// that is not at home costs no more than the index alone.
+    /// `accept` decides (name comparison) and ends the probe.
     #[inline]
-    pub fn find(
-        &self,
-        h: u64,
-        first: impl FnOnce() -> Option<u32>,
-        mut accept: impl FnMut(u32) -> bool,
-    ) -> Option<u32> {
+    pub fn find(&self, h: u64, mut accept: impl FnMut(u32) -> bool) -> Option<u32> {
         let spot = self.spot(h);
         let (area, _, _) = unpack_dir(self.dir_word(spot.shard).load(Acquire));
-        let words = self.area(area);
-        let mut pos = spot.home as usize;
-        let mut loaded = words.map(|w| Self::load(w, pos, Acquire));
-        // An empty first entry: no name of this hash is indexed, so none is held (the writer
-        // indexes a quota before it publishes its id; one being deleted is missed from the
-        // removal of its entry on, as it was when every lookup took the index). A predicted
-        // branch: a lookup of a name that is there does not wait for it.
-        if loaded == Some(0) {
-            return None;
-        }
-        if let Some(s) = first() {
-            return Some(s);
-        }
-        let words = words?;
+        let words = self.area(area)?;
         let cap = self.cap as usize;
+        let mut pos = spot.home as usize;
         for _ in 0..cap {
-            let e = loaded.take().unwrap_or_else(|| Self::load(words, pos, Acquire));
+            let e = Self::load(words, pos, Acquire);
             if e == 0 {
                 return None;
             }
@@ -322,7 +297,7 @@ mod tests {
         }
         assert_eq!(ix.insert(hash(max), max, now, &rehash), Err(ShardFull));
         for s in 0..max {
-            assert_eq!(ix.find(hash(s), || None, |x| x == s), Some(s), "{s}");
+            assert_eq!(ix.find(hash(s), |x| x == s), Some(s), "{s}");
         }
         for s in 0..max {
             assert!(ix.remove(hash(s), s, now, &rehash));
@@ -350,7 +325,7 @@ mod tests {
         assert!(n + tombs < max, "{tombs}");
         assert!(b.words()[hdr::REBUILDS].load(Relaxed) > 0);
         for &s in &live {
-            assert_eq!(ix.find(hash(s), || None, |x| x == s), Some(s), "{s}");
+            assert_eq!(ix.find(hash(s), |x| x == s), Some(s), "{s}");
         }
     }
 
@@ -372,16 +347,12 @@ mod tests {
         let top = MAX_QUOTAS - 1;
         ix.insert(h, top, 0, &rehash).unwrap();
         ix.insert(h, 5, 0, &rehash).unwrap();
-        assert_eq!(ix.find(h, || None, |s| s == top), Some(top));
-        assert_eq!(ix.find(h, || None, |s| s == 5), Some(5));
+        assert_eq!(ix.find(h, |s| s == top), Some(top));
+        assert_eq!(ix.find(h, |s| s == 5), Some(5));
         assert_eq!(ix.counts(0), (3, 0));
         assert!(ix.remove(h, top, 0, &rehash));
-        assert_eq!(ix.find(h, || None, |s| s == top), None);
-        assert_eq!(
-            ix.find(h, || None, |s| s == 5),
-            Some(5),
-            "the probe goes on past a deleted entry"
-        );
+        assert_eq!(ix.find(h, |s| s == top), None);
+        assert_eq!(ix.find(h, |s| s == 5), Some(5), "the probe goes on past a deleted entry");
         assert_eq!(ix.scan(0), (2, 1));
         // The neighbours in the same words are untouched by these writes.
         let other = (0x0100_0000u64 << 32) | 0x8000_0000;
@@ -389,7 +360,7 @@ mod tests {
         ix.insert(h, 9, 0, &rehash).unwrap();
         assert_eq!(ix.scan(0), (4, 0), "the insert took the deleted entry back");
         for (hash, s) in [(h, 5), (h, 9), (other, 7), (g, 11)] {
-            assert_eq!(ix.find(hash, || None, |x| x == s), Some(s), "{s}");
+            assert_eq!(ix.find(hash, |x| x == s), Some(s), "{s}");
         }
     }
 

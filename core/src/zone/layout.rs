@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 17;
+pub const LAYOUT_VERSION: u64 = 16;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -122,12 +122,6 @@ pub(crate) mod hdr {
         /// horizon meanwhile. A deadline, so it lapses with an agent that stops.
         pub const HELD_UNTIL = 12;
         pub const HELD_STRETCH = 13;
-        /// How many quota slots, from the first, names have their home in (a power of
-        /// two, 0 = none yet): a new quota takes the slot its name's hash picks there when
-        /// that slot was never used, so most lookups find it without the index (see
-        /// `Limiter::home_slot`). The writer doubles it as quotas come, so the slots a
-        /// few quotas touch stay near the start of a large block.
-        pub const HOME_SPAN = 14;
 
         pub const EPOCH = 16;
         pub const QUOTAS = 17;
@@ -137,8 +131,6 @@ pub(crate) mod hdr {
         pub const NEXT_SEQ = 21;
         pub const INFLIGHT_SEQ = 22;
         pub const ROUNDS = 23;
-        /// One past the highest quota slot ever taken: slots below it may be free (a freed
-        /// slot is in the free list; one never published is free in the writer's memory).
         pub const NEXT_SLOT = 24;
         pub const FREE_HEAD = 25;
         pub const FREE_TAIL = 26;

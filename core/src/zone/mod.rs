@@ -25,7 +25,7 @@
 //! | shard directory | 1024 | per index shard: its current area, live and deleted entry counts |
 //! | dirty bitmap | 1 bit per slot | slots with counts not yet taken by a sync round |
 //! | cold | 2 per slot | epoch; parent name while the parent is unknown (or, when free, the next free slot) |
-//! | slots | 16 per slot, 128-byte aligned | one quota and its counter ([`slot`]); a quota sits in the slot its name's hash picks (its home, within the header's `HOME_SPAN`) when that slot was unused at its creation, and lookups try it first |
+//! | slots | 16 per slot, 128-byte aligned | one quota and its counter ([`slot`]) |
 //! | index | (shards + 4) × shard capacity / 2 | open-addressing name index, 32-bit entries ([`index`]) |
 //! | arena | ~2 per slot | name tails beyond 23 bytes, unresolved parent names ([`arena`]) |
 //!
@@ -256,8 +256,7 @@ pub struct ZoneUsage {
 
 pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
     let get = |i: usize| w[i].load(Relaxed);
-    // Not the high-water mark: new quotas take slots anywhere in the home span.
-    let slots_used = (get(hdr::QUOTAS) + get(hdr::FREE_COUNT)).min(u64::from(l.slot_cap));
+    let slots_used = get(hdr::NEXT_SLOT);
     let arena_used =
         get(hdr::ARENA_BUMP).saturating_sub(1).saturating_sub(get(hdr::ARENA_FREE_WORDS));
     let fixed = l.cold;
