@@ -711,3 +711,23 @@ fn keys_the_writer_learned_are_not_counted_as_quotas() {
     assert_eq!(l.quota_count(), 2);
     assert_eq!(l.zone_status().usage.keys, 10);
 }
+
+#[test]
+fn a_sweep_below_half_full_reads_a_256th_of_the_table() {
+    let (l, clock) = keyed(100_000);
+    l.apply_quotas(&[q(1, "k_*", 1, 100.0, 5.0, 5.0, None)]);
+    let cap = u64::from(l.key_table().cap());
+    let hand = || l.hdr(hdr::KEY_HAND).load(Relaxed);
+    let step = |l: &Limiter| {
+        let before = hand();
+        l.sweep_keys(clock.now_nanos());
+        (hand() + cap - before) % cap
+    };
+    passes(&l, b"k_a", 1);
+    assert_eq!(step(&l), cap.div_ceil(256));
+    for i in 0..cap * 7 / 10 {
+        l.account(format!("k_{i}").as_bytes(), 1).unwrap();
+    }
+    assert!(l.zone_status().usage.keys > cap / 2);
+    assert_eq!(step(&l), cap.div_ceil(16), "crowded: evictions need the faster sweep");
+}
