@@ -226,6 +226,11 @@ ok($t->wait_for(sub {
 	$q && !defined $q->{template};
 }, 5), 'reached nginx');
 is(get($t, undef, '/ip/index.html'), 200, 'the address passes under its override');
+# The keys the agent learned (thousands by now) are not quotas: the zone counts the
+# quotas the roots list, also after a batch that came after the keys.
+my (undef, $list) = $t->admin('GET', '/v1/quotas?limit=1000');
+is($t->stats($t->port(8080))->{zone}{quotas}, scalar @{ $list->{quotas} // [] },
+	'yarl_stats: the quotas, not the keys');
 my ($ip) = grep { ($_->{template} // '') eq 'ip_*' } @{ $t->stats($t->port(8080))->{zone}{template_keys} };
 is($ip->{keys}, 1, 'ip_* holds its one key');
 
