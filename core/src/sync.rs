@@ -1007,6 +1007,7 @@ impl SyncEngine {
         self.kept_out.fill(false);
         self.merged.fill(false);
         self.limiter.sweep_keys(now);
+        self.limiter.compact_key_ids(self.pacer);
         self.forget_templates();
         self.limiter.set_inflight_seq(0);
         self.limiter.set_local_since(round.began);

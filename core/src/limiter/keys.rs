@@ -143,7 +143,13 @@ impl Limiter {
     /// The key slot of `name`, found or inserted; the template's own slot when the key
     /// table has no room for it (the template's bucket then limits every key that did not
     /// fit together, rather than none of them).
-    fn key_of(&self, t: u32, name: &[u8], h: (u64, u64), now: u64) -> Option<(u32, Slot<'_>)> {
+    pub(super) fn key_of(
+        &self,
+        t: u32,
+        name: &[u8],
+        h: (u64, u64),
+        now: u64,
+    ) -> Option<(u32, Slot<'_>)> {
         let table = self.key_table();
         let now_ms = now / 1_000_000;
         let shared = || self.live_slot(t).map(|x| (t, x));
@@ -166,7 +172,17 @@ impl Limiter {
                         Some(k) if is_key_id(old) => Some(k.get(TEMPLATE).wrapping_sub(1) as u32),
                         _ => None,
                     };
-                    let template = self.live_slot(t)?;
+                    let Some(template) = self.live_slot(t) else {
+                        // The template went meanwhile: the place goes back rather than wait
+                        // for the sweep as a stale claim, and a key evicted for it is gone.
+                        table.free(pos, keys::claimed(h.0), now_ms);
+                        if let Some(o) = old_template {
+                            self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                            self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+                            self.key_gone(o, true);
+                        }
+                        return None;
+                    };
                     let limits = (template.get(LIMIT), template.get(LOW), template.get(HIGH));
                     let id = keys::key_id(self.cluster_secret(), name);
                     table.publish(pos, h, id, t, limits, template.parent());

@@ -23,6 +23,12 @@ use parking_lot::MutexGuard;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::*;
 
+/// How long a claim in the key table stands, seen by the sweep, before the sweep frees it
+/// as left by a request path that died: far longer than any insert takes (the claim,
+/// writing one slot, the publish), whatever the pace of the sweep, so that a path only
+/// descheduled for a while finds its claim standing when it publishes.
+pub(crate) const CLAIM_STALE_NS: u64 = 10_000_000_000;
+
 /// How long a deleted quota's slot waits before it is reused.
 pub(crate) const SLOT_QUARANTINE_NS: u64 = 2_000_000_000;
 
@@ -38,7 +44,7 @@ pub(crate) struct Writer {
     templates: HashSet<u32>,
     /// Claims the last sweep of the key table found (position → claim): one still there at
     /// the next sweep belonged to a request path that died before publishing its key.
-    claims: HashMap<u32, u64>,
+    claims: HashMap<u32, (u64, u64)>,
     /// The quotas behind each bit of the override filter (empty until the first count).
     pub(super) overrides: Vec<u32>,
     /// Every bit of the filter is set until the batch's recount: counts wait for it.
@@ -172,7 +178,7 @@ impl Limiter {
                 w.unresolved.insert(i, String::from_utf8_lossy(&parent).into());
             }
         }
-        self.map_key_ids(w);
+        self.map_key_ids(w, super::no_pace);
         // A writer that stopped in the middle of a batch may have left the filter
         // saturated or the bitmaps behind its templates: both from the block again.
         let (prefixes, lens, firsts) = self.template_prefixes(w);
@@ -332,7 +338,11 @@ impl Limiter {
         }
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
         self.hdr(hdr::EPOCH_SEEN).fetch_max(a.max_epoch, Relaxed);
-        self.hdr(hdr::QUOTAS).store(w.quotas, Relaxed);
+        // A writer another process took over meanwhile counted without the other's
+        // changes: the count is left to the writer that holds the block.
+        if self.hdr(hdr::WRITER).load(Acquire) == w.token {
+            self.hdr(hdr::QUOTAS).store(w.quotas, Relaxed);
+        }
         Applied { report: a.report, resets: a.resets, key_resets: a.key_resets }
     }
 
@@ -842,34 +852,42 @@ impl Limiter {
                 .w(TAG_PARENT)
                 .fetch_update(Relaxed, Relaxed, |v| Some(v & !0xFFFF_FFFF | mark));
         }
-        self.compact_ids(w);
     }
 
-    /// Drops the ids of keys that are gone from the writer's map. A request path that gives
-    /// a drained key's slot to a new key cannot tell the writer, so the old key's entry
+    /// Drops the ids of keys that are gone from the writer's map (the sync engine calls it
+    /// at the end of a round, after the round's calls). A request path that gives a
+    /// drained key's slot to a new key cannot tell the writer, so the old key's entry
     /// stays (its slot names another id now: never found again, but kept), one per
-    /// eviction, without end under churn. Once stale entries may be as many as live ones,
-    /// the key entries are made again from the block: a walk of the key table (150 ms of
-    /// the agent's thread for a million keys in a table of 2.2 million, in a release
-    /// build) at most once per as many evictions as there are quotas and keys (15 s of
-    /// the churn bench's 70,000 new keys a second).
-    fn compact_ids(&self, w: &mut Writer) {
+    /// eviction, without end under churn. Once stale entries may be as many as live ones
+    /// (and a sixteenth of the key table), the key entries are made again from the block:
+    /// a walk of the key table, calling `pace` between its chunks (150 ms of the agent's
+    /// thread for a million keys in a table of 2.2 million, in a release build), at most
+    /// once per as many evictions as there are quotas and keys (15 s of the churn bench's
+    /// 70,000 new keys a second).
+    pub(crate) fn compact_key_ids(&self, pace: fn()) {
+        let mut guard = self.writer();
+        let w = &mut *guard;
         let live = w.quotas + self.hdr(hdr::KEYS_LIVE).load(Relaxed);
-        if (w.by_id.len() as u64) <= 2 * live + 1024 {
+        let slack = u64::from(self.key_table().cap() / 16).max(1024);
+        if (w.by_id.len() as u64) <= 2 * live + slack {
             return;
         }
         // Quotas' entries leave with their quota (`free_slot`): only keys' can be stale.
         let first_key = self.layout.slot_cap;
         w.by_id.retain(|s| *s < first_key);
-        self.map_key_ids(w);
+        self.map_key_ids(w, pace);
     }
 
-    /// Enters every key of the key table in the writer's map of ids.
-    fn map_key_ids(&self, w: &mut Writer) {
+    /// Enters every key of the key table in the writer's map of ids, calling `pace` once
+    /// per chunk of the walk.
+    fn map_key_ids(&self, w: &mut Writer, pace: fn()) {
         let keys = self.key_table();
         // A walk of the whole table, only when it holds keys (a fresh block holds none).
         let positions = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { keys.cap() } else { 0 };
         for pos in 0..positions {
+            if pos % 4096 == 0 {
+                pace();
+            }
             let Some(k) = keys.slot(pos) else { continue };
             let id = k.id();
             if is_key_id(id) {
@@ -984,10 +1002,16 @@ impl Limiter {
             let id = k.id();
             let s = self.layout.slot_cap + pos;
             if crate::zone::keys::is_claim(id) {
-                if w.claims.get(&pos) == Some(&id) && keys.free(pos, id, now_ms) {
-                    w.claims.remove(&pos);
-                } else {
-                    w.claims.insert(pos, id);
+                match w.claims.get(&pos) {
+                    Some(&(c, seen)) if c == id => {
+                        if now.saturating_sub(seen) >= CLAIM_STALE_NS && keys.free(pos, id, now_ms)
+                        {
+                            w.claims.remove(&pos);
+                        }
+                    }
+                    _ => {
+                        w.claims.insert(pos, (id, now));
+                    }
                 }
                 continue;
             }

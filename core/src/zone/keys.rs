@@ -43,8 +43,8 @@
 //!   [`GRACE_MS`] before reuse, so a reader that found the slot an instant before never
 //!   sees another key's numbers.
 //! * An inserter that dies between its claim and its publish leaves a claim; the agent's
-//!   sweep frees claims it finds on two passes in a row (a pass takes 16 rounds while the
-//!   table is over half full, 256 below).
+//!   sweep frees a claim it finds again at least 10 s after it first saw it (a pass of the
+//!   sweep takes 16 rounds while the table is over half full, up to 256 below).
 
 use super::slot::{Slot, HIGH, ID, LIMIT, LOW, NAME, TAG_PARENT};
 use super::{Layout, SLOT_WORDS};

@@ -577,7 +577,7 @@ fn a_writer_that_takes_over_trusts_no_mark_of_the_one_before() {
 }
 
 #[test]
-fn a_claim_left_by_a_dead_inserter_is_freed_by_the_second_sweep() {
+fn a_claim_left_by_a_dead_inserter_is_freed_once_it_stood_10_s() {
     let (l, clock) = keyed(64);
     l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
     passes(&l, b"k_a", 1);
@@ -588,9 +588,15 @@ fn a_claim_left_by_a_dead_inserter_is_freed_by_the_second_sweep() {
     assert!(table.claim(pos, old, h.0));
     assert_eq!(l.check("k_dead").outcome, Outcome::Passed, "busy: on the template's bucket");
     assert_eq!(l.quota("k_*").unwrap().fill, 0.0);
-    for _ in 0..32 {
+    // A small table passes whole at each round: a claim seen at two rounds in a row may be
+    // an insert descheduled a moment, and stands.
+    for _ in 0..19 {
         l.sweep_keys(clock.now_nanos());
+        clock.advance(Duration::from_millis(500));
     }
+    assert!(crate::zone::keys::is_claim(table.slot(pos).unwrap().id()), "9.5 s: still a claim");
+    clock.advance(Duration::from_millis(500));
+    l.sweep_keys(clock.now_nanos());
     clock.advance(Duration::from_secs(3));
     assert_eq!(passes(&l, b"k_dead", 10), 6, "its slot is free again");
 }
@@ -746,12 +752,13 @@ fn the_writers_id_map_does_not_grow_with_keys_that_took_others_slots() {
             l.account(format!("k_{round}_{i}").as_bytes(), 1).unwrap();
         }
         learn_dirty(&l, clock.now_nanos());
+        l.compact_key_ids(crate::limiter::no_pace);
         clock.advance(Duration::from_secs(1));
     }
     let z = l.zone_status().usage;
     assert!(z.key_evictions > 20_000, "{}", z.key_evictions);
     let ids = Limiter::id_count(&l.writer());
-    assert!((ids as u64) < 2 * (cap + 1) + 1024, "{ids} ids for {} keys", z.keys);
+    assert!((ids as u64) <= 2 * (cap + 1) + 1024, "{ids} ids for {} keys", z.keys);
     // And the map still finds every key the table holds.
     let table = l.key_table();
     for pos in 0..table.cap() {
@@ -760,4 +767,35 @@ fn the_writers_id_map_does_not_grow_with_keys_that_took_others_slots() {
             assert_eq!(l.find_id(&l.writer(), id), Some(l.layout.slot_cap + pos));
         }
     }
+}
+
+#[test]
+fn a_key_whose_template_goes_while_it_is_inserted_gives_its_place_back() {
+    let (l, clock) = keyed(16);
+    l.apply_quotas(&[q(1, "k_*", 1, 1e6, 0.0, 0.0, None), q(2, "gone_*", 1, 1.0, 0.0, 0.0, None)]);
+    let cap = l.key_table().cap();
+    let (t, _) = l.find("gone_*").unwrap();
+    l.apply_quotas(&[tomb(2, "gone_*", 2)]);
+    let live = |l: &Limiter| l.zone_status().usage;
+    // A free place: claimed, then the template is found gone. The place is free again
+    // (after its rest), not a claim for the sweep.
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"gone_a");
+    assert!(l.key_of(t, b"gone_a", h, clock.now_nanos()).is_none());
+    let ids: Vec<u64> = (0..cap).map(|p| l.key_table().slot(p).unwrap().id()).collect();
+    assert!(!ids.iter().any(|&id| crate::zone::keys::is_claim(id)), "no claim left");
+    // A full table of drained keys: the one evicted for the insert is counted gone.
+    clock.advance(Duration::from_secs(3));
+    let mut i = 0;
+    while live(&l).keys < u64::from(cap) {
+        l.account(format!("k_{i}").as_bytes(), 1).unwrap();
+        i += 1;
+    }
+    learn_dirty(&l, clock.now_nanos());
+    clock.advance(Duration::from_secs(3));
+    let before = live(&l);
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"gone_b");
+    assert!(l.key_of(t, b"gone_b", h, clock.now_nanos()).is_none());
+    let after = live(&l);
+    assert_eq!(after.keys, before.keys - 1, "the evicted key left the count");
+    assert_eq!(after.key_evictions, before.key_evictions + 1);
 }
