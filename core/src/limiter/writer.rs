@@ -42,8 +42,9 @@ pub(crate) struct Writer {
     unresolved: HashMap<u32, Box<str>>,
     /// Slots of the templates held.
     templates: HashSet<u32>,
-    /// Claims the last sweep of the key table found (position → claim): one still there at
-    /// the next sweep belonged to a request path that died before publishing its key.
+    /// Claims the sweep of the key table found (position → claim, when first seen): one
+    /// still there [`CLAIM_STALE_NS`] later belonged to a request path that died before
+    /// publishing its key.
     claims: HashMap<u32, (u64, u64)>,
     /// The quotas behind each bit of the override filter (empty until the first count).
     pub(super) overrides: Vec<u32>,
