@@ -164,34 +164,23 @@ impl Limiter {
                         self.template_count(t, TSTAT_REFUSED).fetch_add(1, Relaxed);
                         return shared();
                     };
-                    if !table.claim(pos, old, h.0) {
+                    if !self.claim_place(&table, pos, old, h.0) {
                         continue;
                     }
-                    // Claimed, not yet published: the evicted key's words are still there.
-                    let old_template = match table.slot(pos) {
-                        Some(k) if is_key_id(old) => Some(k.get(TEMPLATE).wrapping_sub(1) as u32),
-                        _ => None,
-                    };
                     let Some(template) = self.live_slot(t) else {
                         // The template went meanwhile: the place goes back rather than wait
-                        // for the sweep as a stale claim, and a key evicted for it is gone.
+                        // for the sweep as a stale claim.
                         table.free(pos, keys::claimed(h.0), now_ms);
-                        if let Some(o) = old_template {
-                            self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
-                            self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
-                            self.key_gone(o, true);
-                        }
                         return None;
                     };
                     let limits = (template.get(LIMIT), template.get(LOW), template.get(HIGH));
                     let id = keys::key_id(self.cluster_secret(), name);
-                    table.publish(pos, h, id, t, limits, template.parent());
-                    if let Some(o) = old_template {
-                        self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
-                        self.key_gone(o, true);
-                    } else {
-                        self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
+                    if !table.publish(pos, h, id, t, limits, template.parent()) {
+                        // Stopped so long that the sweep took the claim for a dead one's:
+                        // look again, the place may have gone to another key.
+                        continue;
                     }
+                    self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
                     self.template_count(t, TSTAT_KEYS).fetch_add(1, Relaxed);
                     self.hdr(hdr::KEYS_INSERTED).fetch_add(1, Relaxed);
                     return self.settle_duplicate(&table, h, pos, now_ms);
@@ -201,6 +190,22 @@ impl Limiter {
         // Still being inserted (or its inserter died before publishing, which the agent
         // cleans up): this request shares the template's bucket.
         shared()
+    }
+
+    /// Claims the key table's `pos` (holding `old`) for a name whose hash starts with
+    /// `h0`. A drained key evicted by the claim is gone from then on, whatever becomes of
+    /// the insert: a claim its inserter never publishes is freed by the sweep as no key.
+    pub(super) fn claim_place(&self, table: &KeyTable<'_>, pos: u32, old: u64, h0: u64) -> bool {
+        if !table.claim(pos, old, h0) {
+            return false;
+        }
+        // The evicted key's words are still there until the publish.
+        if let Some(k) = table.slot(pos).filter(|_| is_key_id(old)) {
+            self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+            self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+            self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
+        }
+        true
     }
 
     fn key_slot(&self, pos: u32) -> Option<(u32, Slot<'_>)> {

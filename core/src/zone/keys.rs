@@ -27,8 +27,9 @@
 //! # Concurrency
 //!
 //! * Insert: probe the window; a free position (empty, or freed longer than [`GRACE_MS`]
-//!   ago) is claimed by a compare-and-swap of word 0, the slot is written, and the wire id
-//!   is stored last (Release). Readers only trust a slot whose word 0 holds a key id and
+//!   ago) is claimed by a compare-and-swap of word 0, the slot is written, and the claim
+//!   is turned into the wire id last (a compare-and-swap, Release: see
+//!   [`KeyTable::publish`]). Readers only trust a slot whose word 0 holds a key id and
 //!   whose hash matches.
 //! * Two inserts of one name: the one that loses the claim finds the winner's claim (it
 //!   carries the hash's low bits) and waits a moment for it to be published; inserts that
@@ -44,7 +45,9 @@
 //!   sees another key's numbers.
 //! * An inserter that dies between its claim and its publish leaves a claim; the agent's
 //!   sweep frees a claim it finds again at least 10 s after it first saw it (a pass of the
-//!   sweep takes 16 rounds while the table is over half full, up to 256 below).
+//!   sweep takes 16 rounds while the table is over half full, up to 256 below). One that
+//!   was only stopped that long finds, when it resumes, that its claim is gone, and
+//!   publishes nothing ([`KeyTable::publish`]).
 
 use super::slot::{Slot, HIGH, ID, LIMIT, LOW, NAME, TAG_PARENT};
 use super::{Layout, SLOT_WORDS};
@@ -208,8 +211,18 @@ impl<'a> KeyTable<'a> {
             .is_some_and(|s| s.w(ID).compare_exchange(old, claimed(h0), Acquire, Relaxed).is_ok())
     }
 
-    /// Fills a claimed slot for key `h` of template slot `template` (its limits and parent
-    /// given), then publishes it under `id`.
+    /// Fills the slot `pos` claimed for key `h` of template slot `template` (its limits and
+    /// parent given), then publishes it under `id`; false when the claim no longer stands.
+    ///
+    /// A claim stands until its inserter publishes it, or until the agent's sweep takes it
+    /// for a dead inserter's (it stood 10 s) and frees it, after which another key may take
+    /// the place ([`GRACE_MS`] on). An inserter that was only stopped that long (a worker
+    /// held by `SIGSTOP`, a paused VM) must then not write its words over the other key's:
+    /// it checks its claim before it writes, and turns the claim into the id by a
+    /// compare-and-swap, so a key is published only from its own claim. What stays open is
+    /// a stop of over 12 s between that check and the swap (eight stores), which can
+    /// leave another key's slot with some of these words; the swap still fails, so this
+    /// inserter reports its key as not published.
     #[allow(clippy::too_many_arguments)]
     pub fn publish(
         &self,
@@ -219,8 +232,12 @@ impl<'a> KeyTable<'a> {
         template: u32,
         limits: (u64, u64, u64),
         parent: u32,
-    ) {
-        let Some(s) = self.slot(pos) else { return };
+    ) -> bool {
+        let Some(s) = self.slot(pos) else { return false };
+        let mine = claimed(h.0);
+        if s.w(ID).load(Acquire) != mine {
+            return false;
+        }
         s.clear_counters();
         s.w(NAME).store(h.0, Relaxed);
         s.w(NAME + 1).store(h.1, Relaxed);
@@ -229,7 +246,7 @@ impl<'a> KeyTable<'a> {
         s.w(LOW).store(limits.1, Relaxed);
         s.w(HIGH).store(limits.2, Relaxed);
         s.w(TAG_PARENT).store(u64::from(parent) << 32, Relaxed);
-        s.w(ID).store(id, Release);
+        s.w(ID).compare_exchange(mine, id, Release, Relaxed).is_ok()
     }
 
     /// Frees `pos` if it still holds `id` (a key or a claim), as of `now_ms`.
@@ -278,7 +295,7 @@ mod tests {
         assert!(t.claim(pos, old, h.0));
         assert!(matches!(t.probe(h, 10_000), Probe::Busy), "a claim in progress");
         assert!(!t.claim(pos, old, h.0), "claimed once");
-        t.publish(pos, h, key_id((1, 1), b"k1"), 3, (1000, 5000, 5000), 0);
+        assert!(t.publish(pos, h, key_id((1, 1), b"k1"), 3, (1000, 5000, 5000), 0));
         assert!(matches!(t.probe(h, 10_000), Probe::Found(p) if p == pos));
         assert_eq!(t.slot(pos).unwrap().get(LIMIT), 1000);
         let id = t.slot(pos).unwrap().id();

@@ -521,7 +521,7 @@ fn a_learned_key_bears_its_mark_and_a_key_taking_its_slot_does_not() {
     let h = crate::zone::keys::name_hash(l.key_secret(), b"k_b");
     let b = crate::zone::keys::key_id(l.cluster_secret(), b"k_b");
     assert!(table.claim(pos, a, h.0));
-    table.publish(pos, h, b, l.template_for(b"k_b").unwrap(), (1000, 5000, 5000), 0);
+    assert!(table.publish(pos, h, b, l.template_for(b"k_b").unwrap(), (1000, 5000, 5000), 0));
     assert!(!known(s, b), "the publish cleared the mark");
     // The writer learning the old key just after that publish marks nothing; a mark that
     // landed anyway names the old key, not the new one.
@@ -551,7 +551,7 @@ fn a_key_in_two_slots_is_marked_only_where_the_writer_finds_it() {
     let h = crate::zone::keys::name_hash(l.key_secret(), b"k_a");
     let other = (0..table.cap()).find(|&p| table.slot(p).unwrap().id() == 0).unwrap();
     assert!(table.claim(other, 0, h.0));
-    table.publish(other, h, a, l.template_for(b"k_a").unwrap(), (1000, 5000, 5000), 0);
+    assert!(table.publish(other, h, a, l.template_for(b"k_a").unwrap(), (1000, 5000, 5000), 0));
     let second = other + l.key_slots().start;
     l.learn_keys(&[(second, a)]);
     assert!(!l.key_known(&l.writer(), second, a));
@@ -599,6 +599,74 @@ fn a_claim_left_by_a_dead_inserter_is_freed_once_it_stood_10_s() {
     l.sweep_keys(clock.now_nanos());
     clock.advance(Duration::from_secs(3));
     assert_eq!(passes(&l, b"k_dead", 10), 6, "its slot is free again");
+}
+
+/// A request path stopped (`SIGSTOP`, a paused VM) between its claim and its publish for
+/// longer than the sweep waits for a dead one's claim: its place went to another key, which
+/// its late publish must not overwrite; it looks again and finds a place of its own.
+#[test]
+fn an_inserter_stopped_past_the_sweep_does_not_publish_over_the_key_that_took_its_place() {
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    let table = l.key_table();
+    let t = l.template_for(b"k_late").unwrap();
+    let late = crate::zone::keys::name_hash(l.key_secret(), b"k_late");
+    let now_ms = || clock.now_nanos() / 1_000_000;
+    let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(late, now_ms()) else {
+        panic!()
+    };
+    assert!(table.claim(pos, old, late.0));
+    // The sweep sees the claim, then frees it 10 s on; 2 s later another key's insert
+    // takes the place (found by its own probe, aimed here by a name whose window holds it).
+    l.sweep_keys(clock.now_nanos());
+    clock.advance(Duration::from_secs(10));
+    l.sweep_keys(clock.now_nanos());
+    assert!(!crate::zone::keys::is_claim(table.slot(pos).unwrap().id()), "freed as dead");
+    clock.advance(Duration::from_secs(3));
+    let other = (0..)
+        .map(|i| format!("k_other{i}"))
+        .find(|n| {
+            let h = crate::zone::keys::name_hash(l.key_secret(), n.as_bytes());
+            matches!(table.probe(h, now_ms()), crate::zone::keys::Probe::Absent(Some((p, _))) if p == pos)
+        })
+        .unwrap();
+    assert_eq!(passes(&l, other.as_bytes(), 10), 6, "its own bucket, in the place");
+    let id_other = table.slot(pos).unwrap().id();
+    let live = l.hdr(hdr::KEYS_LIVE).load(Relaxed);
+    // The stopped one resumes.
+    let id_late = crate::zone::keys::key_id(l.cluster_secret(), b"k_late");
+    let published = table.publish(pos, late, id_late, t, (1000, 5000, 5000), 0);
+    assert_eq!(table.slot(pos).unwrap().id(), id_other);
+    assert_eq!(passes(&l, other.as_bytes(), 1), 0, "the other key's bucket is whole");
+    assert!(!published);
+    assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), live, "nothing counted for the late one");
+    assert_eq!(passes(&l, b"k_late", 10), 6, "the late name gets a place of its own");
+}
+
+/// A request path that took a drained key's place and died before publishing: the sweep
+/// frees its claim, and the evicted key is not counted live any more.
+#[test]
+fn a_dead_inserter_that_evicted_a_key_leaves_the_live_count_right() {
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    passes(&l, b"k_a", 1);
+    let s = l.dirty_key_slots()[0];
+    let pos = s - l.key_slots().start;
+    // k_a drains and has nothing to tell: a request path may take its place.
+    learn_dirty(&l, clock.now_nanos());
+    clock.advance(Duration::from_secs(20));
+    assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), 1);
+    let table = l.key_table();
+    let a = table.slot(pos).unwrap().id();
+    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_dead");
+    assert!(l.claim_place(&table, pos, a, h.0));
+    // ... and dies there. The sweep frees the claim once it stood 10 s.
+    l.sweep_keys(clock.now_nanos());
+    clock.advance(Duration::from_secs(10));
+    l.sweep_keys(clock.now_nanos());
+    assert!(!crate::zone::keys::is_claim(table.slot(pos).unwrap().id()), "freed");
+    assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), 0, "neither k_a nor the claim is a key");
+    assert_eq!(l.hdr(hdr::KEY_EVICTIONS).load(Relaxed), 1);
 }
 
 /// A key no root has reported counts, after its first unit here, for every live limiter
