@@ -20,6 +20,17 @@ pub(super) const TSTAT_KEYS: usize = 0;
 pub(super) const TSTAT_EVICTED: usize = 1;
 pub(super) const TSTAT_REFUSED: usize = 2;
 
+/// An insert of a key between its claim and its publish: what it publishes.
+pub(super) struct Insert {
+    pos: u32,
+    mine: u64,
+    gen: u64,
+    id: u64,
+    t: u32,
+    limits: (u64, u64, u64),
+    parent: u32,
+}
+
 impl Limiter {
     #[inline]
     pub(super) fn key_table(&self) -> KeyTable<'_> {
@@ -154,8 +165,14 @@ impl Limiter {
         let now_ms = now / 1_000_000;
         let shared = || self.live_slot(t).map(|x| (t, x));
         for _ in 0..BUSY_TRIES {
+            // Before the template's numbers and the secret are read (see below).
+            let gen = self.hdr(hdr::KEY_GEN).load(Acquire);
             match table.probe(h, now_ms) {
-                Probe::Found(pos) => return self.key_slot(pos),
+                Probe::Found(pos) => match self.key_slot(pos) {
+                    Some(found) => return Some(found),
+                    // Freed or taken over since the probe matched it: look again.
+                    None => continue,
+                },
                 Probe::Busy => std::hint::spin_loop(),
                 Probe::Absent(free) => {
                     let taken = free.or_else(|| self.evictable_in_window(&table, h.0, now));
@@ -164,26 +181,21 @@ impl Limiter {
                         self.template_count(t, TSTAT_REFUSED).fetch_add(1, Relaxed);
                         return shared();
                     };
-                    if !self.claim_place(&table, pos, old, h.0) {
+                    // Its nonce is the time in (binary) seconds: another claim of the same
+                    // name at this place comes at least 12 s later (see `publish`).
+                    let mine = keys::claimed(h.0, now_ms >> 10);
+                    if !self.claim_place(&table, pos, old, mine) {
                         continue;
                     }
-                    let Some(template) = self.live_slot(t) else {
-                        // The template went meanwhile: the place goes back rather than wait
-                        // for the sweep as a stale claim.
-                        table.free(pos, keys::claimed(h.0), now_ms);
-                        return None;
-                    };
-                    let limits = (template.get(LIMIT), template.get(LOW), template.get(HIGH));
-                    let id = keys::key_id(self.cluster_secret(), name);
-                    if !table.publish(pos, h, id, t, limits, template.parent()) {
-                        // Stopped so long that the sweep took the claim for a dead one's:
-                        // look again, the place may have gone to another key.
+                    // The template went meanwhile: no key (the place is given back).
+                    let ins = self.prepare_key(&table, t, name, (pos, mine), gen, now_ms)?;
+                    if !self.publish_key(&table, &ins, h, now_ms) {
                         continue;
                     }
-                    self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
-                    self.template_count(t, TSTAT_KEYS).fetch_add(1, Relaxed);
                     self.hdr(hdr::KEYS_INSERTED).fetch_add(1, Relaxed);
-                    return self.settle_duplicate(&table, h, pos, now_ms);
+                    if let Some(found) = self.settle_duplicate(&table, h, (pos, ins.id), now_ms) {
+                        return Some(found);
+                    }
                 }
             }
         }
@@ -192,11 +204,69 @@ impl Limiter {
         shared()
     }
 
-    /// Claims the key table's `pos` (holding `old`) for a name whose hash starts with
-    /// `h0`. A drained key evicted by the claim is gone from then on, whatever becomes of
-    /// the insert: a claim its inserter never publishes is freed by the sweep as no key.
-    pub(super) fn claim_place(&self, table: &KeyTable<'_>, pos: u32, old: u64, h0: u64) -> bool {
-        if !table.claim(pos, old, h0) {
+    /// What an insert claimed at `(pos, mine)` publishes key `name` of template `t` with,
+    /// read after the claim (and after the key generation `gen`, read before the probe);
+    /// `None` when the template went meanwhile, and the place is freed rather than left
+    /// for the sweep as a stale claim.
+    pub(super) fn prepare_key(
+        &self,
+        table: &KeyTable<'_>,
+        t: u32,
+        name: &[u8],
+        (pos, mine): (u32, u64),
+        gen: u64,
+        now_ms: u64,
+    ) -> Option<Insert> {
+        let Some(template) = self.live_slot(t) else {
+            table.free(pos, mine, now_ms);
+            return None;
+        };
+        Some(Insert {
+            pos,
+            mine,
+            gen,
+            id: keys::key_id(self.cluster_secret(), name),
+            t,
+            limits: (template.get(LIMIT), template.get(LOW), template.get(HIGH)),
+            parent: template.parent(),
+        })
+    }
+
+    /// Publishes the key of `ins` (named by hash `h`); false when it must be inserted
+    /// again: its claim no longer stands (stopped so long that the sweep took it for a
+    /// dead one's, and the place may be another key's now), or the writer changed
+    /// templates or the secret since `ins.gen` and may have walked past it unpublished.
+    pub(super) fn publish_key(
+        &self,
+        table: &KeyTable<'_>,
+        ins: &Insert,
+        h: (u64, u64),
+        now_ms: u64,
+    ) -> bool {
+        // Counted before it is published: whoever evicts it later, after its publish,
+        // uncounts it after this.
+        self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
+        self.template_count(ins.t, TSTAT_KEYS).fetch_add(1, Relaxed);
+        let published = table.publish(ins.pos, ins.mine, h, ins.id, ins.t, ins.limits, ins.parent);
+        // The writer bumps the generation before it walks the key table to give keys new
+        // template numbers, or to free those of a gone template or secret: either its walk
+        // finds this key published, or this sees the bump (both sides fence), and the
+        // numbers read may be stale: the key goes, and is inserted again with the new ones.
+        std::sync::atomic::fence(SeqCst);
+        let stale = self.hdr(hdr::KEY_GEN).load(Relaxed) != ins.gen;
+        if published && !(stale && table.free(ins.pos, ins.id, now_ms)) {
+            return true;
+        }
+        self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+        self.key_gone(ins.t, false);
+        false
+    }
+
+    /// Claims the key table's `pos` (holding `old`) with the claim word `mine`. A drained
+    /// key evicted by the claim is gone from then on, whatever becomes of the insert: a
+    /// claim its inserter never publishes is freed by the sweep as no key.
+    pub(super) fn claim_place(&self, table: &KeyTable<'_>, pos: u32, old: u64, mine: u64) -> bool {
+        if !table.claim(pos, old, mine) {
             return false;
         }
         // The evicted key's words are still there until the publish.
@@ -214,12 +284,13 @@ impl Limiter {
     }
 
     /// Two request paths that inserted one name at two positions at once: the later gives
-    /// what was counted on it to the earlier and frees itself.
+    /// what was counted on it to the earlier and frees itself. `None` when the key went
+    /// meanwhile (another request path evicted it).
     fn settle_duplicate(
         &self,
         table: &KeyTable<'_>,
         h: (u64, u64),
-        pos: u32,
+        (pos, id): (u32, u64),
         now_ms: u64,
     ) -> Option<(u32, Slot<'_>)> {
         for earlier in table.before(h.0, pos) {
@@ -227,7 +298,6 @@ impl Limiter {
                 if p == earlier {
                     let mine = table.slot(pos)?;
                     let theirs = table.slot(p)?;
-                    let id = mine.id();
                     let t = mine.get(TEMPLATE).wrapping_sub(1) as u32;
                     if table.free(pos, id, now_ms) {
                         self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
@@ -241,7 +311,7 @@ impl Limiter {
                 }
             }
         }
-        self.key_slot(pos)
+        self.key_slot(pos).filter(|(_, x)| x.id() == id)
     }
 
     /// The key of `h`'s window closest to drained among those that limit no one (fill at or

@@ -16,7 +16,7 @@ use super::{ApplyReport, Limiter};
 use crate::quota::{is_template, raw_name, validate_name, Epoch, QuotaId, QuotaUpdate};
 use crate::zone::arena::name;
 use crate::zone::keys::{is_key_id, key_id, TEMPLATE};
-use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, SHADOW, TAG_PARENT};
+use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, NAME, SHADOW, TAG_PARENT};
 use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
@@ -741,11 +741,21 @@ impl Limiter {
         }
         let keys = self.key_table();
         let now_ms = now / 1_000_000;
-        let positions = if self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0 { keys.cap() } else { 0 };
+        let positions = if self.begin_key_walk() { keys.cap() } else { 0 };
         let mut found: HashMap<u32, u64> = HashMap::new();
         for pos in 0..positions {
             let Some(k) = keys.slot(pos) else { continue };
-            let id = k.id();
+            // The key is claimed while its numbers change: a request path could otherwise
+            // evict it and publish another key here between the load of its id and the
+            // stores, which would then carry this template's numbers. Its readers wait
+            // a moment (a claim of their name) meanwhile.
+            let Some((id, mine)) = (0..8).find_map(|_| {
+                let id = k.id();
+                let mine = crate::zone::keys::claimed(k.get(NAME), 0);
+                (!is_key_id(id) || keys.claim(pos, id, mine)).then_some((id, mine))
+            }) else {
+                continue;
+            };
             if !is_key_id(id) {
                 continue;
             }
@@ -756,10 +766,11 @@ impl Limiter {
                     k.w(LOW).store(low, Relaxed);
                     k.w(HIGH).store(high, Relaxed);
                     k.set_parent(parent);
+                    k.w(ID).store(id, Release);
                     *found.entry(t).or_default() += 1;
                 }
                 None => {
-                    if keys.free(pos, id, now_ms) {
+                    if keys.free(pos, mine, now_ms) {
                         self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
                         let s = self.layout.slot_cap + pos;
                         if let Ok(e) = w.by_id.find_entry(hash_id(id), |&i| i == s) {
@@ -870,13 +881,25 @@ impl Limiter {
         let w = &mut *guard;
         let live = w.quotas + self.hdr(hdr::KEYS_LIVE).load(Relaxed);
         let slack = u64::from(self.key_table().cap() / 16).max(1024);
-        if (w.by_id.len() as u64) <= 2 * live + slack {
+        if (w.by_id.len() as u64) <= live.saturating_mul(2).saturating_add(slack) {
             return;
         }
         // Quotas' entries leave with their quota (`free_slot`): only keys' can be stale.
         let first_key = self.layout.slot_cap;
         w.by_id.retain(|s| *s < first_key);
         self.map_key_ids(w, pace);
+    }
+
+    /// Before a walk of the key table that gives keys new template numbers or frees them
+    /// (templates or the secret changed, and the header says so already): bumps the
+    /// generation a request path's insert compares before and after its publish (see
+    /// `Limiter::key_of`), so that an insert that read the old numbers either is met by the
+    /// walk, published, or sees the bump and inserts its key again. Whether the table holds
+    /// keys to walk: none, and no insert that read the old numbers can have been missed.
+    fn begin_key_walk(&self) -> bool {
+        self.hdr(hdr::KEY_GEN).fetch_add(1, SeqCst);
+        std::sync::atomic::fence(SeqCst);
+        self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0
     }
 
     /// Enters every key of the key table in the writer's map of ids, calling `pace` once
@@ -924,7 +947,7 @@ impl Limiter {
         self.hdr(hdr::CLUSTER_SECRET).store(secret.0, Relaxed);
         self.hdr(hdr::CLUSTER_SECRET + 1).store(secret.1, Relaxed);
         self.hdr(hdr::CLUSTER_SECRET_SET).store(1, Release);
-        if self.hdr(hdr::KEYS_LIVE).load(Relaxed) == 0 {
+        if !self.begin_key_walk() {
             return;
         }
         let keys = self.key_table();

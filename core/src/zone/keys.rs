@@ -42,7 +42,17 @@
 //!   taken. The sync agent frees drained keys too (without news for a minute, or any
 //!   drained one in a nearly full table: `Limiter::sweep_keys`), and those wait
 //!   [`GRACE_MS`] before reuse, so a reader that found the slot an instant before never
-//!   sees another key's numbers.
+//!   sees another key's numbers. A drained key a request path takes over has no such
+//!   rest (the new key needs the place now): a request of the old key that found it a few
+//!   nanoseconds before may be decided on the new key's numbers (an empty bucket, so it
+//!   passes, as on the drained one) and count its units there and on the new key's
+//!   parent. That is one request's units out of place, on two buckets that were empty.
+//! * The writer gives keys new template numbers (a template changed) with each key
+//!   claimed meanwhile, so that no request path evicts it between the load of its id and
+//!   the stores; and it bumps the key generation first, so that an insert that read the
+//!   template before the change and was still a claim when the walk passed sees it and
+//!   inserts its key again (`Limiter::publish_key`). The same holds for the cluster's
+//!   secret.
 //! * An inserter that dies between its claim and its publish leaves a claim; the agent's
 //!   sweep frees a claim it finds again at least 10 s after it first saw it (a pass of the
 //!   sweep takes 16 rounds while the table is over half full, up to 256 below). One that
@@ -82,10 +92,22 @@ pub(crate) fn is_claim(id: u64) -> bool {
     id & STATE == CLAIM
 }
 
-/// A claim in progress for a name whose hash starts with `h0`.
+/// The low bits of a claim that tell one insert of a name from another (20: the time in
+/// seconds, which wraps after 12 days).
+const NONCE: u64 = (1 << 20) - 1;
+
+/// A claim for a name whose hash starts with `h0`, by the insert that drew `nonce`: its
+/// hash bits tell an insert of the same name that it is under way, its nonce tells the
+/// insert that it is still its own (see [`KeyTable::publish`]).
 #[inline]
-pub(crate) fn claimed(h0: u64) -> u64 {
-    CLAIM | h0 & LOW62
+pub(crate) fn claimed(h0: u64, nonce: u64) -> u64 {
+    CLAIM | h0 & LOW62 & !NONCE | nonce & NONCE
+}
+
+/// Whether `id` is a claim for a name whose hash starts with `h0`, by any insert.
+#[inline]
+fn claims_name(id: u64, h0: u64) -> bool {
+    is_claim(id) && (id ^ h0) & LOW62 & !NONCE == 0
 }
 
 /// A freed slot, freed at `ms`.
@@ -190,7 +212,7 @@ impl<'a> KeyTable<'a> {
                     }
                 }
                 CLAIM => {
-                    if id == claimed(h.0) {
+                    if claims_name(id, h.0) {
                         return Probe::Busy;
                     }
                 }
@@ -205,28 +227,32 @@ impl<'a> KeyTable<'a> {
         Probe::Absent(free)
     }
 
-    /// Claims `pos` (holding `old`) for `h`; false when someone else changed it first.
-    pub fn claim(&self, pos: u32, old: u64, h0: u64) -> bool {
+    /// Claims `pos` (holding `old`) with the claim word `mine` (see [`claimed`]); false
+    /// when someone else changed it first.
+    pub fn claim(&self, pos: u32, old: u64, mine: u64) -> bool {
         self.slot(pos)
-            .is_some_and(|s| s.w(ID).compare_exchange(old, claimed(h0), Acquire, Relaxed).is_ok())
+            .is_some_and(|s| s.w(ID).compare_exchange(old, mine, Acquire, Relaxed).is_ok())
     }
 
-    /// Fills the slot `pos` claimed for key `h` of template slot `template` (its limits and
-    /// parent given), then publishes it under `id`; false when the claim no longer stands.
+    /// Fills the slot `pos`, claimed with `mine`, for key `h` of template slot `template`
+    /// (its limits and parent given), then publishes it under `id`; false when the claim
+    /// no longer stands.
     ///
     /// A claim stands until its inserter publishes it, or until the agent's sweep takes it
     /// for a dead inserter's (it stood 10 s) and frees it, after which another key may take
-    /// the place ([`GRACE_MS`] on). An inserter that was only stopped that long (a worker
-    /// held by `SIGSTOP`, a paused VM) must then not write its words over the other key's:
-    /// it checks its claim before it writes, and turns the claim into the id by a
+    /// the place ([`GRACE_MS`] on), another insert of this very name too. An inserter that
+    /// was only stopped that long (a worker held by `SIGSTOP`, a paused VM) must then not
+    /// write its words over the other key's: it checks its claim (its nonce tells it from
+    /// another insert's of the name) before it writes, and turns the claim into the id by a
     /// compare-and-swap, so a key is published only from its own claim. What stays open is
-    /// a stop of over 12 s between that check and the swap (eight stores), which can
-    /// leave another key's slot with some of these words; the swap still fails, so this
-    /// inserter reports its key as not published.
+    /// a stop of over 12 s between that check and the swap (eight stores), which can leave
+    /// another key's slot with some of these words; the swap still fails, so this inserter
+    /// reports its key as not published.
     #[allow(clippy::too_many_arguments)]
     pub fn publish(
         &self,
         pos: u32,
+        mine: u64,
         h: (u64, u64),
         id: u64,
         template: u32,
@@ -234,7 +260,6 @@ impl<'a> KeyTable<'a> {
         parent: u32,
     ) -> bool {
         let Some(s) = self.slot(pos) else { return false };
-        let mine = claimed(h.0);
         if s.w(ID).load(Acquire) != mine {
             return false;
         }
@@ -278,7 +303,10 @@ mod tests {
     fn states_do_not_meet() {
         let id = key_id((1, 2), b"api_key_abc");
         assert!(is_key_id(id));
-        assert!(!is_key_id(0) && !is_key_id(claimed(id)) && !is_key_id(tomb(5)));
+        assert!(!is_key_id(0) && !is_key_id(claimed(id, 3)) && !is_key_id(tomb(5)));
+        assert!(claims_name(claimed(id, 3), id) && claims_name(claimed(id, 4), id));
+        assert_ne!(claimed(id, 3), claimed(id, 4));
+        assert!(!claims_name(claimed(id, 3), id ^ 1 << 40));
         assert!(!is_key_id(12345), "database ids are not key ids");
         assert_ne!(key_id((1, 2), b"api_key_abc"), key_id((1, 3), b"api_key_abc"));
         assert_ne!(key_id((1, 2), b"api_key_abc"), key_id((1, 2), b"api_key_abd"));
@@ -292,10 +320,19 @@ mod tests {
         let t = KeyTable::new(b.words(), &l);
         let h = name_hash((7, 7), b"k1");
         let Probe::Absent(Some((pos, old))) = t.probe(h, 10_000) else { panic!() };
-        assert!(t.claim(pos, old, h.0));
+        assert!(t.claim(pos, old, claimed(h.0, 1)));
         assert!(matches!(t.probe(h, 10_000), Probe::Busy), "a claim in progress");
-        assert!(!t.claim(pos, old, h.0), "claimed once");
-        assert!(t.publish(pos, h, key_id((1, 1), b"k1"), 3, (1000, 5000, 5000), 0));
+        assert!(!t.claim(pos, old, claimed(h.0, 2)), "claimed once");
+        assert!(!t.publish(pos, claimed(h.0, 2), h, 5, 3, (1, 1, 1), 0), "not its claim");
+        assert!(t.publish(
+            pos,
+            claimed(h.0, 1),
+            h,
+            key_id((1, 1), b"k1"),
+            3,
+            (1000, 5000, 5000),
+            0
+        ));
         assert!(matches!(t.probe(h, 10_000), Probe::Found(p) if p == pos));
         assert_eq!(t.slot(pos).unwrap().get(LIMIT), 1000);
         let id = t.slot(pos).unwrap().id();

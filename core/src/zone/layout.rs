@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 16;
+pub const LAYOUT_VERSION: u64 = 17;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -122,6 +122,10 @@ pub(crate) mod hdr {
         /// horizon meanwhile. A deadline, so it lapses with an agent that stops.
         pub const HELD_UNTIL = 12;
         pub const HELD_STRETCH = 13;
+        /// Bumped by the writer before it walks the key table to give keys new template
+        /// numbers or free them (templates or the cluster's secret changed): an insert that
+        /// read the old ones sees it and inserts its key again (see `Limiter::key_of`).
+        pub const KEY_GEN = 14;
 
         pub const EPOCH = 16;
         pub const QUOTAS = 17;

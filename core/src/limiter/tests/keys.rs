@@ -520,8 +520,16 @@ fn a_learned_key_bears_its_mark_and_a_key_taking_its_slot_does_not() {
     let pos = s - l.key_slots().start;
     let h = crate::zone::keys::name_hash(l.key_secret(), b"k_b");
     let b = crate::zone::keys::key_id(l.cluster_secret(), b"k_b");
-    assert!(table.claim(pos, a, h.0));
-    assert!(table.publish(pos, h, b, l.template_for(b"k_b").unwrap(), (1000, 5000, 5000), 0));
+    assert!(table.claim(pos, a, crate::zone::keys::claimed(h.0, 0)));
+    assert!(table.publish(
+        pos,
+        crate::zone::keys::claimed(h.0, 0),
+        h,
+        b,
+        l.template_for(b"k_b").unwrap(),
+        (1000, 5000, 5000),
+        0
+    ));
     assert!(!known(s, b), "the publish cleared the mark");
     // The writer learning the old key just after that publish marks nothing; a mark that
     // landed anyway names the old key, not the new one.
@@ -550,8 +558,16 @@ fn a_key_in_two_slots_is_marked_only_where_the_writer_finds_it() {
     let table = l.key_table();
     let h = crate::zone::keys::name_hash(l.key_secret(), b"k_a");
     let other = (0..table.cap()).find(|&p| table.slot(p).unwrap().id() == 0).unwrap();
-    assert!(table.claim(other, 0, h.0));
-    assert!(table.publish(other, h, a, l.template_for(b"k_a").unwrap(), (1000, 5000, 5000), 0));
+    assert!(table.claim(other, 0, crate::zone::keys::claimed(h.0, 0)));
+    assert!(table.publish(
+        other,
+        crate::zone::keys::claimed(h.0, 0),
+        h,
+        a,
+        l.template_for(b"k_a").unwrap(),
+        (1000, 5000, 5000),
+        0
+    ));
     let second = other + l.key_slots().start;
     l.learn_keys(&[(second, a)]);
     assert!(!l.key_known(&l.writer(), second, a));
@@ -585,7 +601,7 @@ fn a_claim_left_by_a_dead_inserter_is_freed_once_it_stood_10_s() {
     let table = l.key_table();
     let h = crate::zone::keys::name_hash(l.key_secret(), b"k_dead");
     let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, 0) else { panic!() };
-    assert!(table.claim(pos, old, h.0));
+    assert!(table.claim(pos, old, crate::zone::keys::claimed(h.0, 0)));
     assert_eq!(l.check("k_dead").outcome, Outcome::Passed, "busy: on the template's bucket");
     assert_eq!(l.quota("k_*").unwrap().fill, 0.0);
     // A small table passes whole at each round: a claim seen at two rounds in a row may be
@@ -615,7 +631,7 @@ fn an_inserter_stopped_past_the_sweep_does_not_publish_over_the_key_that_took_it
     let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(late, now_ms()) else {
         panic!()
     };
-    assert!(table.claim(pos, old, late.0));
+    assert!(table.claim(pos, old, crate::zone::keys::claimed(late.0, 0)));
     // The sweep sees the claim, then frees it 10 s on; 2 s later another key's insert
     // takes the place (found by its own probe, aimed here by a name whose window holds it).
     l.sweep_keys(clock.now_nanos());
@@ -635,12 +651,118 @@ fn an_inserter_stopped_past_the_sweep_does_not_publish_over_the_key_that_took_it
     let live = l.hdr(hdr::KEYS_LIVE).load(Relaxed);
     // The stopped one resumes.
     let id_late = crate::zone::keys::key_id(l.cluster_secret(), b"k_late");
-    let published = table.publish(pos, late, id_late, t, (1000, 5000, 5000), 0);
+    let published = table.publish(
+        pos,
+        crate::zone::keys::claimed(late.0, 0),
+        late,
+        id_late,
+        t,
+        (1000, 5000, 5000),
+        0,
+    );
     assert_eq!(table.slot(pos).unwrap().id(), id_other);
     assert_eq!(passes(&l, other.as_bytes(), 1), 0, "the other key's bucket is whole");
     assert!(!published);
     assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), live, "nothing counted for the late one");
     assert_eq!(passes(&l, b"k_late", 10), 6, "the late name gets a place of its own");
+}
+
+/// An insert that read its template's numbers just before the writer changed them, and
+/// was still a claim when the writer's walk of the key table passed its place: it sees
+/// the key generation moved, and its key is inserted again with the new numbers.
+#[test]
+fn an_insert_that_read_a_template_before_it_changed_is_made_again_with_the_new_numbers() {
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
+    passes(&l, b"k_a", 1);
+    let table = l.key_table();
+    let now_ms = clock.now_nanos() / 1_000_000;
+    let t = l.template_for(b"k_new").unwrap();
+    // An insert up to its publish: the generation read, a place claimed, the numbers read.
+    let start = |name: &[u8]| {
+        let h = crate::zone::keys::name_hash(l.key_secret(), name);
+        let gen = l.hdr(hdr::KEY_GEN).load(Relaxed);
+        let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, now_ms) else {
+            panic!()
+        };
+        let mine = crate::zone::keys::claimed(h.0, 0);
+        assert!(l.claim_place(&table, pos, old, mine));
+        (h, pos, l.prepare_key(&table, t, name, (pos, mine), gen, now_ms).unwrap())
+    };
+    let (h, pos, ins) = start(b"k_new");
+    // The template goes from 1/s to 100/s: the walk gives k_a the new numbers and passes
+    // k_new's place while it is a claim.
+    l.apply_quotas(&[q(1, "k_*", 2, 100.0, 5.0, 5.0, None)]);
+    assert_eq!(l.quota("k_a").unwrap().limit, 100.0);
+    let live = l.hdr(hdr::KEYS_LIVE).load(Relaxed);
+    assert!(!l.publish_key(&table, &ins, h, now_ms), "published with the old numbers");
+    assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), live);
+    assert!(!crate::zone::keys::is_key_id(table.slot(pos).unwrap().id()), "its place is freed");
+    assert_eq!(passes(&l, b"k_new", 1), 1);
+    assert_eq!(l.quota("k_new").unwrap().limit, 100.0);
+    assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), live + 1);
+    // The same with the cluster's secret arriving: the key's id read before it would
+    // never be shared with the cluster's.
+    let (h, _, ins) = start(b"k_other");
+    l.set_cluster_secret((5, 6), clock.now_nanos());
+    assert!(!l.publish_key(&table, &ins, h, now_ms));
+    assert_eq!(passes(&l, b"k_other", 1), 1);
+    let id = crate::zone::keys::key_id((5, 6), b"k_other");
+    assert!((0..table.cap()).any(|p| table.slot(p).unwrap().id() == id), "under the new secret");
+}
+
+/// Request paths inserting keys into a crowded table (evicting drained ones) while the
+/// writer changes their template again and again: once they stop, every key holds the
+/// template's last numbers, whether it was inserted while the writer walked the table or
+/// took the place of a key the walk was giving new numbers.
+#[test]
+fn keys_inserted_while_their_template_changes_end_with_its_last_numbers() {
+    let (l, clock) = keyed(256);
+    l.apply_quotas(&[q(1, "k_*", 1, 1.0, 1.0, 1.0, None)]);
+    let l = Arc::new(l);
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..2)
+        .map(|n| {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Relaxed) && i < 2_000_000 {
+                    l.account(format!("k_{n}_{i}").as_str(), 1).unwrap();
+                    i += 1;
+                }
+                i
+            })
+        })
+        .collect();
+    let made = |l: &Limiter| l.hdr(hdr::KEYS_INSERTED).load(Relaxed);
+    for v in 2..=300u64 {
+        // Some inserts between changes (bounded: a stalled thread ends the wait).
+        let (before, t0) = (made(&l), std::time::Instant::now());
+        while made(&l) < before + 20 && t0.elapsed() < Duration::from_secs(1) {
+            std::thread::yield_now();
+        }
+        // What a round does: the keys' counts go, and they drain, so that inserts evict
+        // them (also while the walk below gives them new numbers).
+        learn_dirty(&l, clock.now_nanos());
+        clock.advance(Duration::from_secs(2));
+        l.apply_quotas(&[q(1, "k_*", v, v as f64, 1.0, 1.0, None)]);
+    }
+    stop.store(true, Relaxed);
+    let inserted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let table = l.key_table();
+    let (t, template) = l.find("k_*").unwrap();
+    let mut keys = 0;
+    for pos in 0..table.cap() {
+        let k = table.slot(pos).unwrap();
+        if crate::zone::keys::is_key_id(k.id()) {
+            keys += 1;
+            assert_eq!(k.get(crate::zone::keys::TEMPLATE), u64::from(t) + 1);
+            assert_eq!(k.get(crate::zone::slot::LIMIT), template.get(crate::zone::slot::LIMIT));
+        }
+    }
+    assert!(keys > 0 && inserted > 1000, "{keys} keys, {inserted} requests");
+    assert!(l.zone_status().usage.key_evictions > 1000);
+    assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), keys);
 }
 
 /// A request path that took a drained key's place and died before publishing: the sweep
@@ -659,7 +781,7 @@ fn a_dead_inserter_that_evicted_a_key_leaves_the_live_count_right() {
     let table = l.key_table();
     let a = table.slot(pos).unwrap().id();
     let h = crate::zone::keys::name_hash(l.key_secret(), b"k_dead");
-    assert!(l.claim_place(&table, pos, a, h.0));
+    assert!(l.claim_place(&table, pos, a, crate::zone::keys::claimed(h.0, 0)));
     // ... and dies there. The sweep frees the claim once it stood 10 s.
     l.sweep_keys(clock.now_nanos());
     clock.advance(Duration::from_secs(10));
