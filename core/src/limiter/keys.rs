@@ -14,11 +14,28 @@ use std::sync::atomic::Ordering::*;
 const MAX_PREFIX: usize = 255;
 /// Times a request path looks again for a key another is inserting right now.
 const BUSY_TRIES: u32 = 64;
+/// Times a request path inserts a key again because the writer changed templates or the
+/// cluster's secret while it did.
+const STALE_TRIES: u32 = 4;
 /// The per-template counts: keys held, keys evicted for another, keys refused for want of
 /// room (see `hdr::TSTAT_COUNTS`).
 pub(super) const TSTAT_KEYS: usize = 0;
 pub(super) const TSTAT_EVICTED: usize = 1;
 pub(super) const TSTAT_REFUSED: usize = 2;
+
+/// The writer changed templates or the cluster's secret while a key was inserted.
+#[derive(Debug)]
+pub(super) struct Stale;
+
+/// What became of a publish.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Published {
+    Yes,
+    /// The claim no longer stood: look again.
+    ClaimLost,
+    /// Published with what may be stale numbers, and freed: start over.
+    Stale,
+}
 
 /// An insert of a key between its claim and its publish: what it publishes.
 pub(super) struct Insert {
@@ -55,14 +72,24 @@ impl Limiter {
     /// blocks without stays as small as it was).
     #[inline(never)]
     fn resolve_templated(&self, name: &[u8], now: u64) -> Option<(u32, Slot<'_>)> {
-        let Some(t) = self.template_for(name) else { return self.find(name) };
-        let h = keys::name_hash(self.key_secret(), name);
-        if self.may_have_quota(h) {
-            if let Some(found) = self.find(name) {
-                return Some(found);
+        for _ in 0..STALE_TRIES {
+            // Before the template is chosen and its numbers and the secret are read: a key
+            // inserted with them is made again if the writer changed any meanwhile.
+            let gen = self.hdr(hdr::KEY_GEN).load(Acquire);
+            let Some(t) = self.template_for(name) else { return self.find(name) };
+            let h = keys::name_hash(self.key_secret(), name);
+            if self.may_have_quota(h) {
+                if let Some(found) = self.find(name) {
+                    return Some(found);
+                }
+            }
+            if let Ok(found) = self.key_of(t, name, h, now, gen) {
+                return found;
             }
         }
-        self.key_of(t, name, h, now)
+        // Templates change without pause: this request takes its template's bucket.
+        let t = self.template_for(name)?;
+        self.live_slot(t).map(|x| (t, x))
     }
 
     /// The slot of `name` without creating anything: its quota's, or its key's if the key
@@ -151,25 +178,26 @@ impl Limiter {
         (t != 0).then(|| t as u32 - 1)
     }
 
-    /// The key slot of `name`, found or inserted; the template's own slot when the key
-    /// table has no room for it (the template's bucket then limits every key that did not
-    /// fit together, rather than none of them).
+    /// The key slot of `name` under template slot `t`, found or inserted; the template's
+    /// own slot when the key table has no room for it (the template's bucket then limits
+    /// every key that did not fit together, rather than none of them). `Err` when the
+    /// writer changed templates or the secret since the key generation `gen` was read,
+    /// before `t` was chosen: an insert must start over from the template.
     pub(super) fn key_of(
         &self,
         t: u32,
         name: &[u8],
         h: (u64, u64),
         now: u64,
-    ) -> Option<(u32, Slot<'_>)> {
+        gen: u64,
+    ) -> Result<Option<(u32, Slot<'_>)>, Stale> {
         let table = self.key_table();
         let now_ms = now / 1_000_000;
-        let shared = || self.live_slot(t).map(|x| (t, x));
+        let shared = || Ok(self.live_slot(t).map(|x| (t, x)));
         for _ in 0..BUSY_TRIES {
-            // Before the template's numbers and the secret are read (see below).
-            let gen = self.hdr(hdr::KEY_GEN).load(Acquire);
             match table.probe(h, now_ms) {
                 Probe::Found(pos) => match self.key_slot(pos) {
-                    Some(found) => return Some(found),
+                    Some(found) => return Ok(Some(found)),
                     // Freed or taken over since the probe matched it: look again.
                     None => continue,
                 },
@@ -181,20 +209,23 @@ impl Limiter {
                         self.template_count(t, TSTAT_REFUSED).fetch_add(1, Relaxed);
                         return shared();
                     };
-                    // Its nonce is the time in (binary) seconds: another claim of the same
-                    // name at this place comes at least 12 s later (see `publish`).
-                    let mine = keys::claimed(h.0, now_ms >> 10);
+                    let mine = keys::insert_claim(h.0, now_ms);
                     if !self.claim_place(&table, pos, old, mine) {
                         continue;
                     }
                     // The template went meanwhile: no key (the place is given back).
-                    let ins = self.prepare_key(&table, t, name, (pos, mine), gen, now_ms)?;
-                    if !self.publish_key(&table, &ins, h, now_ms) {
-                        continue;
+                    let Some(ins) = self.prepare_key(&table, t, name, (pos, mine), gen, now_ms)
+                    else {
+                        return Ok(None);
+                    };
+                    match self.publish_key(&table, &ins, h, now_ms) {
+                        Published::Yes => {}
+                        Published::ClaimLost => continue,
+                        Published::Stale => return Err(Stale),
                     }
                     self.hdr(hdr::KEYS_INSERTED).fetch_add(1, Relaxed);
                     if let Some(found) = self.settle_duplicate(&table, h, (pos, ins.id), now_ms) {
-                        return Some(found);
+                        return Ok(Some(found));
                     }
                 }
             }
@@ -205,9 +236,9 @@ impl Limiter {
     }
 
     /// What an insert claimed at `(pos, mine)` publishes key `name` of template `t` with,
-    /// read after the claim (and after the key generation `gen`, read before the probe);
-    /// `None` when the template went meanwhile, and the place is freed rather than left
-    /// for the sweep as a stale claim.
+    /// read after the claim (and after the key generation `gen`, read before `t` was
+    /// chosen); `None` when the template went meanwhile, and the place is freed rather than
+    /// left for the sweep as a stale claim.
     pub(super) fn prepare_key(
         &self,
         table: &KeyTable<'_>,
@@ -218,7 +249,9 @@ impl Limiter {
         now_ms: u64,
     ) -> Option<Insert> {
         let Some(template) = self.live_slot(t) else {
-            table.free(pos, mine, now_ms);
+            if table.free(pos, mine, now_ms) {
+                self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+            }
             return None;
         };
         Some(Insert {
@@ -232,50 +265,75 @@ impl Limiter {
         })
     }
 
-    /// Publishes the key of `ins` (named by hash `h`); false when it must be inserted
-    /// again: its claim no longer stands (stopped so long that the sweep took it for a
-    /// dead one's, and the place may be another key's now), or the writer changed
-    /// templates or the secret since `ins.gen` and may have walked past it unpublished.
+    /// Publishes the key of `ins` (named by hash `h`), unless its claim no longer stands
+    /// (stopped so long that the sweep took it for a dead one's, and the place may be
+    /// another key's now), or the writer changed templates or the secret since `ins.gen`
+    /// and may have walked past it unpublished (the key is freed again).
     pub(super) fn publish_key(
         &self,
         table: &KeyTable<'_>,
         ins: &Insert,
         h: (u64, u64),
         now_ms: u64,
-    ) -> bool {
-        // Counted before it is published: whoever evicts it later, after its publish,
-        // uncounts it after this.
-        self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
+    ) -> Published {
         self.template_count(ins.t, TSTAT_KEYS).fetch_add(1, Relaxed);
         let published = table.publish(ins.pos, ins.mine, h, ins.id, ins.t, ins.limits, ins.parent);
         // The writer bumps the generation before it walks the key table to give keys new
-        // template numbers, or to free those of a gone template or secret: either its walk
+        // template numbers, or to free those of a gone template or secret, and skips the
+        // walk when `KEYS_LIVE` reads 0: either it reads this claim's count and its walk
         // finds this key published, or this sees the bump (both sides fence), and the
-        // numbers read may be stale: the key goes, and is inserted again with the new ones.
+        // numbers read may be stale.
         std::sync::atomic::fence(SeqCst);
         let stale = self.hdr(hdr::KEY_GEN).load(Relaxed) != ins.gen;
-        if published && !(stale && table.free(ins.pos, ins.id, now_ms)) {
-            return true;
+        if !published {
+            // The sweep that freed the claim uncounted it.
+            self.key_gone(ins.t, false);
+            return Published::ClaimLost;
         }
-        self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
-        self.key_gone(ins.t, false);
-        false
+        if stale && table.free(ins.pos, ins.id, now_ms) {
+            self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+            self.key_gone(ins.t, false);
+            return Published::Stale;
+        }
+        Published::Yes
     }
 
-    /// Claims the key table's `pos` (holding `old`) with the claim word `mine`. A drained
-    /// key evicted by the claim is gone from then on, whatever becomes of the insert: a
-    /// claim its inserter never publishes is freed by the sweep as no key.
+    /// Claims the key table's `pos` (holding `old`) with the claim word `mine`. A claim
+    /// counts in `KEYS_LIVE` as the key it becomes: whoever frees it (its inserter, the
+    /// sweep when its inserter died) uncounts it, so a count never waits on a process that
+    /// may die, and it comes before anything that may free the key, so it never drops
+    /// below what is held. A drained key evicted by the claim is gone from then on.
     pub(super) fn claim_place(&self, table: &KeyTable<'_>, pos: u32, old: u64, mine: u64) -> bool {
         if !table.claim(pos, old, mine) {
             return false;
         }
-        // The evicted key's words are still there until the publish.
-        if let Some(k) = table.slot(pos).filter(|_| is_key_id(old)) {
-            self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
-            self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
-            self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
+        match table.slot(pos).filter(|_| is_key_id(old)) {
+            // The evicted key's words are still there until the publish; its count
+            // passes to the claim.
+            Some(k) => {
+                self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+                self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
+            }
+            None => {
+                self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
+            }
         }
         true
+    }
+
+    /// The id in a slot [`resolve`](Self::resolve) found, once the writer's claim over it
+    /// (while it gives a key new numbers, some nanoseconds) is gone: bounded, as a writer
+    /// that died there leaves a claim for the sweep.
+    pub(super) fn settled_id(&self, slot: &Slot<'_>) -> u64 {
+        let mut id = slot.id();
+        for _ in 0..4096 {
+            if !keys::is_claim(id) {
+                break;
+            }
+            std::hint::spin_loop();
+            id = slot.id();
+        }
+        id
     }
 
     fn key_slot(&self, pos: u32) -> Option<(u32, Slot<'_>)> {

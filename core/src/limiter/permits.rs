@@ -604,7 +604,7 @@ impl Limiter {
             return Ok(Acquired::Admitted(permit));
         };
         for level in 0..MAX_CHAIN {
-            let level_id = slot.id();
+            let level_id = if level == 0 { self.settled_id(&slot) } else { slot.id() };
             // A key (only ever the chain's first level) is capped by its template: its
             // entry is made on first sight, here, with no share until the roots grant one.
             // Until a root has answered for it, a request that finds no share of the key's

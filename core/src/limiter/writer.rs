@@ -331,10 +331,14 @@ impl Limiter {
         // Links are made once every update is in: a child may come before its parent.
         self.unlink_children_of(w, &a.deleted);
         self.link_parents(w, &a.parent_jobs);
-        self.link_waiting_children(w);
+        let linked = self.link_waiting_children(w);
         // Keys take their parent from their template: a parent deleted or re-created moves
-        // them too.
-        if recount || a.templates || (!w.templates.is_empty() && !a.deleted.is_empty()) {
+        // them too, and so does one a template waited for.
+        if recount
+            || a.templates
+            || (!w.templates.is_empty() && !a.deleted.is_empty())
+            || linked.iter().any(|c| w.templates.contains(c))
+        {
             self.refresh_templates(w, a.now, recount);
         }
         self.hdr(hdr::EPOCH).fetch_max(a.max_epoch, Relaxed);
@@ -509,9 +513,11 @@ impl Limiter {
     }
 
     /// Links the children whose parent has arrived, in this call or an earlier one.
-    fn link_waiting_children(&self, w: &mut Writer) {
+    /// Links children that waited for their parent, now there; returns their slots.
+    fn link_waiting_children(&self, w: &mut Writer) -> Vec<u32> {
+        let mut linked = Vec::new();
         if w.unresolved.is_empty() {
-            return;
+            return linked;
         }
         let waiting: Vec<(u32, Box<str>)> =
             w.unresolved.iter().map(|(&c, p)| (c, p.clone())).collect();
@@ -524,9 +530,11 @@ impl Limiter {
                 if p != child {
                     c.set_parent(p + 1);
                     self.clear_unresolved(w, child);
+                    linked.push(child);
                 }
             }
         }
+        linked
     }
 
     fn count_missing(&self, report: &mut ApplyReport) {
@@ -751,7 +759,7 @@ impl Limiter {
             // a moment (a claim of their name) meanwhile.
             let Some((id, mine)) = (0..8).find_map(|_| {
                 let id = k.id();
-                let mine = crate::zone::keys::claimed(k.get(NAME), 0);
+                let mine = crate::zone::keys::writer_claim(k.get(NAME));
                 (!is_key_id(id) || keys.claim(pos, id, mine)).then_some((id, mine))
             }) else {
                 continue;
@@ -766,7 +774,9 @@ impl Limiter {
                     k.w(LOW).store(low, Relaxed);
                     k.w(HIGH).store(high, Relaxed);
                     k.set_parent(parent);
-                    k.w(ID).store(id, Release);
+                    // Nobody else changes a claim of the writer's (none is stale to the
+                    // sweep, which runs on this thread).
+                    let _ = k.w(ID).compare_exchange(mine, id, Release, Relaxed);
                     *found.entry(t).or_default() += 1;
                 }
                 None => {
@@ -1032,6 +1042,8 @@ impl Limiter {
                     Some(&(c, seen)) if c == id => {
                         if now.saturating_sub(seen) >= CLAIM_STALE_NS && keys.free(pos, id, now_ms)
                         {
+                            // A claim counts as the key it was to become.
+                            self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
                             w.claims.remove(&pos);
                         }
                     }

@@ -52,7 +52,11 @@
 //!   the stores; and it bumps the key generation first, so that an insert that read the
 //!   template before the change and was still a claim when the walk passed sees it and
 //!   inserts its key again (`Limiter::publish_key`). The same holds for the cluster's
-//!   secret.
+//!   secret. An agent killed inside such a rewrite leaves its claim over the key: the
+//!   key's requests share the template's bucket until the sweep frees the claim (10 s),
+//!   and its counts are lost, as for a key evicted.
+//! * `KEYS_LIVE` counts claims as the keys they become: whoever frees a claim (its
+//!   inserter, or the sweep when the inserter died) uncounts it.
 //! * An inserter that dies between its claim and its publish leaves a claim; the agent's
 //!   sweep frees a claim it finds again at least 10 s after it first saw it (a pass of the
 //!   sweep takes 16 rounds while the table is over half full, up to 256 below). One that
@@ -102,6 +106,22 @@ const NONCE: u64 = (1 << 20) - 1;
 #[inline]
 pub(crate) fn claimed(h0: u64, nonce: u64) -> u64 {
     CLAIM | h0 & LOW62 & !NONCE | nonce & NONCE
+}
+
+/// A request path's claim for a name whose hash starts with `h0`, at `now_ms`: its nonce
+/// is the time in (binary) seconds, never 0 (the writer's, see [`writer_claim`]), so
+/// another insert's claim of the same name at this place, which comes at least 12 s
+/// later (see [`KeyTable::publish`]), is another word.
+#[inline]
+pub(crate) fn insert_claim(h0: u64, now_ms: u64) -> u64 {
+    claimed(h0, ((now_ms >> 10) & NONCE).max(1))
+}
+
+/// The writer's claim over a live key whose hash starts with `h0`, while it gives the key
+/// new numbers: readers of the name wait for it as for an insert.
+#[inline]
+pub(crate) fn writer_claim(h0: u64) -> u64 {
+    claimed(h0, 0)
 }
 
 /// Whether `id` is a claim for a name whose hash starts with `h0`, by any insert.
