@@ -279,12 +279,13 @@ impl Limiter {
         self.template_count(ins.t, TSTAT_KEYS).fetch_add(1, Relaxed);
         let published = table.publish(ins.pos, ins.mine, h, ins.id, ins.t, ins.limits, ins.parent);
         // The writer bumps the generation before it walks the key table to give keys new
-        // template numbers, or to free those of a gone template or secret, and skips the
-        // walk when `KEYS_LIVE` reads 0: either it reads this claim's count and its walk
-        // finds this key published, or this sees the bump (both sides fence), and the
-        // numbers read may be stale.
-        std::sync::atomic::fence(SeqCst);
-        let stale = self.hdr(hdr::KEY_GEN).load(Relaxed) != ins.gen;
+        // template numbers, or to free those of a gone template or secret (a SeqCst
+        // fence between), and skips the walk when `KEYS_LIVE` reads 0: either it reads
+        // this claim's count (or the evicted key's, which passed to it) and its walk finds
+        // this key published, or this sees the bump, and the numbers read may be stale.
+        // The count, the publish and this load are SeqCst for that: on x86 the publish's
+        // locked compare-and-swap is the barrier, with no fence after the slot's stores.
+        let stale = self.hdr(hdr::KEY_GEN).load(SeqCst) != ins.gen;
         if !published {
             // The sweep that freed the claim uncounted it.
             self.key_gone(ins.t, false);
@@ -314,8 +315,9 @@ impl Limiter {
                 self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
                 self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
             }
+            // SeqCst: see `publish_key`.
             None => {
-                self.hdr(hdr::KEYS_LIVE).fetch_add(1, Relaxed);
+                self.hdr(hdr::KEYS_LIVE).fetch_add(1, SeqCst);
             }
         }
         true

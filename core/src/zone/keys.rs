@@ -291,7 +291,9 @@ impl<'a> KeyTable<'a> {
         s.w(LOW).store(limits.1, Relaxed);
         s.w(HIGH).store(limits.2, Relaxed);
         s.w(TAG_PARENT).store(u64::from(parent) << 32, Relaxed);
-        s.w(ID).compare_exchange(mine, id, Release, Relaxed).is_ok()
+        // SeqCst, not only Release: the insert's check of the key generation after it
+        // relies on it (`Limiter::publish_key`).
+        s.w(ID).compare_exchange(mine, id, SeqCst, Relaxed).is_ok()
     }
 
     /// Frees `pos` if it still holds `id` (a key or a claim), as of `now_ms`.
