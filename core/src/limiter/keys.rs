@@ -87,9 +87,10 @@ impl Limiter {
                 return found;
             }
         }
-        // Templates change without pause: this request takes its template's bucket.
-        let t = self.template_for(name)?;
-        self.live_slot(t).map(|x| (t, x))
+        // Templates change without pause: this request takes its own quota's bucket if it
+        // has one, else its template's.
+        let Some(t) = self.template_for(name) else { return self.find(name) };
+        self.find(name).or_else(|| self.live_slot(t).map(|x| (t, x)))
     }
 
     /// The slot of `name` without creating anything: its quota's, or its key's if the key
@@ -213,10 +214,11 @@ impl Limiter {
                     if !self.claim_place(&table, pos, old, mine) {
                         continue;
                     }
-                    // The template went meanwhile: no key (the place is given back).
+                    // The template went meanwhile (the place is given back): the name may
+                    // fall under a shorter one, or be a quota's own.
                     let Some(ins) = self.prepare_key(&table, t, name, (pos, mine), gen, now_ms)
                     else {
-                        return Ok(None);
+                        return Err(Stale);
                     };
                     match self.publish_key(&table, &ins, h, now_ms) {
                         Published::Yes => {}
@@ -305,20 +307,23 @@ impl Limiter {
     /// may die, and it comes before anything that may free the key, so it never drops
     /// below what is held. A drained key evicted by the claim is gone from then on.
     pub(super) fn claim_place(&self, table: &KeyTable<'_>, pos: u32, old: u64, mine: u64) -> bool {
+        let evicts = is_key_id(old);
+        // Counted before the claim stands, so that the sweep, should this process stop
+        // past its wait, never uncounts it first (SeqCst: see `publish_key`). An evicted
+        // key's count passes to the claim.
+        if !evicts {
+            self.hdr(hdr::KEYS_LIVE).fetch_add(1, SeqCst);
+        }
         if !table.claim(pos, old, mine) {
+            if !evicts {
+                self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+            }
             return false;
         }
-        match table.slot(pos).filter(|_| is_key_id(old)) {
-            // The evicted key's words are still there until the publish; its count
-            // passes to the claim.
-            Some(k) => {
-                self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
-                self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
-            }
-            // SeqCst: see `publish_key`.
-            None => {
-                self.hdr(hdr::KEYS_LIVE).fetch_add(1, SeqCst);
-            }
+        // The evicted key's words are still there until the publish.
+        if let Some(k) = table.slot(pos).filter(|_| evicts) {
+            self.hdr(hdr::KEY_EVICTIONS).fetch_add(1, Relaxed);
+            self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
         }
         true
     }

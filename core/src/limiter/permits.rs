@@ -600,11 +600,30 @@ impl Limiter {
     fn try_acquire(&self, name: &[u8]) -> Result<Acquired, QuotaId> {
         let now = self.clock.now_nanos();
         let mut permit = Permit::default();
-        let Some((s, mut slot)) = self.resolve(name, now) else {
+        let Some((mut s, mut slot)) = self.resolve(name, now) else {
             return Ok(Acquired::Admitted(permit));
         };
+        // A key's id read once the writer's claim over it (while it gives the key new
+        // numbers) is gone; one it still holds (its agent stopped or died inside the
+        // rewrite) is capped by its template's own counter, as a key still being inserted.
+        let mut first_id = None;
+        if self.is_key_slot(s) {
+            let id = self.settled_id(&slot);
+            if crate::zone::keys::is_claim(id) {
+                let Some(t) = self.template_of_key(s) else {
+                    return Ok(Acquired::Admitted(permit));
+                };
+                let Some(x) = self.live_slot(t) else { return Ok(Acquired::Admitted(permit)) };
+                (s, slot) = (t, x);
+            } else {
+                first_id = Some(id);
+            }
+        }
         for level in 0..MAX_CHAIN {
-            let level_id = if level == 0 { self.settled_id(&slot) } else { slot.id() };
+            let level_id = match first_id.take() {
+                Some(id) => id,
+                None => slot.id(),
+            };
             // A key (only ever the chain's first level) is capped by its template: its
             // entry is made on first sight, here, with no share until the roots grant one.
             // Until a root has answered for it, a request that finds no share of the key's

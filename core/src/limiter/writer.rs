@@ -909,7 +909,7 @@ impl Limiter {
     fn begin_key_walk(&self) -> bool {
         self.hdr(hdr::KEY_GEN).fetch_add(1, SeqCst);
         std::sync::atomic::fence(SeqCst);
-        self.hdr(hdr::KEYS_LIVE).load(Relaxed) > 0
+        self.hdr(hdr::KEYS_LIVE).load(Relaxed) != 0
     }
 
     /// Enters every key of the key table in the writer's map of ids, calling `pace` once
@@ -1042,8 +1042,13 @@ impl Limiter {
                     Some(&(c, seen)) if c == id => {
                         if now.saturating_sub(seen) >= CLAIM_STALE_NS && keys.free(pos, id, now_ms)
                         {
-                            // A claim counts as the key it was to become.
+                            // A claim counts as the key it was to become; a writer's (an
+                            // agent that died inside a template rewrite) was a key, whose
+                            // template word is still right.
                             self.hdr(hdr::KEYS_LIVE).fetch_sub(1, Relaxed);
+                            if crate::zone::keys::is_writer_claim(id) {
+                                self.key_gone(k.get(TEMPLATE).wrapping_sub(1) as u32, true);
+                            }
                             w.claims.remove(&pos);
                         }
                     }

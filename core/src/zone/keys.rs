@@ -47,6 +47,9 @@
 //!   nanoseconds before may be decided on the new key's numbers (an empty bucket, so it
 //!   passes, as on the drained one) and count its units there and on the new key's
 //!   parent. That is one request's units out of place, on two buckets that were empty.
+//!   The agent's fold of a root's report into a key it found (checked by id, then
+//!   written) has the same window: a new key published in it may start from the old
+//!   key's reported fill, which drains as any fill does.
 //! * The writer gives keys new template numbers (a template changed) with each key
 //!   claimed meanwhile, so that no request path evicts it between the load of its id and
 //!   the stores; and it bumps the key generation first, so that an insert that read the
@@ -122,6 +125,12 @@ pub(crate) fn insert_claim(h0: u64, now_ms: u64) -> u64 {
 #[inline]
 pub(crate) fn writer_claim(h0: u64) -> u64 {
     claimed(h0, 0)
+}
+
+/// Whether `id` is a claim of the writer's over a live key ([`writer_claim`]).
+#[inline]
+pub(crate) fn is_writer_claim(id: u64) -> bool {
+    is_claim(id) && id & NONCE == 0
 }
 
 /// Whether `id` is a claim for a name whose hash starts with `h0`, by any insert.

@@ -753,12 +753,13 @@ fn keys_inserted_while_their_template_changes_end_with_its_last_numbers() {
     stop.store(true, Relaxed);
     let inserted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     let table = l.key_table();
-    let (_, template) = l.find("k_*").unwrap();
+    let (t, template) = l.find("k_*").unwrap();
     let mut keys = 0;
     for pos in 0..table.cap() {
         let k = table.slot(pos).unwrap();
         if crate::zone::keys::is_key_id(k.id()) {
             keys += 1;
+            assert_eq!(k.get(crate::zone::keys::TEMPLATE), u64::from(t) + 1);
             assert_eq!(k.get(crate::zone::slot::LIMIT), template.get(crate::zone::slot::LIMIT));
         }
     }
@@ -1038,7 +1039,7 @@ fn a_key_whose_template_goes_while_it_is_inserted_gives_its_place_back() {
     // (after its rest), not a claim for the sweep.
     let h = crate::zone::keys::name_hash(l.key_secret(), b"gone_a");
     let gen = l.hdr(hdr::KEY_GEN).load(Relaxed);
-    assert!(l.key_of(t, b"gone_a", h, clock.now_nanos(), gen).unwrap().is_none());
+    assert!(l.key_of(t, b"gone_a", h, clock.now_nanos(), gen).is_err(), "resolve again");
     let ids: Vec<u64> = (0..cap).map(|p| l.key_table().slot(p).unwrap().id()).collect();
     assert!(!ids.iter().any(|&id| crate::zone::keys::is_claim(id)), "no claim left");
     // A full table of drained keys: the one evicted for the insert is counted gone.
@@ -1053,7 +1054,7 @@ fn a_key_whose_template_goes_while_it_is_inserted_gives_its_place_back() {
     let before = live(&l);
     let h = crate::zone::keys::name_hash(l.key_secret(), b"gone_b");
     let gen = l.hdr(hdr::KEY_GEN).load(Relaxed);
-    assert!(l.key_of(t, b"gone_b", h, clock.now_nanos(), gen).unwrap().is_none());
+    assert!(l.key_of(t, b"gone_b", h, clock.now_nanos(), gen).is_err());
     let after = live(&l);
     assert_eq!(after.keys, before.keys - 1, "the evicted key left the count");
     assert_eq!(after.key_evictions, before.key_evictions + 1);
