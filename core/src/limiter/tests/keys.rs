@@ -54,6 +54,16 @@ fn learn_dirty(l: &Limiter, now: u64) -> Vec<(u32, u64)> {
     keys
 }
 
+/// The name hash of `name` and the free place its insert would claim at `now_ms`, with
+/// the word that place holds.
+fn free_place(l: &Limiter, name: &[u8], now_ms: u64) -> ((u64, u64), u32, u64) {
+    let h = crate::zone::keys::name_hash(l.key_secret(), name);
+    let crate::zone::keys::Probe::Absent(Some((pos, old))) = l.key_table().probe(h, now_ms) else {
+        panic!("no free place for {name:?}")
+    };
+    (h, pos, old)
+}
+
 #[test]
 fn every_key_gets_a_bucket_of_its_own() {
     let (l, _) = keyed(1000);
@@ -599,8 +609,7 @@ fn a_claim_left_by_a_dead_inserter_is_freed_once_it_stood_10_s() {
     passes(&l, b"k_a", 1);
     // A request path claimed a slot and died before publishing.
     let table = l.key_table();
-    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_dead");
-    let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, 0) else { panic!() };
+    let (h, pos, old) = free_place(&l, b"k_dead", 0);
     assert!(table.claim(pos, old, crate::zone::keys::claimed(h.0, 1)));
     assert_eq!(l.check("k_dead").outcome, Outcome::Passed, "busy: on the template's bucket");
     assert_eq!(l.quota("k_*").unwrap().fill, 0.0);
@@ -626,11 +635,8 @@ fn an_inserter_stopped_past_the_sweep_does_not_publish_over_the_key_that_took_it
     l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
     let table = l.key_table();
     let t = l.template_for(b"k_late").unwrap();
-    let late = crate::zone::keys::name_hash(l.key_secret(), b"k_late");
     let now_ms = || clock.now_nanos() / 1_000_000;
-    let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(late, now_ms()) else {
-        panic!()
-    };
+    let (late, pos, old) = free_place(&l, b"k_late", now_ms());
     assert!(table.claim(pos, old, crate::zone::keys::claimed(late.0, 1)));
     // The sweep sees the claim, then frees it 10 s on; 2 s later another key's insert
     // takes the place (found by its own probe, aimed here by a name whose window holds it).
@@ -680,11 +686,8 @@ fn an_insert_that_read_a_template_before_it_changed_is_made_again_with_the_new_n
     let t = l.template_for(b"k_new").unwrap();
     // An insert up to its publish: the generation read, a place claimed, the numbers read.
     let start = |name: &[u8]| {
-        let h = crate::zone::keys::name_hash(l.key_secret(), name);
         let gen = l.hdr(hdr::KEY_GEN).load(Relaxed);
-        let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, now_ms) else {
-            panic!()
-        };
+        let (h, pos, old) = free_place(&l, name, now_ms);
         let mine = crate::zone::keys::claimed(h.0, 1);
         assert!(l.claim_place(&table, pos, old, mine));
         (h, pos, l.prepare_key(&table, t, name, (pos, mine), gen, now_ms).unwrap())
@@ -777,12 +780,9 @@ fn a_stopped_insert_does_not_take_a_later_insert_of_its_name_for_itself() {
     l.apply_quotas(&[q(1, "k_*", 1, 1.0, 5.0, 5.0, None)]);
     let table = l.key_table();
     let t = l.template_for(b"k_x").unwrap();
-    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_x");
     let gen = l.hdr(hdr::KEY_GEN).load(Relaxed);
     let ms = |c: &ManualClock| c.now_nanos() / 1_000_000;
-    let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, ms(&clock)) else {
-        panic!()
-    };
+    let (h, pos, old) = free_place(&l, b"k_x", ms(&clock));
     let first = crate::zone::keys::insert_claim(h.0, ms(&clock));
     assert!(l.claim_place(&table, pos, old, first));
     let stopped = l.prepare_key(&table, t, b"k_x", (pos, first), gen, ms(&clock)).unwrap();
@@ -790,9 +790,7 @@ fn a_stopped_insert_does_not_take_a_later_insert_of_its_name_for_itself() {
     clock.advance(Duration::from_secs(10));
     l.sweep_keys(clock.now_nanos());
     clock.advance(Duration::from_secs(3));
-    let crate::zone::keys::Probe::Absent(Some((again, old))) = table.probe(h, ms(&clock)) else {
-        panic!()
-    };
+    let (_, again, old) = free_place(&l, b"k_x", ms(&clock));
     assert_eq!(again, pos, "the same place");
     let second = crate::zone::keys::insert_claim(h.0, ms(&clock));
     assert!(l.claim_place(&table, pos, old, second));
@@ -846,11 +844,8 @@ fn a_dead_inserter_that_evicted_a_key_leaves_the_live_count_right() {
     assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), 0, "neither k_a nor the claim is a key");
     assert_eq!(l.hdr(hdr::KEY_EVICTIONS).load(Relaxed), 1);
     // One that died on a free place: its claim counted, and the sweep uncounts it.
-    let h = crate::zone::keys::name_hash(l.key_secret(), b"k_dead2");
     let now_ms = clock.now_nanos() / 1_000_000 + 3_000;
-    let crate::zone::keys::Probe::Absent(Some((pos, old))) = table.probe(h, now_ms) else {
-        panic!()
-    };
+    let (h, pos, old) = free_place(&l, b"k_dead2", now_ms);
     assert!(l.claim_place(&table, pos, old, crate::zone::keys::insert_claim(h.0, now_ms)));
     assert_eq!(l.hdr(hdr::KEYS_LIVE).load(Relaxed), 1);
     l.sweep_keys(clock.now_nanos());
