@@ -379,6 +379,7 @@ pub(crate) async fn put(
         let b: QuotaBody = parse_json(&body)?;
         if let Some(n) = &b.name {
             if *n != name {
+                let (n, name) = (clip(n), clip(&name));
                 return Err(invalid(None, format!("body names {n:?} but the path names {name:?}")));
             }
         }
@@ -597,7 +598,7 @@ pub(crate) async fn action(
     get,
     path = "/v1/quotas",
     operation_id = "list_quotas",
-    summary = "Quotas and tombstones in name order, a page at a time",
+    summary = "Live quotas in name order, a page at a time",
     params(ListParams),
     security(("admin_token" = [])),
     tag = "quotas",
@@ -702,6 +703,24 @@ fn in_flight(value: Option<f64>) -> Result<Option<u32>, yarl_core::QuotaError> {
     value.map(yarl_core::in_flight_from_number).transpose()
 }
 
+/// Longest part of a name an error message quotes, in bytes: a valid name is at most
+/// 255 bytes unescaped (765 escaped), and an invalid one can be as long as the body.
+const MAX_QUOTED_NAME: usize = 800;
+
+/// `name`, or its first [`MAX_QUOTED_NAME`] bytes and `…`, for an error message: errors of
+/// a batch quote the name of the item at fault before it is known to be valid, so a
+/// hostile item would otherwise make an answer and a log line as large as the body.
+fn clip(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= MAX_QUOTED_NAME {
+        return name.into();
+    }
+    let mut end = MAX_QUOTED_NAME;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &name[..end]).into()
+}
+
 fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
     let items: Vec<BatchItem> = parse_json(body)?;
     let mut b = Batch { quotas: Vec::with_capacity(items.len()), ..Batch::default() };
@@ -710,7 +729,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
     let mut seen: HashMap<String, usize> = HashMap::with_capacity(items.len());
     for (i, it) in items.into_iter().enumerate() {
         if let Some(&first) = seen.get(&it.name) {
-            let source = StoreError::Duplicate { index: i, first, name: it.name };
+            let source = StoreError::Duplicate { index: i, first, name: clip(&it.name).into() };
             return Err(ApiError::Store { source, batch: true });
         }
         seen.insert(it.name.clone(), i);
@@ -732,13 +751,13 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
                     Some(i),
                     format!(
                         "quota {:?}: a delete takes only \"name\" and \"delete\", not {}",
-                        it.name,
+                        clip(&it.name),
                         given.join(", ")
                     ),
                 ));
             }
             validate_name(&it.name)
-                .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
+                .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", clip(&it.name))))?;
             b.deletes.push(it.name);
             delete_index.push(i);
             continue;
@@ -746,7 +765,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
         // Bursts left out without a window, or no limit without `max_in_flight`: a 422
         // from `validate`, naming the field.
         let max_in_flight = in_flight(it.max_in_flight)
-            .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
+            .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", clip(&it.name))))?;
         let spec = QuotaSpec {
             limit: it.limit,
             low_burst: it.low_burst,
@@ -758,7 +777,7 @@ fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {
         };
         let limits = spec
             .validate(&it.name)
-            .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", it.name)))?;
+            .map_err(|e| invalid(Some(i), format!("quota {:?}: {e}", clip(&it.name))))?;
         b.quotas.push(NewQuota { name: it.name, limits, parent: spec.parent });
         b.index.push(i);
     }

@@ -132,7 +132,9 @@ impl ApiError {
             ApiError::MissingToken | ApiError::WrongToken => StatusCode::UNAUTHORIZED,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Store { source, .. } => match source {
-                StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+                StoreError::NotFound(_) | StoreError::DeleteNotFound { .. } => {
+                    StatusCode::NOT_FOUND
+                }
                 StoreError::Cycle { .. } | StoreError::HasChildren { .. } => StatusCode::CONFLICT,
                 StoreError::UnknownParent { .. }
                 | StoreError::ChainTooDeep { .. }
@@ -170,7 +172,7 @@ impl ApiError {
             ApiError::WrongToken => "wrong_token",
             ApiError::Invalid { .. } => "invalid",
             ApiError::Store { source, .. } => match source {
-                StoreError::NotFound(_) => "not_found",
+                StoreError::NotFound(_) | StoreError::DeleteNotFound { .. } => "not_found",
                 StoreError::Cycle { .. } => "cycle",
                 StoreError::HasChildren { .. } => "has_children",
                 StoreError::UnknownParent { .. } => "unknown_parent",

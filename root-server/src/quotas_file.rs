@@ -74,7 +74,9 @@ pub type QuotaSet = BTreeMap<String, QuotaFields>;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct QuotasFile {
-    #[serde(default, deserialize_with = "unique_names")]
+    // Required: an empty file (an export that failed after the shell truncated its output)
+    // must not read as "no quotas", which `apply --prune` would make true on the root.
+    #[serde(deserialize_with = "unique_names")]
     quotas: QuotaSet,
 }
 
@@ -173,7 +175,11 @@ pub enum Error {
 /// will store them (whole milli-units), so that [`plan`] compares like with like.
 pub fn parse(file: &str, text: &str) -> Result<QuotaSet, Error> {
     let bad = |message: String| Error::File { file: file.to_owned(), message };
-    let parsed: QuotasFile = serde_norway::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let parsed: Option<QuotasFile> =
+        serde_norway::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let Some(parsed) = parsed else {
+        return Err(bad("the file is empty; a file of no quotas says `quotas: {}`".into()));
+    };
     parsed
         .quotas
         .into_iter()
@@ -656,6 +662,12 @@ quotas:
             Some("quotas: {}")
         );
         assert!(parse("q.yaml", "quotas:\n").unwrap().is_empty());
+        for empty in ["", "\n", "# nothing\n", "---\n"] {
+            let e = parse("q.yaml", empty).unwrap_err().to_string();
+            assert!(e.contains("the file is empty"), "{empty:?}: {e}");
+        }
+        let e = parse("q.yaml", "{}\n").unwrap_err().to_string();
+        assert!(e.contains("missing field `quotas`"), "{e}");
     }
 
     #[test]

@@ -325,9 +325,13 @@ async fn batch_deletes_all_or_nothing() {
         (
             json!([item("n", None), del("o"), del("ghost")]),
             StatusCode::NOT_FOUND,
-            "quota \"ghost\" does not exist",
+            "item 2: quota \"ghost\" does not exist",
         ),
-        (json!([del("p")]), StatusCode::CONFLICT, "quota \"p\" is the parent of \"c\""),
+        (
+            json!([del("o"), del("p")]),
+            StatusCode::CONFLICT,
+            "item 1: quota \"p\" is the parent of \"c\"",
+        ),
         (
             json!([del("o"), {"name": "c", "delete": true, "limit": 1}]),
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -358,6 +362,12 @@ async fn batch_deletes_all_or_nothing() {
         let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&body.to_string()), None).await;
         assert_eq!(s, status, "{body}: {v}");
         assert!(err(&v).contains(msg), "{body}: {v} should mention {msg:?}");
+        // The item at fault by its index too, as the OpenAPI document says.
+        let index: u64 = msg
+            .strip_prefix("item ")
+            .and_then(|m| m.split(':').next())
+            .map_or(u64::MAX, |i| i.parse().unwrap());
+        assert_eq!(v["index"].as_u64(), (index != u64::MAX).then_some(index), "{body}: {v}");
     }
     assert_eq!(st.epoch(), 3, "a refused batch wrote something");
     let (_, v) = call(&st, GET, "/v1/quotas", None, None).await;
@@ -377,6 +387,26 @@ async fn batch_deletes_all_or_nothing() {
     let (s, v) = call(&st, GET, "/metrics", None, None).await;
     assert_eq!(s, StatusCode::OK);
     assert!(v.as_str().unwrap().contains("yarl_root_quotas 2"), "{v}");
+}
+
+#[tokio::test]
+async fn batch_errors_quote_a_long_name_in_part() {
+    // A name is checked after the item is read: an error quoting it whole would be as large
+    // as the body (256 MiB), in the answer and in the log line.
+    let (st, _d) = root().await;
+    let long = "a".repeat(300_000);
+    for item in [
+        json!({"name": long, "limit": 1, "low_burst": 0, "high_burst": 0}),
+        json!({"name": long, "delete": true}),
+        json!({"name": long, "delete": true, "limit": 1}),
+        json!({"name": long, "max_in_flight": 0.5}),
+    ] {
+        let body = json!([item]).to_string();
+        let (s, v) = call(&st, POST, "/v1/quotas:batch", Some(&body), None).await;
+        assert_eq!((s, v["index"].as_u64()), (StatusCode::UNPROCESSABLE_ENTITY, Some(0)));
+        let e = err(&v);
+        assert!(e.len() < 2048 && e.contains("aaa…"), "{} bytes: {}", e.len(), &e[..100]);
+    }
 }
 
 #[tokio::test]

@@ -117,6 +117,7 @@ async fn an_old_sqlite_database_is_adopted() {
             (4, "dry run".into(), true),
             (5, "window".into(), true),
             (6, "max in flight".into(), true),
+            (7, "parent index".into(), true),
         ],
         "version 1 adopted, the later ones applied"
     );

@@ -181,7 +181,7 @@ fn a_refused_prune_changes_nothing() {
     assert!(!o.ok);
     assert!(o.stdout.contains("+ new") && o.stdout.contains("- s3\n"), "{}", o.stdout);
     assert!(
-        o.stderr.contains("409 Conflict: quota \"s3\" is the parent of \"s3_get\""),
+        o.stderr.contains("409 Conflict: item 1: quota \"s3\" is the parent of \"s3_get\""),
         "{}",
         o.stderr
     );
@@ -211,6 +211,12 @@ fn bad_files_and_tokens_fail_clearly_and_change_nothing() {
             o.stderr
         );
     }
+    // An empty file (a failed `export > q.yaml` leaves one) is refused, not read as "no
+    // quotas": with --prune that would delete every quota.
+    let empty = file(dir.path(), "empty.yaml", "");
+    let o = cli(&url, &token, &["apply", empty.to_str().unwrap(), "--prune"]);
+    assert!(!o.ok && o.stdout.is_empty(), "{}", o.stdout);
+    assert!(o.stderr.contains("the file is empty"), "{}", o.stderr);
     let o = cli(&url, &token, &["apply", "/nonexistent.yaml"]);
     assert!(!o.ok && o.stderr.contains("reading /nonexistent.yaml"), "{}", o.stderr);
 

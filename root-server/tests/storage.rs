@@ -120,7 +120,7 @@ async fn tombstones(s: Arc<dyn QuotaStore>) {
     put(&*s, "p", None).await.unwrap();
     put(&*s, "c", Some("p")).await.unwrap();
     match s.delete("p".into()).await {
-        Err(StoreError::HasChildren { name, children }) => {
+        Err(StoreError::HasChildren { name, children, index: None }) => {
             assert_eq!((name.as_str(), children), ("p", vec!["c".to_owned()]))
         }
         other => panic!("{other:?}"),
@@ -310,6 +310,40 @@ async fn reopen_runs_migrations_once() {
     assert_eq!(put(&*again, "next", None).await.unwrap(), 2);
 }
 
+/// Writes waiting for PostgreSQL's write lock (held by a long batch, of this root or
+/// another) hold connections of their own: reads and the poller's `changes_since` still
+/// answer at once, and the writes go on when the lock comes free.
+#[tokio::test]
+async fn writes_waiting_for_the_lock_leave_reads_alone() {
+    use sqlx::Connection;
+    let Some(base) = common::pg_url("writes_waiting_for_the_lock_leave_reads_alone") else {
+        return;
+    };
+    let url = common::fresh_pg_db(&base).await;
+    let s = db::open(&url).await.unwrap();
+    put(&*s, "x", None).await.unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(2036429420)").execute(&mut other).await.unwrap();
+    let writes: Vec<_> = (0..12)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { put(&*s, &format!("w{i}"), None).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        assert_eq!(s.get("x".into()).await.unwrap().unwrap().epoch, 1);
+        assert_eq!(s.changes_since(0, 10).await.unwrap().len(), 1);
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+    sqlx::query("SELECT pg_advisory_unlock(2036429420)").execute(&mut other).await.unwrap();
+    for w in writes {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(all_changes(&*s, 0).await.len(), 13);
+}
+
 #[tokio::test]
 async fn bad_urls_are_refused() {
     let e = db::open("mysql://x").await.err().unwrap().to_string();
@@ -335,21 +369,24 @@ async fn batch_deletes_with_writes(s: Arc<dyn QuotaStore>) {
     };
     // A missing name fails the whole batch, as a single delete does.
     let e = refused(s.write_batch(vec![nq("new", None)], vec!["o".into(), "ghost".into()]).await);
-    assert!(matches!(&e, StoreError::NotFound(n) if n == "ghost"), "{e:?}");
+    assert!(
+        matches!(&e, StoreError::DeleteNotFound { name, index: 2 } if name == "ghost"),
+        "{e:?}"
+    );
     // A tombstone is no longer there to delete.
     s.delete("o".into()).await.unwrap();
     let e = refused(s.write_batch(vec![], vec!["o".into()]).await);
-    assert!(matches!(&e, StoreError::NotFound(n) if n == "o"), "{e:?}");
+    assert!(matches!(&e, StoreError::DeleteNotFound { name, index: 0 } if name == "o"), "{e:?}");
     // Deleting a parent whose child stays (neither deleted nor moved) is refused.
     let e = refused(s.write_batch(vec![], vec!["c".into()]).await);
     assert!(
-        matches!(&e, StoreError::HasChildren { name, children } if name == "c" && children == &["g"]),
+        matches!(&e, StoreError::HasChildren { name, children, index: Some(0) } if name == "c" && children == &["g"]),
         "{e:?}"
     );
     // So is a write that names a parent deleted in the same batch.
     let e = refused(s.write_batch(vec![nq("n", Some("k"))], vec!["k".into()]).await);
     assert!(
-        matches!(&e, StoreError::HasChildren { name, children } if name == "k" && children == &["n"]),
+        matches!(&e, StoreError::HasChildren { name, children, index: Some(1) } if name == "k" && children == &["n"]),
         "{e:?}"
     );
     // A name both written and deleted, or deleted twice.

@@ -168,6 +168,14 @@ pub enum StoreError {
     /// No live quota has this name.
     #[error("quota {0:?} does not exist")]
     NotFound(String),
+    /// A delete of a batch names no live quota.
+    #[error("quota {name:?} does not exist")]
+    DeleteNotFound {
+        /// Index of the item.
+        index: usize,
+        /// The name.
+        name: String,
+    },
     /// The quota is another quota's parent.
     #[error(
         "quota {name:?} is the parent of {}; delete them or give them another parent first",
@@ -178,6 +186,8 @@ pub enum StoreError {
         name: String,
         /// Some of its children (at most five).
         children: Vec<String>,
+        /// Index of the delete, in a batch.
+        index: Option<usize>,
     },
     /// The database could not be reached or refused the operation.
     #[error("quota database unavailable: {0}")]
@@ -201,7 +211,9 @@ impl StoreError {
             StoreError::UnknownParent { index, .. }
             | StoreError::Cycle { index, .. }
             | StoreError::ChainTooDeep { index, .. }
-            | StoreError::DescendantTooDeep { index, .. } => *index = f(*index),
+            | StoreError::DescendantTooDeep { index, .. }
+            | StoreError::DeleteNotFound { index, .. }
+            | StoreError::HasChildren { index: Some(index), .. } => *index = f(*index),
             StoreError::Duplicate { index, first, .. } => {
                 *index = f(*index);
                 *first = f(*first);
@@ -218,7 +230,9 @@ impl StoreError {
             | StoreError::Cycle { index, .. }
             | StoreError::ChainTooDeep { index, .. }
             | StoreError::DescendantTooDeep { index, .. }
-            | StoreError::Duplicate { index, .. } => Some(*index),
+            | StoreError::Duplicate { index, .. }
+            | StoreError::DeleteNotFound { index, .. }
+            | StoreError::HasChildren { index: Some(index), .. } => Some(*index),
             _ => None,
         }
     }

@@ -10,6 +10,9 @@
 //! * **PostgreSQL** (`postgres://…`): every write transaction first takes a
 //!   transaction-level advisory lock, so writers of all roots are serialised from epoch
 //!   assignment to commit and epoch order equals visibility order. Reads take no lock.
+//!   Writes have a pool of their own, as on SQLite: writes queued behind a long batch
+//!   (of this root or another) hold only its connections, never the ones that answer
+//!   `GET`s and the poller, and wait at most [`PG_LOCK_TIMEOUT`] for the lock.
 //!
 //! Queries shared by both use `$1`, `$2`, … placeholders (SQLite reads them as numbered
 //! parameters) and `NOT deleted` / `TRUE` (SQLite stores the flag as 0/1). Where the two
@@ -22,7 +25,7 @@ use super::{
     epoch_from_row, limits_from_row, to_i64, written, BoxFuture, GraphCheck, NewQuota, QuotaStore,
     StoreError, StoredQuota, Written,
 };
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -34,6 +37,9 @@ use yarl_core::{Epoch, Limits};
 /// How long a SQLite write waits for the lock (held by another process) before the
 /// request fails with 503.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a PostgreSQL write waits for the write lock (a batch of a million quotas holds
+/// it for tens of seconds) before the request fails with 503.
+const PG_LOCK_TIMEOUT: &str = "30s";
 /// The PostgreSQL advisory lock key of quota writes ("yarl" in ASCII).
 const PG_WRITE_LOCK: i64 = 0x7961_726c;
 
@@ -72,6 +78,10 @@ pub(super) const POSTGRES: Dialect = Dialect {
     live_by_parent: "SELECT name, parent FROM yarl_quotas WHERE NOT deleted AND parent = ANY($1)",
 };
 
+/// A few live children of the quota bound as `$1` (what a delete refuses to orphan).
+const LIVE_CHILDREN: &str =
+    "SELECT name FROM yarl_quotas WHERE parent = $1 AND NOT deleted ORDER BY name LIMIT 5";
+
 const COLUMNS: &str = "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, \
                        parent, reset_epoch, dry_run, per_s, max_in_flight";
 
@@ -109,7 +119,7 @@ fn from_rows(rows: Vec<Row>) -> Result<Vec<StoredQuota>, StoreError> {
 #[derive(Debug, Clone)]
 enum Backend {
     Sqlite { writer: SqlitePool, reader: SqlitePool },
-    Postgres { pool: PgPool },
+    Postgres { writer: PgPool, pool: PgPool },
 }
 
 /// The quota store over SQLite or PostgreSQL.
@@ -130,10 +140,10 @@ macro_rules! each_backend {
                     writer.begin_with("BEGIN IMMEDIATE").await?;
                 $body
             }
-            Backend::Postgres { pool } => {
+            Backend::Postgres { writer, .. } => {
                 let $d = &POSTGRES;
                 #[allow(unused_mut)]
-                let mut $w: Transaction<'static, Postgres> = pool.begin().await?;
+                let mut $w: Transaction<'static, Postgres> = writer.begin().await?;
                 sqlx::query("SELECT pg_advisory_xact_lock($1)")
                     .bind(PG_WRITE_LOCK)
                     .execute(&mut *$w)
@@ -148,7 +158,7 @@ macro_rules! each_backend {
                 let $r = reader;
                 $body
             }
-            Backend::Postgres { pool } => {
+            Backend::Postgres { pool, .. } => {
                 let $r = pool;
                 $body
             }
@@ -231,7 +241,14 @@ impl SqlStore {
                 .connect(url)
                 .await?;
             migrate::postgres(&pool).await?;
-            Backend::Postgres { pool }
+            let opts = PgConnectOptions::from_str(url)
+                .map_err(|e| StoreError::Invalid(format!("bad postgres URL: {e}")))?
+                .options([("lock_timeout", PG_LOCK_TIMEOUT)]);
+            let writer = PgPoolOptions::new()
+                .max_connections(2)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_lazy_with(opts);
+            Backend::Postgres { writer, pool }
         };
         Ok(SqlStore { backend })
     }
@@ -261,7 +278,7 @@ impl SqlStore {
             write(tx, d) => {
                 check_graph(&mut tx, d, &quotas).await?;
                 let live = lookup(&mut tx, d, d.live_by_name, &deletes).await?;
-                let deletes = doomed(deletes, live)?;
+                let (deletes, items) = doomed(deletes, quotas.len(), live)?;
                 let base = bump_epoch(&mut tx, quotas.len() + deletes.len()).await?;
                 let mut kept = vec![(0u64, 0); quotas.len()];
                 for (c, chunk) in quotas.chunks(d.insert_chunk).enumerate() {
@@ -291,7 +308,8 @@ impl SqlStore {
                     let row = row.ok_or_else(|| StoreError::NotFound(name.clone()))?;
                     tombs.push(from_row(row)?);
                 }
-                check_orphans(&deletes, lookup(&mut tx, d, d.live_by_parent, &deletes).await?)?;
+                let children = lookup(&mut tx, d, d.live_by_parent, &deletes).await?;
+                check_orphans(&deletes, &items, children)?;
                 tx.commit().await?;
                 let mut w = written(base, quotas, kept);
                 w.quotas.extend(tombs);
@@ -305,15 +323,12 @@ impl SqlStore {
             self,
             write(tx, _d) => {
                 let row = live_row(&mut tx, &name).await?;
-                let children: Vec<String> = sqlx::query_scalar(
-                    "SELECT name FROM yarl_quotas WHERE parent = $1 AND NOT deleted
-                 ORDER BY name LIMIT 5",
-                )
+                let children: Vec<String> = sqlx::query_scalar(LIVE_CHILDREN)
                 .bind(&name)
                 .fetch_all(&mut *tx)
                 .await?;
                 if !children.is_empty() {
-                    return Err(StoreError::HasChildren { name, children });
+                    return Err(StoreError::HasChildren { name, children, index: None });
                 }
                 let base = bump_epoch(&mut tx, 1).await?;
                 sqlx::query(
@@ -545,17 +560,19 @@ fn check_distinct(quotas: &[NewQuota], deletes: &[String]) -> Result<(), StoreEr
     Ok(())
 }
 
-/// The quotas to delete, checked to be live (`NotFound` names the first that is not) and
-/// ordered children first: every prefix of the write's epochs then leaves no live quota
-/// under a tombstone, for a poller that stops between two of them. `live` holds the live
-/// `(name, parent)` rows among `deletes`.
+/// The quotas to delete, checked to be live (`DeleteNotFound` names the first that is not)
+/// and ordered children first: every prefix of the write's epochs then leaves no live
+/// quota under a tombstone, for a poller that stops between two of them. `live` holds the
+/// live `(name, parent)` rows among `deletes`, whose items are numbered from `first`.
+/// Also returns each ordered delete's item index.
 fn doomed(
     deletes: Vec<String>,
+    first: usize,
     live: Vec<(String, Option<String>)>,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<(Vec<String>, Vec<usize>), StoreError> {
     let live: std::collections::HashMap<String, Option<String>> = live.into_iter().collect();
-    if let Some(gone) = deletes.iter().find(|n| !live.contains_key(*n)) {
-        return Err(StoreError::NotFound(gone.clone()));
+    if let Some(k) = deletes.iter().position(|n| !live.contains_key(n)) {
+        return Err(StoreError::DeleteNotFound { index: first + k, name: deletes[k].clone() });
     }
     // Ancestors that are deleted too; the database graph is acyclic and chains are short.
     let doomed_above = |name: &str| {
@@ -570,29 +587,35 @@ fn doomed(
         }
         n
     };
-    let mut ordered: Vec<(usize, String)> =
-        deletes.into_iter().map(|n| (doomed_above(&n), n)).collect();
+    let mut ordered: Vec<(usize, usize, String)> =
+        deletes.into_iter().enumerate().map(|(k, n)| (doomed_above(&n), first + k, n)).collect();
     ordered.sort_by_key(|o| std::cmp::Reverse(o.0));
-    Ok(ordered.into_iter().map(|(_, n)| n).collect())
+    Ok(ordered.into_iter().map(|(_, i, n)| (n, i)).unzip())
 }
 
 /// After a write's tombstones: refuses it if a live quota still names one of them as its
 /// parent (it was neither deleted nor moved by the same write), as a single delete does.
-/// `children` holds the live `(name, parent)` rows whose parent is among `deletes`.
+/// `children` holds the live `(name, parent)` rows whose parent is among `deletes`, whose
+/// item indexes are `items`.
 fn check_orphans(
     deletes: &[String],
+    items: &[usize],
     children: Vec<(String, Option<String>)>,
 ) -> Result<(), StoreError> {
-    let Some(parent) =
-        deletes.iter().find(|n| children.iter().any(|(_, p)| p.as_ref() == Some(*n)))
+    let Some(k) = deletes.iter().position(|n| children.iter().any(|(_, p)| p.as_ref() == Some(n)))
     else {
         return Ok(());
     };
+    let parent = &deletes[k];
     let mut names: Vec<String> =
         children.into_iter().filter(|(_, p)| p.as_ref() == Some(parent)).map(|(c, _)| c).collect();
     names.sort();
     names.truncate(5);
-    Err(StoreError::HasChildren { name: parent.clone(), children: names })
+    Err(StoreError::HasChildren {
+        name: parent.clone(),
+        children: names,
+        index: items.get(k).copied(),
+    })
 }
 
 /// The `(name, parent)` rows a dialect lookup (`live_by_name`, `live_by_parent`) finds for
@@ -766,5 +789,39 @@ impl QuotaStore for SqlStore {
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<StoredQuota>, StoreError>> {
         Box::pin(self.changes_inner(epoch, limit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every PUT looks up its quota's children and every DELETE checks for some, inside the
+    /// write lock: with a million quotas a scan costs about 0.2 s each, so both must use
+    /// the parent index (SQLite takes a partial index only when the query repeats its
+    /// condition's terms).
+    #[tokio::test]
+    async fn sqlite_finds_children_through_the_parent_index() {
+        let dir = std::env::temp_dir().join(format!("yarl-plan-{}.db", std::process::id()));
+        let url = format!("sqlite://{}", dir.display());
+        let store = SqlStore::open(&url).await.unwrap();
+        let Backend::Sqlite { writer, .. } = &store.backend else { unreachable!() };
+        for sql in [SQLITE.live_by_parent, LIVE_CHILDREN] {
+            let rows: Vec<(i64, i64, i64, String)> =
+                sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    .bind("p")
+                    .fetch_all(writer)
+                    .await
+                    .unwrap();
+            let plan: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+            assert!(
+                plan.iter().any(|l| l.contains("USING INDEX yarl_quotas_parent")),
+                "{sql}: {plan:?}"
+            );
+        }
+        drop(store);
+        for ext in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{ext}", dir.display()));
+        }
     }
 }
