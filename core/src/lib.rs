@@ -34,6 +34,11 @@
 //! assert_eq!(limiter.account("api", 1).unwrap().outcome, Outcome::Passed);
 //! assert_eq!(limiter.check("unknown").outcome, Outcome::Unlimited);
 //! ```
+//!
+//! A limiter with no roots still wants rounds: a [`sync::SyncEngine`] with no root URLs
+//! folds its counts into its view once per interval. Never folded, the time a count
+//! started draining from is kept to the millisecond for 24.8 days, and a bucket never
+//! empty that long stops draining.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

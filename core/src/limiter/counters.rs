@@ -5,7 +5,7 @@
 use super::writer::Writer;
 use super::{Estimator, Limiter};
 use crate::quota::{Epoch, QuotaId};
-use crate::units::{drain_once, drained, Rate};
+use crate::units::{drain_once, drain_view, drained, Rate};
 use crate::zone::roots::{Entry, Roots};
 use crate::zone::slot::{Rates, Slot, ID, INFLIGHT, LIMIT, LOCAL, RATES, REJECTED};
 use crate::zone::{hdr, SLOT_WORDS};
@@ -370,10 +370,17 @@ impl CounterAccess<'_> {
     /// extrapolation refused cold keys (docs/accuracy.md: 4 against 1).
     pub fn merge_report(&self, s: u32, fill: u64, batch: u64, keep: bool, now: u64) {
         if let Some(x) = self.slot(s) {
-            let synced = self.synced(s, now);
+            let (base, at) = x.read_base();
+            let rate = Rate::from_word(x.get(LIMIT)).unwrap_or_default();
+            let (synced, since) = drain_view(base, at, rate, now);
             let known = synced.saturating_add(batch);
             if !keep || fill >= known {
-                x.write_base(fill.max(synced), now);
+                // The view kept, with the remainder of its drain (a slow quota's view moved
+                // to `now` each round never drained while requests kept it reported).
+                match fill >= synced {
+                    true => x.write_base(fill, now),
+                    false => x.write_base(synced, since),
+                }
                 return;
             }
             let own = x.get(LOCAL).saturating_add(x.get(INFLIGHT));
@@ -447,8 +454,17 @@ impl CounterAccess<'_> {
     pub fn anchor(&self, s: u32, v: u64, now: u64) {
         if let Some(x) = self.slot(s) {
             debug_assert!(x.get(INFLIGHT) >= v);
-            let fill = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE).ceil() as u64;
-            x.write_base(fill.saturating_sub(x.get(LOCAL)), now);
+            let exact = x.estimate(now, false, 0, crate::zone::slot::Peers::ALONE);
+            let fill = exact.ceil();
+            // What the ceiling adds is drain still to come, kept as time: stored at `now`,
+            // each round added up to a milli-unit, and a quota draining less than that a
+            // round (1 an hour at a 1 s interval) never drained on a host without roots.
+            let limit = Rate::per_sec_of(x.get(LIMIT));
+            let back = if limit > 0.0 { ((fill - exact) / limit * 1e9) as u64 } else { 0 };
+            x.write_base(
+                (fill as u64).saturating_sub(x.get(LOCAL)),
+                now - back.min(now.saturating_sub(1)),
+            );
         }
     }
 

@@ -900,3 +900,29 @@ fn an_hourly_quota_admits_its_window_and_says_so() {
     assert_eq!(l.account("hourly", 1).unwrap().outcome, Outcome::Passed);
     assert_eq!(l.account("hourly", 1).unwrap().outcome, Outcome::Rejected);
 }
+
+#[test]
+fn an_edit_of_the_rate_counts_from_the_edit_on() {
+    // 1,000 a day used up, idle 23 hours, then halved: 958 drained at the old rate, 42
+    // left, far under the new bursts. Drained at the new rate from the last report
+    // instead, 521 were left: above `high_burst` (500), refused for most of another day.
+    let (l, clock) = setup();
+    let day = |epoch, limit: f64| QuotaUpdate {
+        limits: Limits::from_units_per(limit, 86_400, limit - 1.0, limit).unwrap(),
+        ..q(1, "d", epoch, 1.0, 0.0, 0.0, None)
+    };
+    l.apply_quotas(&[day(1, 1_000.0)]);
+    set_fill(&l, "d", 1_000.0, clock.now_nanos());
+    clock.advance(Duration::from_secs(23 * 3_600));
+    l.apply_quotas(&[day(2, 500.0)]);
+    let fill = l.with_counters(|c| c.synced(c.slot_of(1).unwrap(), clock.now_nanos()));
+    assert!((41_600..=41_700).contains(&fill), "{fill} milli-units");
+    assert_eq!(l.account("d", 1).unwrap().outcome, Outcome::Passed);
+    // The numbers alone (the same rate) leave the view as it was.
+    let before = l.with_counters(|c| c.base(c.slot_of(1).unwrap()));
+    l.apply_quotas(&[QuotaUpdate {
+        limits: Limits::from_units_per(500.0, 86_400, 100.0, 500.0).unwrap(),
+        ..day(3, 500.0)
+    }]);
+    assert_eq!(l.with_counters(|c| c.base(c.slot_of(1).unwrap())), before);
+}

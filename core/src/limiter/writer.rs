@@ -14,9 +14,10 @@
 
 use super::{ApplyReport, Limiter};
 use crate::quota::{is_template, raw_name, validate_name, Epoch, QuotaId, QuotaUpdate};
+use crate::units::{drain_view, Rate};
 use crate::zone::arena::name;
 use crate::zone::keys::{is_key_id, key_id, TEMPLATE};
-use crate::zone::slot::{Peers, HIGH, ID, LIMIT, LOW, NAME, SHADOW, TAG_PARENT};
+use crate::zone::slot::{Peers, Slot, HIGH, ID, LIMIT, LOW, NAME, SHADOW, TAG_PARENT};
 use crate::zone::{hdr, TEMPLATE_STATS, TSTAT_WORDS};
 use hashbrown::HashTable;
 use parking_lot::MutexGuard;
@@ -131,6 +132,23 @@ struct Applying<'u> {
     deleted: HashMap<u32, Box<str>>,
     /// A template was created, changed or deleted: its keys follow (see `refresh_templates`).
     templates: bool,
+}
+
+/// Drains `x`'s view at its old rate up to `now` when its rate becomes `limit` (a rate
+/// word): the new rate counts from the edit on, as at the roots. The view's time can be
+/// hours old on an idle counter, and drained at the new rate all the way back a lower
+/// rate left it fuller than the roots' (a day's quota used up, idle 23 h, halved: 521
+/// units of 500 against 42), and the larger of the two is what a limiter keeps.
+fn drain_to_edit(x: &Slot<'_>, limit: u64, now: u64) {
+    let old = x.get(LIMIT);
+    let (base, at) = x.read_base();
+    if old == limit || at == 0 {
+        return;
+    }
+    if let Some(rate) = Rate::from_word(old) {
+        let (base, at) = drain_view(base, at, rate, now);
+        x.write_base(base, at);
+    }
 }
 
 pub(super) fn hash_id(id: QuotaId) -> u64 {
@@ -411,6 +429,9 @@ impl Limiter {
             }
             a.resets.push(s);
             a.report.reset += 1;
+        }
+        if let Some(x) = self.slot(s) {
+            drain_to_edit(&x, u.limits.limit().word(), a.now);
         }
         self.store_limits(s, u);
         a.parent_jobs.push((s, u.parent.as_deref()));
@@ -770,6 +791,7 @@ impl Limiter {
             let t = k.get(TEMPLATE).wrapping_sub(1) as u32;
             match held.get(&t) {
                 Some(&(limit, low, high, parent)) => {
+                    drain_to_edit(&k, limit, now);
                     k.w(LIMIT).store(limit, Relaxed);
                     k.w(LOW).store(low, Relaxed);
                     k.w(HIGH).store(high, Relaxed);

@@ -154,7 +154,7 @@ impl RootState {
             let Some(q) = self.quotas.get(&k) else { continue };
             let (old, counter, reset) = (q.limits, q.counter, u.reset_epoch > q.reset_epoch);
             if let Some(c) = self.counters.get_mut(counter) {
-                c.bucket.advance(now, old.limit());
+                c.bucket.edit(now, old.limit(), u.limits.limit());
             }
             if reset {
                 self.reset(k);

@@ -81,7 +81,7 @@ impl RootState {
                 }
                 self.by_epoch.remove(&old.update.epoch);
                 if let Some(c) = self.counters.get_mut(old.counter) {
-                    c.bucket.advance(now, old.limits.limit());
+                    c.bucket.edit(now, old.limits.limit(), u.limits.limit());
                 }
                 // A key's reset records itself in a row whose id has no counter.
                 if u.reset_epoch > old.reset_epoch && !u.is_key_reset() {

@@ -1845,3 +1845,17 @@ fn a_copy_of_a_root_taking_hints_goes_on_adding_older_views() {
     b.sweep_step(3 * S + RootConfig::default().hint_window_ns + 1, 10);
     assert!(b.pre_start.is_empty());
 }
+
+#[test]
+fn a_window_edit_keeps_the_remainder_of_a_milli_unit() {
+    // 1 per 30 days: 2,500 s drain 0.96 units, all of it a remainder of under a milli-unit
+    // of that window. Read in the new window of 1 s, it drained 2,500 units at once.
+    let mut r = RootState::new(RootConfig::default());
+    let month = |epoch, limits| QuotaUpdate { limits, ..quota(1, epoch, 1.0, false) };
+    r.apply_quotas([month(1, Limits::from_units_per(1.0, 30 * 86_400, 1e4, 1e4).unwrap())], 0);
+    r.sync(&req("a", vec![(1, vec![(1, 5_000_000)])]), S).unwrap();
+    let edit = S + 2_500 * S;
+    r.apply_quotas([month(2, Limits::from_units(10.0, 1e4, 1e4).unwrap())], edit);
+    let f = fill(&r, 1, edit + 1);
+    assert!(f > 4_999.0, "{f}");
+}

@@ -2039,3 +2039,41 @@ fn a_held_view_still_counts_what_the_others_add() {
         assert!(b.peak_late <= 345.0, "down {down}, root 1 back {gap} turns later: {b:?}");
     }
 }
+
+#[test]
+fn a_slow_windowed_quota_drains_while_refused_requests_keep_it_reported() {
+    // 1 an hour with bursts of 1: full after two units, open again once one drained (an
+    // hour), however often a client retries meanwhile. Each refused retry keeps the
+    // counter in the round (its refusal feeds the roots' demand), and the view was moved
+    // to the round's time each time with less than a milli-unit's drain thrown away: it
+    // never drained, with roots or without.
+    for roots in [1, 0] {
+        let clock = ManualClock::at(S);
+        let h = QuotaUpdate {
+            limits: Limits::from_units_per(1.0, 3_600, 1.0, 1.0).unwrap(),
+            ..quota(1, "h", 1.0, 0.0, 0.0)
+        };
+        let mut root = root_with(std::slice::from_ref(&h));
+        let mut n = node(&clock, roots);
+        n.limiter.apply_quotas(std::slice::from_ref(&h));
+        let mut sync = |n: &mut Node, now| match roots {
+            0 => round(n, &mut [], now),
+            _ => round(n, &mut [Some(&mut root)], now),
+        };
+        sync(&mut n, clock.now_nanos());
+        // The bursts bound the fill before a unit: two pass, the third is refused.
+        assert!(n.limiter.account("h", 1).unwrap().allowed());
+        assert!(n.limiter.account("h", 1).unwrap().allowed());
+        let mut opened = None;
+        for s in 1..=2 * 3_600u64 {
+            clock.advance(Duration::from_secs(1));
+            sync(&mut n, clock.now_nanos());
+            if n.limiter.account("h", 1).unwrap().allowed() {
+                opened = Some(s);
+                break;
+            }
+        }
+        let opened = opened.unwrap_or_else(|| panic!("{roots} roots: still closed after 2 h"));
+        assert!((3_000..=3_700).contains(&opened), "{roots} roots: open after {opened} s");
+    }
+}

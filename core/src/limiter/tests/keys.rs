@@ -1054,3 +1054,24 @@ fn a_key_whose_template_goes_while_it_is_inserted_gives_its_place_back() {
     assert_eq!(after.keys, before.keys - 1, "the evicted key left the count");
     assert_eq!(after.key_evictions, before.key_evictions + 1);
 }
+
+#[test]
+fn a_template_edit_drains_its_keys_at_the_old_rate_up_to_the_edit() {
+    // As for a quota (`an_edit_of_the_rate_counts_from_the_edit_on`): a key that used its
+    // day up, idle 23 hours, when its template is halved, holds what the old rate left.
+    let (l, clock) = keyed(64);
+    let day = |epoch, limit: f64| QuotaUpdate {
+        limits: Limits::from_units_per(limit, 86_400, limit - 1.0, limit).unwrap(),
+        ..q(1, "k_*", epoch, 1.0, 0.0, 0.0, None)
+    };
+    l.apply_quotas(&[day(1, 1_000.0)]);
+    assert_eq!(l.account(b"k_a", 1_000).unwrap().outcome, Outcome::Passed);
+    learn_dirty(&l, clock.now_nanos());
+    clock.advance(Duration::from_secs(23 * 3_600));
+    l.apply_quotas(&[day(2, 500.0)]);
+    let (s, _) = l.resolve(b"k_a", clock.now_nanos()).unwrap();
+    assert!(l.is_key_slot(s));
+    let fill = l.with_counters(|c| c.synced(s, clock.now_nanos()));
+    assert!((41_600..=41_700).contains(&fill), "{fill} milli-units");
+    assert_eq!(l.account(b"k_a", 1).unwrap().outcome, Outcome::Passed);
+}
