@@ -91,5 +91,25 @@ for my $k (qw(yarl_root_sessions_created_total yarl_root_first_contacts_total ya
 }
 is($m1->{yarl_root_limiters}, 1, 'the root knows one limiter');
 
+# A reload that would change the zone's layout (here its key table, the size unchanged, so
+# nginx hands the new configuration the same memory) is refused with an [emerg]: the
+# workers of the running configuration go on using that memory, and formatting it again
+# under them cleared their counters, in-flight slots and ledger rows.
+(my $conf = $t->read_file('nginx.conf')) =~ s/(yarl_roots )/yarl_zone 32m keys=1000;\n    $1/
+	or die "no yarl_roots line\n";
+$t->write_file('nginx.conf', $conf);
+$t->allow_alerts(qr/yarl_zone: zone "yarl" cannot change on reload/);
+my @workers = sort $t->worker_pids;
+my $filled = $t->stats($t->port(8080), "/stats?quota=q")->{quota}{fill};
+kill 'HUP', $t->master_pid;
+ok($t->wait_for(sub { $t->read_file('error.log') =~ /yarl_zone: zone "yarl" cannot change on reload: .*key table holds \d+ keys, the configuration asks for \d+.*restart nginx/ }, 5),
+	'the reload is refused with an [emerg] naming yarl_zone and what to do');
+sleep 0.5;
+is(join(',', sort $t->worker_pids), join(',', @workers), 'the running workers go on');
+is(status_of(http_get($t->port(8080), '/index.html')), 200, 'and serve');
+my $kept = $t->stats($t->port(8080), "/stats?quota=q");
+cmp_ok(abs($kept->{quota}{fill} - ($filled + 1)), '<', 0.5, 'on the zone as it was');
+is($kept->{limiter_id}, $before->{limiter_id}, 'the same limiter');
+
 $t->finish();
 done_testing();

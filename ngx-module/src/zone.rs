@@ -19,7 +19,7 @@ use ngx::ffi::{
 };
 use ngx::{ngx_log_error, ngx_string};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use yarl_core::{Block, Prepared};
+use yarl_core::{Block, Prepared, ZoneError};
 
 /// The key table size of the configuration being read (`yarl_zone ... keys=`), for the
 /// zone's init callback, which nginx calls in the master right after it (and gives no
@@ -111,7 +111,13 @@ unsafe extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> 
         z.data = block.words().as_ptr().cast_mut().cast();
         let keys = ZONE_KEYS.load(Relaxed);
         let capacity = yarl_core::zone::quotas_for_bytes(block.bytes(), keys).unwrap_or(0);
-        match yarl_core::zone::prepare(&block, keys) {
+        // On reload (`data` set) the running workers keep using this memory until their
+        // requests end: it may be reused, never formatted again under them.
+        let prepared = match data.is_null() {
+            true => yarl_core::zone::prepare(&block, keys),
+            false => yarl_core::zone::prepare_reused(&block, keys),
+        };
+        match prepared {
             Ok(Prepared::Formatted) => {
                 ngx_log_error!(
                     NGX_LOG_INFO,
@@ -132,6 +138,17 @@ unsafe extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> 
                     why
                 );
                 Status::NGX_OK
+            }
+            Err(e @ ZoneError::InUse(_)) => {
+                ngx_log_error!(
+                    NGX_LOG_EMERG,
+                    log,
+                    "yarl_zone: zone \"yarl\" cannot change on reload: {}; restart nginx \
+                     to apply it, or change the zone's size too (a zone of another size is \
+                     a new zone, which starts empty)",
+                    e
+                );
+                Status::NGX_ERROR
             }
             Err(e) => {
                 ngx_log_error!(NGX_LOG_EMERG, log, "yarl: zone \"yarl\": {}", e);

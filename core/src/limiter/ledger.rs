@@ -89,6 +89,7 @@ impl Limiter {
         self.reap_ledger(pid, |p| p != pid && alive(p));
         for r in 0..LEDGER_ROWS {
             if self.ledger_row_at(r)[0].compare_exchange(FREE, me, AcqRel, Relaxed).is_ok() {
+                self.ledger_owner.store(me, Relaxed);
                 self.ledger_row.store(r + 1, Relaxed);
                 return true;
             }
@@ -105,7 +106,7 @@ impl Limiter {
             let owner = &self.ledger_row_at(row - 1)[0];
             let held = owner.load(Acquire);
             // Only a row still this process's: one reaped and taken by another is not.
-            if held & STATE == OWNED
+            if held == self.ledger_owner.load(Relaxed)
                 && owner.compare_exchange(held, REAPING | (held & HALF), AcqRel, Relaxed).is_ok()
             {
                 self.give_back(row - 1);

@@ -327,6 +327,7 @@ impl LimiterBuilder {
             horizon_ns: AtomicU64::new(u64::try_from(self.horizon.as_nanos()).unwrap_or(u64::MAX)),
             engine_attached: AtomicBool::new(false),
             ledger_row: AtomicUsize::new(0),
+            ledger_owner: AtomicU64::new(0),
         }
     }
 }
@@ -352,6 +353,8 @@ pub struct Limiter {
     pub(crate) engine_attached: AtomicBool,
     /// This handle's ledger row + 1 (0: none), see `ledger.rs`.
     ledger_row: AtomicUsize,
+    /// The owner word this process wrote into that row (its pid, owned).
+    ledger_owner: AtomicU64,
 }
 
 impl std::fmt::Debug for Limiter {

@@ -147,6 +147,10 @@ pub enum ZoneError {
         /// Smallest usable size.
         min_bytes: usize,
     },
+    /// The block is mapped by processes that use it ([`prepare_reused`]) and would have to
+    /// be formatted again.
+    #[error("the running workers use it, and it cannot be formatted again under them ({0})")]
+    InUse(String),
     /// The block has not been prepared with [`prepare`] (or was prepared by another layout).
     #[error("the memory block is not a prepared limiter zone: {0}")]
     NotPrepared(String),
@@ -195,6 +199,23 @@ pub fn prepare(block: &Block, keys: u32) -> Result<Prepared, ZoneError> {
             format(words, &layout, was_empty);
             Ok(if was_empty { Prepared::Formatted } else { Prepared::Reformatted(why) })
         }
+    }
+}
+
+/// [`prepare`] for a block that other processes use already (nginx on reload: the
+/// workers of the running configuration go on until their requests end): a block of
+/// another layout is refused with [`ZoneError::InUse`] rather than formatted again under
+/// them, which cleared the counters, the in-flight slots and the ledger they held and
+/// handed their rows to the new workers.
+pub fn prepare_reused(block: &Block, keys: u32) -> Result<Prepared, ZoneError> {
+    let layout = fit(block, keys)?;
+    match validate(block.words()) {
+        Ok(held) if held.key_cap == layout.key_cap => prepare(block, keys),
+        Ok(held) => Err(ZoneError::InUse(format!(
+            "its key table holds {} keys, the configuration asks for {}",
+            held.key_cap, layout.key_cap
+        ))),
+        Err(why) => Err(ZoneError::InUse(why)),
     }
 }
 
@@ -313,5 +334,24 @@ mod tests {
         b.words()[hdr::MAGIC].store(7, Relaxed);
         assert!(matches!(prepare(&b, 200), Ok(Prepared::Reformatted(w)) if w.contains("magic")));
         assert!(matches!(prepare(&Block::heap(4096), 0), Err(ZoneError::TooSmall { .. })));
+    }
+
+    #[test]
+    fn a_block_in_use_is_reused_or_refused_never_formatted_again() {
+        let b = Block::heap(1 << 20);
+        assert_eq!(prepare(&b, 100), Ok(Prepared::Formatted));
+        let id = b.words()[hdr::LIMITER_ID].load(Relaxed);
+        assert_eq!(prepare_reused(&b, 100), Ok(Prepared::Reused));
+        match prepare_reused(&b, 200) {
+            Err(ZoneError::InUse(why)) => assert!(why.contains("key table"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        b.words()[hdr::VERSION].store(LAYOUT_VERSION + 1, Relaxed);
+        assert!(
+            matches!(prepare_reused(&b, 100), Err(ZoneError::InUse(w)) if w.contains("layout"))
+        );
+        b.words()[hdr::VERSION].store(LAYOUT_VERSION, Relaxed);
+        assert_eq!(b.words()[hdr::LIMITER_ID].load(Relaxed), id, "nothing was formatted");
+        assert_eq!(b.words()[hdr::GENERATION].load(Relaxed), 2);
     }
 }

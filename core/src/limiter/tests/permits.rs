@@ -427,3 +427,21 @@ fn two_makers_of_one_entry_racing_a_free_on_the_path_leave_one() {
     let live = l.hdr(crate::zone::hdr::PERMITS_LIVE).load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(live, 1, "x's entry; y's is gone");
 }
+
+#[test]
+fn a_process_leaving_a_row_another_took_leaves_it_alone() {
+    // `a` was taken for dead (its row reaped) and its row went to `b`: when `a` exits, the
+    // row is `b`'s, with `b`'s slots in it, and must stay so.
+    let clock = ManualClock::at(1_000 * S);
+    let (a, b) = shared_pair(&clock, 256);
+    a.apply_quotas(&[capped(1, "db", 1, 5, None)]);
+    a.permits(1).unwrap().publish(5, clock.now_nanos() + 3 * S);
+    assert!(a.join_ledger(1, |_| true));
+    assert_eq!(b.reap_ledger(2, |p| p != 1), 0, "nothing held yet");
+    assert!(b.join_ledger(2, |_| true));
+    let _held = admitted(b.acquire("db"));
+    a.leave_ledger();
+    l_in_flight(&b, 1);
+    assert_eq!(a.reap_ledger(3, |p| p != 2), 1, "b's row, with b's slot, is still b's");
+    l_in_flight(&b, 0);
+}
