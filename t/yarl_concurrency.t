@@ -14,6 +14,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use IO::Socket::INET;
 use Test::More;
+use JSON::PP ();
 use Test::Yarl qw(http_get status_of header_of);
 use Time::HiRes qw(time);
 
@@ -37,6 +38,13 @@ $t->write_http_conf(<<'EOF2', workers => 2);
         location /fast/ { alias %%TESTDIR%%/; yarl_concurrency uploads; }
         location /hdr/ { alias %%TESTDIR%%/; yarl_concurrency uploads; yarl_headers on; }
         location /rated/ { alias %%TESTDIR%%/; yarl_account rated; yarl_concurrency uploads; }
+        location /dry/ { alias %%TESTDIR%%/; yarl_concurrency uploads; yarl_dry_run on; }
+        location /shadowslow/ {
+            yarl_concurrency shadowcap;
+            proxy_pass http://127.0.0.1:%%PORT_8081%%/;
+            proxy_buffering off;
+        }
+        location /shadow/ { alias %%TESTDIR%%/; yarl_concurrency shadowcap; }
         location = /stats { yarl_stats; }
     }
     server {
@@ -51,6 +59,7 @@ my $p = $t->port(8080);
 my ($st) = $t->admin('POST', '/v1/quotas:batch', [
 	{ name => 'uploads', max_in_flight => 2 },
 	{ name => 'rated', limit => 0.01, low_burst => 0, high_burst => 0 },
+	{ name => 'shadowcap', max_in_flight => 1, dry_run => JSON::PP::true },
 ]);
 is($st, 200, 'quotas created');
 
@@ -67,9 +76,10 @@ is(header_of($h, 'RateLimit-Policy'), '"uploads";q=2;qu="concurrent-requests"',
 is(header_of($h, 'RateLimit'), '"uploads";r=1', 'RateLimit: one more slot free besides ours');
 
 sub slow_client {
+	my ($path) = @_;
 	my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $p, Proto => 'tcp')
 		or die "connect: $!\n";
-	print $s "GET /slow/big.html HTTP/1.0\r\nHost: localhost\r\n\r\n";
+	print $s 'GET ' . ($path // '/slow/') . "big.html HTTP/1.0\r\nHost: localhost\r\n\r\n";
 	# The status line comes at once; the body takes 8 s.
 	my $line = <$s>;
 	return ($s, $line);
@@ -84,7 +94,8 @@ is(header_of($r, 'X-Yarl-Quota'), 'uploads', '$yarl_quota names the quota');
 is(header_of($r, 'X-Yarl-Status'), 'REJECTED', '$yarl_status REJECTED');
 is(header_of(http_get($p, '/hdr/small.html'), 'RateLimit'), '"uploads";r=0;t=1',
 	'RateLimit of a refusal: nothing left, a second to wait');
-my $c = ($t->stats($p) // {})->{concurrency}{quotas}[0] // {};
+my ($c) = grep { $_->{quota} eq 'uploads' } @{(($t->stats($p) // {})->{concurrency}{quotas}) // []};
+$c //= {};
 is(join(' ', map { $_ // '-' } @$c{qw(quota in_flight share)}), 'uploads 2 2',
 	'yarl_stats: the quota, 2 in flight, a share of 2');
 cmp_ok($c->{refused} // 0, '>=', 1, 'yarl_stats: the refusals counted');
@@ -103,6 +114,34 @@ ok($t->wait_for(sub {
 	my @r = map { http_get($p, '/fast/small.html') } 1 .. 2;
 	return 2 == grep { status_of($_) == 200 } @r;
 }, 5), 'every slot back once the slow requests ended');
+
+# `yarl_dry_run on`: a refused slot lets the request on without it, and says so.
+($c1, $l1) = slow_client();
+($c2, $l2) = slow_client();
+like($l1 . $l2, qr/ 200 .* 200 /s, 'two slow requests hold both slots again');
+$r = http_get($p, '/dry/small.html');
+is(status_of($r), 200, 'yarl_dry_run on: a third goes on');
+is(header_of($r, 'X-Yarl-Status'), 'REJECTED_DRY_RUN', '$yarl_status REJECTED_DRY_RUN');
+is(header_of($r, 'X-Yarl-Quota'), 'uploads', '$yarl_quota names the cap');
+close($c1);
+close($c2);
+ok($t->wait_for(sub {
+	my @r = map { http_get($p, '/fast/small.html') } 1 .. 2;
+	return 2 == grep { status_of($_) == 200 } @r;
+}, 5), 'and it took no slot');
+
+# A quota in shadow mode (`"dry_run": true`) counts what its cap would refuse and lets it on.
+ok($t->wait_for(sub { header_of(http_get($p, '/shadow/small.html'), 'X-Yarl-Status') eq 'PASSED' }, 10),
+	'shadow mode: a slot once the root granted a share');
+my ($c3, $l3) = slow_client('/shadowslow/');
+like($l3, qr/ 200 /, 'a slow request holds the one slot');
+$r = http_get($p, '/shadow/small.html');
+is(status_of($r), 200, 'shadow mode: a second goes on past the cap of 1');
+is(header_of($r, 'X-Yarl-Status'), 'REJECTED_DRY_RUN', 'reported as REJECTED_DRY_RUN');
+is(header_of($r, 'X-Yarl-Quota'), 'shadowcap', 'naming the quota');
+my ($sc) = grep { $_->{quota} eq 'shadowcap' } @{(($t->stats($p) // {})->{concurrency}{quotas}) // []};
+cmp_ok(($sc // {})->{refused} // 0, '>=', 1, 'the refusal it would have made is counted');
+close($c3);
 
 # A worker killed with -9 ends no request: the slots its requests held come back through
 # the zone's ledger (the surviving or respawned workers reap its row), not one more.

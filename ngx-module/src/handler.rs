@@ -240,17 +240,23 @@ fn access(r: &mut Request) -> Status {
         return Status::NGX_DECLINED;
     };
     let dry = lc.dry_run();
-    let (v, permits) = match acquire(r, lc, limiter, dry) {
-        Ok(permits) => {
-            let v = decide(r, lc, limiter, dry);
-            (v, permits)
-        }
-        Err(v) => (v, Vec::new()),
+    let (mut v, permits, would) = match acquire(r, lc, limiter, dry) {
+        Ok((permits, would)) => (decide(r, lc, limiter, dry), permits, would),
+        Err(v) => (v, Vec::new(), None),
     };
     // A request that holds a slot was limited, if only by its concurrency quota.
-    let mut v = v;
     if v.status == YarlStatus::Unlimited && !permits.is_empty() {
         v.status = YarlStatus::Passed;
+    }
+    // Its post-response charges are the rates' (they passed it); a slot refused in a dry
+    // run, or by a quota in shadow mode, is what it reports unless a rate rejected it.
+    let deferred =
+        if v.status == YarlStatus::Passed { std::mem::take(&mut v.deferred) } else { Vec::new() };
+    if let (Some((quota, id)), YarlStatus::Passed | YarlStatus::Unlimited) = (would, v.status) {
+        v.status = YarlStatus::RejectedDryRun;
+        v.quota = Some(quota);
+        v.fill = 0.0;
+        v.refused_slot = Some(id);
     }
     // Slots are held only by a request that goes on.
     let permits = if v.status == YarlStatus::Rejected {
@@ -298,7 +304,6 @@ fn access(r: &mut Request) -> Status {
         fields
     };
     let quota = v.quota.map(QuotaName::of);
-    let deferred = if status == YarlStatus::Passed { v.deferred } else { Vec::new() };
     if let Some((policy, state)) = fields {
         if r.add_header_out("RateLimit-Policy", &policy).is_none()
             || r.add_header_out("RateLimit", &state).is_none()
@@ -323,16 +328,21 @@ fn access(r: &mut Request) -> Status {
     Status(lc.status() as ngx_int_t)
 }
 
+/// A slot the request goes on without: the quota that would have refused it, and its id.
+type WouldRefuse<'a> = Option<(Cow<'a, str>, QuotaId)>;
+
 /// Takes a slot of every `yarl_concurrency` line's quota, all or none: the slots, or the
-/// verdict of the refusal (with `yarl_dry_run on`, a refusal lets the request on without
-/// the slot, reported as `REJECTED_DRY_RUN` unless a rate rule rejects it).
+/// verdict of the refusal. With `yarl_dry_run on`, or from a quota in shadow mode, a
+/// refusal lets the request on without the slot; the first such is returned beside the
+/// slots, to be reported as `REJECTED_DRY_RUN` unless a rate rule rejects the request.
 fn acquire<'a>(
     r: &'a Request,
     lc: &LocConf,
     limiter: &Limiter,
     dry: bool,
-) -> Result<Vec<Permit>, Verdict<'a>> {
+) -> Result<(Vec<Permit>, WouldRefuse<'a>), Verdict<'a>> {
     let mut permits = Vec::new();
+    let mut would: WouldRefuse<'a> = None;
     for rule in lc.rules.iter().filter(|rule| rule.kind == RuleKind::Concurrency) {
         // SAFETY: as in `decide`.
         let Some(name) = r.get_complex_value(unsafe { &*rule.name }) else { continue };
@@ -343,7 +353,15 @@ fn acquire<'a>(
         match limiter.acquire(name) {
             Acquired::Admitted(p) if p.is_empty() => {}
             Acquired::Admitted(p) => permits.push(p),
-            Acquired::Refused(_) if dry => {}
+            Acquired::WouldRefuse(p, id) => {
+                if !p.is_empty() {
+                    permits.push(p);
+                }
+                would = would.or_else(|| Some((display_name(name), id)));
+            }
+            Acquired::Refused(id) if dry => {
+                would = would.or_else(|| Some((display_name(name), id)));
+            }
             Acquired::Refused(id) => {
                 for p in &permits {
                     limiter.release(p);
@@ -360,7 +378,7 @@ fn acquire<'a>(
             }
         }
     }
-    Ok(permits)
+    Ok((permits, would))
 }
 
 fn decide<'a>(r: &'a Request, lc: &LocConf, limiter: &Limiter, dry: bool) -> Verdict<'a> {

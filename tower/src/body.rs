@@ -67,8 +67,11 @@ impl Slots {
         let mut slots = Slots { limiter: limiter.clone(), permits: Vec::new() };
         for name in names {
             match limiter.acquire(&**name) {
-                Acquired::Admitted(p) if !p.is_empty() => slots.permits.push(p),
-                Acquired::Admitted(_) => {}
+                // A quota in shadow mode lets the request on past its cap.
+                Acquired::Admitted(p) | Acquired::WouldRefuse(p, _) if !p.is_empty() => {
+                    slots.permits.push(p)
+                }
+                Acquired::Admitted(_) | Acquired::WouldRefuse(..) => {}
                 Acquired::Refused(_) if dry => {}
                 Acquired::Refused(_) => return Err(Refused),
             }

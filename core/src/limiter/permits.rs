@@ -76,6 +76,11 @@ pub enum Acquired {
     Admitted(Permit),
     /// Refused: the counter of this id is at its share on this host.
     Refused(QuotaId),
+    /// Admitted although the counter of this id (a quota in shadow mode) is at its share on
+    /// this host: the permit holds the levels that had room (release it as for
+    /// [`Acquired::Admitted`]), the refusal is counted, and the request is one the quota
+    /// would have refused (`REJECTED_DRY_RUN`).
+    WouldRefuse(Permit, QuotaId),
 }
 
 /// One concurrency counter as this host holds it (for `yarl_stats` and metrics): a quota,
@@ -607,6 +612,7 @@ impl Limiter {
         // numbers) is gone; one it still holds (its agent stopped or died inside the
         // rewrite) is capped by its template's own counter, as a key still being inserted.
         let mut first_id = None;
+        let mut would = None;
         if self.is_key_slot(s) {
             let id = self.settled_id(&slot);
             if crate::zone::keys::is_claim(id) {
@@ -659,6 +665,13 @@ impl Limiter {
                                 false
                             }
                         }
+                        // In shadow mode a cap counts what it would refuse and lets the
+                        // request on without a slot of it.
+                        _ if slot.shadow() => {
+                            self.entry_refused(own).fetch_add(1, Relaxed);
+                            would = would.or(Some(level_id));
+                            true
+                        }
                         _ => {
                             self.entry_refused(own).fetch_add(1, Relaxed);
                             self.release(&permit);
@@ -679,7 +692,10 @@ impl Limiter {
                 None => break,
             }
         }
-        Ok(Acquired::Admitted(permit))
+        Ok(match would {
+            Some(id) => Acquired::WouldRefuse(permit, id),
+            None => Acquired::Admitted(permit),
+        })
     }
 
     /// Counts the slot just taken of entry `e` (counter `id`) in this process's ledger row

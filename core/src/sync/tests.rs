@@ -1573,7 +1573,7 @@ fn capped(id: u64, name: &str, cap: u32) -> QuotaUpdate {
 fn acquired(l: &Limiter, name: &str) -> Option<crate::limiter::Permit> {
     match l.acquire(name) {
         crate::limiter::Acquired::Admitted(p) => Some(p),
-        crate::limiter::Acquired::Refused(_) => None,
+        crate::limiter::Acquired::Refused(_) | crate::limiter::Acquired::WouldRefuse(..) => None,
     }
 }
 

@@ -14,6 +14,7 @@ fn admitted(a: Acquired) -> Permit {
     match a {
         Acquired::Admitted(p) => p,
         Acquired::Refused(id) => panic!("refused at {id}"),
+        Acquired::WouldRefuse(_, id) => panic!("would refuse at {id}"),
     }
 }
 
@@ -444,4 +445,24 @@ fn a_process_leaving_a_row_another_took_leaves_it_alone() {
     l_in_flight(&b, 1);
     assert_eq!(a.reap_ledger(3, |p| p != 2), 1, "b's row, with b's slot, is still b's");
     l_in_flight(&b, 0);
+}
+
+#[test]
+fn a_cap_in_shadow_mode_counts_what_it_would_refuse_and_lets_it_on() {
+    let clock = ManualClock::at(1_000 * S);
+    let (l, _) = shared_pair(&clock, 256);
+    let shadow = |u: QuotaUpdate| QuotaUpdate { limits: u.limits.with_dry_run(true), ..u };
+    l.apply_quotas(&[capped(1, "all", 1, 10, None), shadow(capped(2, "db", 2, 1, Some("all")))]);
+    for id in [1, 2] {
+        l.permits(id).unwrap().publish(10, clock.now_nanos() + 3 * S);
+    }
+    l.permits(2).unwrap().publish(1, clock.now_nanos() + 3 * S);
+    let first = admitted(l.acquire("db"));
+    // At its cap: on without a slot of it, but with one of its parent, which enforces.
+    let Acquired::WouldRefuse(second, 2) = l.acquire("db") else { panic!("not a dry refusal") };
+    assert_eq!((l.permits(2).unwrap().in_flight(), l.permits(2).unwrap().refused()), (1, 1));
+    assert_eq!(l.permits(1).unwrap().in_flight(), 2);
+    l.release(&second);
+    l.release(&first);
+    assert_eq!((l.permits(1).unwrap().in_flight(), l.permits(2).unwrap().in_flight()), (0, 0));
 }
