@@ -156,7 +156,7 @@ impl Limiter {
         &self.permit_region()[e * PERMIT_ENTRY_WORDS]
     }
 
-    fn entry_permits(&self, e: usize) -> Permits<'_> {
+    pub(super) fn entry_permits(&self, e: usize) -> Permits<'_> {
         let at = e * PERMIT_ENTRY_WORDS + 1;
         let words: &[AtomicU64; PERMIT_WORDS] = self.permit_region()[at..at + PERMIT_WORDS]
             .try_into()
@@ -167,7 +167,7 @@ impl Limiter {
     /// The entry of counter `id`: `Ok(entry)`, or `Err(first free or deleted entry seen)`
     /// when it has none (`Err(None)`: the table is full). An entry being made counts as
     /// taken.
-    fn find_entry(&self, id: QuotaId) -> Result<usize, Option<usize>> {
+    pub(super) fn find_entry(&self, id: QuotaId) -> Result<usize, Option<usize>> {
         match self.probe_entry(id, false) {
             Ok(e) => Ok(e),
             Err(Missing::Free(free)) => Err(free),
@@ -189,7 +189,7 @@ impl Limiter {
                 EMPTY => return Err(Missing::Free(free.or(Some(e)))),
                 // The counter's own deleted entry comes first: made again there, it keeps
                 // counting the requests it admitted before (see `make_entry`).
-                DELETED if self.entry_refused(e).load(Acquire) == id => free = Some(e),
+                DELETED if self.deleted_owner(e) == id => free = Some(e),
                 DELETED => free = free.or(Some(e)),
                 BUSY if wait => return Err(Missing::Busy),
                 _ => {}
@@ -202,7 +202,7 @@ impl Limiter {
     /// all ones: none).
     pub(super) fn permit_entry_owner(&self, e: usize) -> u64 {
         match self.entry_id(e).load(Acquire) {
-            DELETED => self.entry_refused(e).load(Acquire),
+            DELETED => self.deleted_owner(e),
             id => id,
         }
     }
@@ -210,12 +210,12 @@ impl Limiter {
     /// Whether entry `e` counts the slots of counter `id`: it is `id`'s, or `id`'s deleted
     /// entry (requests admitted before a cap was removed still give their slots back, so
     /// the count is right if the cap comes back).
-    fn holds(&self, e: usize, id: QuotaId) -> bool {
+    pub(super) fn holds(&self, e: usize, id: QuotaId) -> bool {
         if id == EMPTY || id == DELETED {
             return false;
         }
         match self.entry_id(e).load(Acquire) {
-            DELETED => self.entry_refused(e).load(Acquire) == id,
+            DELETED => self.deleted_owner(e) == id,
             w => w == id,
         }
     }
@@ -300,6 +300,8 @@ impl Limiter {
             if seen.contains(&e)
                 && self.entry_id(e).compare_exchange(BUSY, DELETED, AcqRel, Acquire).is_ok()
             {
+                // Deleted with no owner: the maker may have written its slot word.
+                self.entry_slot(e).store(0, Release);
                 freed += 1;
             } else {
                 busy.push(e);
@@ -404,7 +406,12 @@ impl Limiter {
         })
     }
 
-    fn entry_refused(&self, e: usize) -> &AtomicU64 {
+    /// The counter a deleted entry counted the slots of (0: none); see `set_permit_entry`.
+    fn deleted_owner(&self, e: usize) -> u64 {
+        self.entry_slot(e).load(Acquire)
+    }
+
+    pub(super) fn entry_refused(&self, e: usize) -> &AtomicU64 {
         &self.words()[self.layout.permit_slots + 2 * e + 1]
     }
 
@@ -419,11 +426,13 @@ impl Limiter {
             (Err(_), None) => {}
             (Ok(e), Some(at)) => self.entry_slot(e).store(slot_word(at), Release),
             (Ok(e), None) => {
-                // Deleted, the entry keeps the id it had in its refusals' word: requests
-                // that hold slots still give them back (by entry and id), so the count is
-                // right if the cap comes back; once the entry goes to another counter
-                // they change nothing.
-                self.entry_refused(e).store(id, Release);
+                // Deleted, the entry keeps the id it had in its slot word: requests that
+                // hold slots still give them back (by entry and id), so the count is right
+                // if the cap comes back; once the entry goes to another counter they
+                // change nothing. Not in its refusals' word, which a request refused just
+                // before the delete may still add 1 to (the owner would become the next
+                // quota's id, and that quota would take the entry over with this count).
+                self.entry_slot(e).store(id, Release);
                 self.entry_id(e).store(DELETED, Release);
                 self.hdr(hdr::PERMITS_LIVE).fetch_sub(1, Relaxed);
             }
@@ -461,7 +470,7 @@ impl Limiter {
     /// path meanwhile; `None` if another process took `e` first.
     fn make_entry_at(&self, e: usize, id: QuotaId, word: u64) -> Option<usize> {
         let prev = self.entry_id(e).load(Acquire);
-        if prev == DELETED && self.entry_refused(e).load(Acquire) == id {
+        if prev == DELETED && self.deleted_owner(e) == id {
             // The counter's own deleted entry: the requests admitted under it still
             // run and give their slots back to it, here and in the ledger, so it comes
             // back with its count (and the share it may still hold from the roots,
@@ -490,7 +499,12 @@ impl Limiter {
         // entry's previous counter that counts in the ledger meanwhile is wiped by the
         // second, or sees the new id and takes its count back (`acquire`).
         self.ledger_clear_column(e);
-        self.entry_id(e).store(id, Release);
+        // Published only if still this process's: a process stopped here for longer than
+        // the agent waits for a dead maker (`sweep_busy_entries`, a round) may find the
+        // entry freed and taken by another counter, whose id must stay.
+        if self.entry_id(e).compare_exchange(BUSY, id, AcqRel, Acquire).is_err() {
+            return None;
+        }
         self.ledger_clear_column(e);
         self.hdr(hdr::PERMITS_LIVE).fetch_add(1, Relaxed);
         Some(self.keep_first_entry(id, e))

@@ -466,3 +466,23 @@ fn a_cap_in_shadow_mode_counts_what_it_would_refuse_and_lets_it_on() {
     l.release(&first);
     assert_eq!((l.permits(1).unwrap().in_flight(), l.permits(2).unwrap().in_flight()), (0, 0));
 }
+
+#[test]
+fn a_refusal_counted_after_its_cap_went_leaves_the_entry_its_owner() {
+    // A request refused just before the cap's delete adds its refusal after it: the
+    // deleted entry must still count quota 1's slots, not become quota 2's with them.
+    let (l, clock) = setup();
+    l.apply_quotas(&[capped(1, "x", 1, 5, None)]);
+    l.permits(1).unwrap().publish(1, clock.now_nanos() + 3 * S);
+    let held = admitted(l.acquire("x"));
+    let e = l.find_entry(1).unwrap();
+    {
+        let _w = l.writer();
+        l.set_permit_entry(1, None);
+    }
+    l.entry_refused(e).fetch_add(1, Relaxed);
+    assert_eq!(l.permit_entry_owner(e), 1);
+    assert!(l.holds(e, 1) && !l.holds(e, 2));
+    l.release(&held);
+    assert_eq!(l.entry_permits(e).in_flight(), 0, "the slot came back to its entry");
+}
