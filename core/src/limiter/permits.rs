@@ -341,6 +341,16 @@ impl Limiter {
             return;
         }
         let _w = self.writer();
+        // Its refusals go to its template's own entry, so the template's row (which adds
+        // up its keys' entries) never counts down: a Prometheus counter.
+        if let Ok(e) = self.find_entry(id) {
+            let t = (self.entry_slot(e).load(Acquire) as u32).checked_sub(1);
+            let te = t.and_then(|t| self.live_slot(t)).and_then(|x| self.find_entry(x.id()).ok());
+            if let Some(te) = te.filter(|&te| te != e) {
+                let n = self.entry_refused(e).swap(0, Relaxed);
+                self.entry_refused(te).fetch_add(n, Relaxed);
+            }
+        }
         self.set_permit_entry(id, None);
     }
 

@@ -326,6 +326,12 @@ fn each_key_under_a_capped_template_has_a_cap_of_its_own() {
         l.release(&p);
     }
     assert_eq!(l.permits(a).unwrap().in_flight() + l.permits(b).unwrap().in_flight(), 0);
+    // A key's entry freed (nothing in flight for a while): the row's refusals, a
+    // Prometheus counter, stay.
+    let before = l.concurrency_status().quotas[0].refused;
+    assert!(before >= 2, "{before}");
+    l.free_key_entry(b);
+    assert_eq!(l.concurrency_status().quotas[0].refused, before, "a counter never counts down");
     // A key's level is its template's cap: the RateLimit fields name the template.
     let level = l.slot_level(a).unwrap();
     assert_eq!((level.name.as_str(), level.cap, level.remaining), ("gen_*", 2, 2));
