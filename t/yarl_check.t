@@ -15,6 +15,9 @@ my $t = Test::Yarl->new();
 $t->run_root('A');
 $t->put_quota('c', 0.01, 10, 10);
 $t->put_quota('other', 0.01, 10, 10);
+# A name with a byte outside the charset, written with %XX as the admin API writes it.
+my ($st) = $t->admin('PUT', '/v1/quotas/sp%2520ace', { limit => 0.01, low_burst => 0, high_burst => 0 });
+is($st, 200, 'quota "sp%20ace" created');
 
 my $http = <<'EOF2';
     yarl_roots %%ROOT_A%%;
@@ -26,6 +29,7 @@ my $http = <<'EOF2';
         add_header X-Yarl-Quota $yarl_quota always;
         location /chk/ { alias %%TESTDIR%%/; yarl_check $arg_q; }
         location /acct/ { alias %%TESTDIR%%/; yarl_account $arg_q; }
+        location /const/ { alias %%TESTDIR%%/; yarl_account "sp%20ace"; }
         location = /stats { yarl_stats; }
     }
 EOF2
@@ -51,6 +55,12 @@ $r = http_get($p, '/chk/index.html?q=c');
 is(status_of($r), 429, 'check rejects once the counter is over high_burst');
 is(header_of($r, 'X-Yarl-Status'), 'REJECTED', '$yarl_status REJECTED');
 is(header_of($r, 'X-Yarl-Quota'), 'c', '$yarl_quota names the rejecting quota');
+
+# A constant name written with %XX names the quota of those bytes.
+ok($t->wait_quota($p, 'sp%20ace', 5), 'the escaped quota arrived');
+$r = http_get($p, '/const/index.html');
+is(status_of($r) . ' ' . header_of($r, 'X-Yarl-Quota'), '200 sp%20ace', 'yarl_account "sp%20ace" counts on it');
+is(status_of(http_get($p, '/const/index.html')), 429, 'and is limited by it');
 
 # Another limiter (a second nginx) accounts on "other"; this one only checks it.
 my $t2 = Test::Yarl->new();

@@ -74,6 +74,9 @@ my @bad = (
 	['', 'yarl_retry_after yes;', 'yarl_retry_after', 'yes'],
 	['', 'yarl_log_level debug;', 'yarl_log_level', 'debug'],
 	['', 'yarl_check "bad name!";', 'yarl_check', 'bad name!'],
+	# A template's own name: a bucket per key, none of its own to name.
+	['', 'yarl_account api_key_*;', 'yarl_account', 'api_key_*'],
+	['', 'yarl_concurrency gen_*;', 'yarl_concurrency', 'gen_*'],
 	['', 'yarl_account q -5;', 'yarl_account', '-5'],
 	['', 'yarl_account q 1.5;', 'yarl_account', '1.5'],
 	['', 'yarl_account q 2000000000000;', 'yarl_account', '2000000000000'],

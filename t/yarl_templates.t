@@ -234,6 +234,15 @@ is($t->stats($t->port(8080))->{zone}{quotas}, scalar @{ $list->{quotas} // [] },
 my ($ip) = grep { ($_->{template} // '') eq 'ip_*' } @{ $t->stats($t->port(8080))->{zone}{template_keys} };
 is($ip->{keys}, 1, 'ip_* holds its one key');
 
+# A key that spells its template (`X-Api-Key: *` makes `api_key_*`) is a key like the
+# others, not the template's own bucket, which the keys that found no room share.
+my $own = sub { (($t->stats($t->port(8080), '/stats?quota=api_key_*') // {})->{quota} // {})->{fill} // -1 };
+my $f0 = $own->();
+my @star = map { get($t, '*') } 1 .. 4;
+is($star[0], 200, 'the key "*" passes');
+is($star[3], 429, 'and is limited by a bucket of its own: ' . join(' ', @star));
+cmp_ok(abs($own->() - $f0), '<', 0.01, "the template's own bucket is untouched ($f0)");
+
 $t->finish();
 $u->finish();
 done_testing();

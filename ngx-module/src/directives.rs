@@ -492,6 +492,34 @@ fn quota_name(
         if let Err(e) = yarl_core::validate_name(name) {
             return Err(invalid(args, 1, &format!("invalid quota name: {e}")));
         }
+        if yarl_core::is_template(name) {
+            return Err(invalid(
+                args,
+                1,
+                "it names a template, which has a bucket per key: name a key of it, \
+                 such as \"api_key_$http_x_api_key\" for \"api_key_*\"",
+            ));
+        }
+        // Written as the admin API writes it (`%XX` for a byte outside the charset),
+        // matched as the bytes it stands for, as a name from request data is.
+        let raw = yarl_core::raw_name(name);
+        if raw != name.as_bytes() {
+            // SAFETY: `cf->pool` is the cycle's configuration pool, valid while parsing
+            // and for the cycle's life, as the complex value compiled into it.
+            let pool = unsafe { Pool::from_ngx_pool((*cf).pool) };
+            let data = pool.alloc_unaligned(raw.len()).cast::<u8>();
+            if data.is_null() {
+                return Err(ConfError::Message("yarl: out of memory".into()));
+            }
+            // SAFETY: `data` holds `raw.len()` bytes just allocated; a constant complex
+            // value is its `value` alone (no lengths or values codes), which nginx reads
+            // as `len` bytes at `data`.
+            unsafe {
+                core::ptr::copy_nonoverlapping(raw.as_ptr(), data, raw.len());
+                (*cv).value.data = data;
+                (*cv).value.len = raw.len();
+            }
+        }
     }
     Ok(cv)
 }

@@ -79,7 +79,7 @@ impl Limiter {
             let Some(t) = self.template_for(name) else { return self.find(name) };
             let h = keys::name_hash(self.key_secret(), name);
             if self.may_have_quota(h) {
-                if let Some(found) = self.find(name) {
+                if let Some(found) = self.own_quota(name) {
                     return Some(found);
                 }
             }
@@ -90,7 +90,19 @@ impl Limiter {
         // Templates change without pause: this request takes its own quota's bucket if it
         // has one, else its template's.
         let Some(t) = self.template_for(name) else { return self.find(name) };
-        self.find(name).or_else(|| self.live_slot(t).map(|x| (t, x)))
+        self.own_quota(name).or_else(|| self.live_slot(t).map(|x| (t, x)))
+    }
+
+    /// The quota of a name a template covers, if it has one (an override). A name ending
+    /// in `*` is a template's own and never an override: request data that spells one
+    /// (`api_key_*` from `X-Api-Key: *`) is a key like any other, not the template's own
+    /// bucket, which the keys that found no room share (and, with a cap, the keys new to
+    /// the host).
+    fn own_quota(&self, name: &[u8]) -> Option<(u32, Slot<'_>)> {
+        if name.last() == Some(&b'*') {
+            return None;
+        }
+        self.find(name)
     }
 
     /// The slot of `name` without creating anything: its quota's, or its key's if the key

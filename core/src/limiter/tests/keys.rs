@@ -1075,3 +1075,16 @@ fn a_template_edit_drains_its_keys_at_the_old_rate_up_to_the_edit() {
     assert!((41_600..=41_700).contains(&fill), "{fill} milli-units");
     assert_eq!(l.account(b"k_a", 1).unwrap().outcome, Outcome::Passed);
 }
+
+#[test]
+fn a_key_that_spells_its_template_is_a_key_of_its_own() {
+    // `api_key_$http_x_api_key` with `X-Api-Key: *` is the name `api_key_*`: a key, not
+    // the template's own bucket (shared by the keys that found no room).
+    let (l, clock) = keyed(64);
+    l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 3.0, None)]);
+    assert_eq!(passes(&l, b"api_key_*", 3), 3);
+    assert_eq!(l.zone_status().usage.keys, 1);
+    let (s, _) = l.resolve(b"api_key_*", clock.now_nanos()).unwrap();
+    assert!(l.is_key_slot(s), "its own slot in the key table");
+    assert_eq!(l.quota("api_key_*").unwrap().fill, 0.0, "the template's bucket untouched");
+}
