@@ -12,6 +12,7 @@ use strict;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
+use JSON::PP ();
 use Test::Yarl qw(http_get http_request status_of);
 
 my $t = Test::Yarl->new();
@@ -27,6 +28,10 @@ $t->write_http_conf(<<'EOF2');
             yarl_account up $content_length;
             proxy_pass http://127.0.0.1:%%PORT_8081%%/;
         }
+        location /sh {
+            yarl_account sh $content_length;
+            proxy_pass http://127.0.0.1:%%PORT_8081%%/;
+        }
         location = /stats { yarl_stats; }
     }
     server {
@@ -39,17 +44,23 @@ $t->run();
 # 2,500 bytes with a hard cutoff, draining 1 byte in 1,000 s: nothing drains in the test.
 $t->put_quota('up', 0.001, 2500, 2500);
 ok($t->wait_quota($t->port(8080), 'up', 5), 'quota fetched');
+# A quota in shadow mode under an enforced parent.
+$t->put_quota('all', 0.001, 1e9, 1e9);
+my ($st) = $t->admin('PUT', '/v1/quotas/sh',
+	{ limit => 0.001, low_burst => 0, high_burst => 0, parent => 'all', dry_run => JSON::PP::true });
+is($st, 200, 'a quota in shadow mode');
+ok($t->wait_quota($t->port(8080), 'sh', 5), 'fetched');
 
 my $fill = sub {
-	my $s = $t->stats($t->port(8080), '/stats?quota=up');
+	my $s = $t->stats($t->port(8080), '/stats?quota=' . ($_[0] // 'up'));
 	return $s && $s->{quota} ? $s->{quota}{fill} : -1;
 };
 
 sub chunked_post {
-	my ($bytes) = @_;
+	my ($bytes, $path) = @_;
 	my $body = join('', map { sprintf("%x\r\n%s\r\n", 250, 'a' x 250) } 1 .. $bytes / 250) . "0\r\n\r\n";
 	my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1:' . $t->port(8080), Timeout => 5) or return '';
-	$s->print("POST /up HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+	$s->print('POST ' . ($path // '/up') . " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
 		. "Transfer-Encoding: chunked\r\n\r\n$body");
 	local $/;
 	my $resp = <$s> // '';
@@ -71,6 +82,14 @@ ok($t->wait_for(sub { abs($fill->() - 3000) < 1 }, 2), '3,000 bytes counted')
 is(status_of(chunked_post(250)), 429, 'a chunked upload to the full quota is rejected before its body is read');
 is(status_of(http_request('POST', $t->port(8080), '/up', {}, "b" x 10)), 429, 'so is one with a length');
 cmp_ok(abs($fill->() - 3000), "<", 1, "rejected uploads count nothing");
+
+# The shadow quota would refuse the second upload: it goes on, and its enforced parent
+# still gets its bytes once they are known.
+is(status_of(chunked_post(1000, '/sh')), 200, 'a chunked upload under a shadow quota');
+ok($t->wait_for(sub { abs($fill->('all') - 1000) < 1 }, 2), 'its parent counts its bytes');
+is(status_of(chunked_post(1000, '/sh')), 200, 'one the shadow quota would refuse goes on');
+ok($t->wait_for(sub { abs($fill->('all') - 2000) < 1 }, 2), 'and its parent counts its bytes too')
+	or diag('fill ' . $fill->('all'));
 
 my $log = $t->read_file('info.log');
 my $logged = () = $log =~ /yarl: the weight for quota "up" was empty before and after the request/g;

@@ -17,6 +17,7 @@ use Time::HiRes qw(time sleep);
 my $t = Test::Yarl->new();
 $t->write_file('object.bin', 'x' x 1_000_000);
 $t->write_file('index.html', "hello\n");
+$t->write_file('err.html', "not here\n");
 $t->write_http_conf(<<'EOF2', workers => 2);
     yarl_roots %%ROOT_A%%;
     yarl_sync_interval 200ms;
@@ -36,6 +37,17 @@ $t->write_http_conf(<<'EOF2', workers => 2);
             yarl_charge tokens $arg_w;
             alias %%TESTDIR%%/index.html;
         }
+        # Charged by the lines of the location a request reached first, where it ends.
+        location /t/ {
+            yarl_charge tokens 7;
+            try_files /nosuch @app;
+        }
+        location @app { proxy_pass http://127.0.0.1:%%PORT_8081%%; }
+        location /e/ {
+            yarl_charge tokens 100;
+            error_page 404 /err.html;
+        }
+        location = /err.html { }
         location = /stats { yarl_stats; }
     }
     server {
@@ -64,6 +76,12 @@ is(status_of(http_get($t->port(8080), '/cost')), 200, "upstream with a cost $_")
 cmp_ok(abs($fill->('tokens') - 15), '<', 0.01, 'X-Cost: 5 charged three times');
 is(status_of(http_get($t->port(8080), "/bad?w=$_")), 200, "bad weight $_") for ('abc', '', 'x1');
 cmp_ok(abs($fill->('tokens') - 15), '<', 0.01, 'bad weights count 0');
+
+# After `try_files … @app` and after an error page served from another location.
+is(status_of(http_get($t->port(8080), '/t/x')), 200, 'try_files to a named location');
+cmp_ok(abs($fill->('tokens') - 22), '<', 0.01, 'charged by the first location');
+is(status_of(http_get($t->port(8080), '/e/missing')), 404, 'an error page of another location');
+cmp_ok(abs($fill->('tokens') - 122), '<', 0.01, 'charged by the first location too');
 
 # 1 MB objects at 10/s for 8 s; admitted per second after 2 s of warm-up.
 my @ok;

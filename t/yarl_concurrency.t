@@ -52,6 +52,12 @@ $t->write_http_conf(<<'EOF2', workers => 2);
         root %%TESTDIR%%;
         limit_rate 8k;
     }
+    server {
+        listen 127.0.0.1:%%PORT_8082%%;
+        add_header X-Yarl-Quota $yarl_quota always;
+        yarl_account srv;
+        location /c/ { alias %%TESTDIR%%/; yarl_concurrency uploads; }
+    }
 EOF2
 $t->run_root('A');
 $t->run();
@@ -60,6 +66,7 @@ my ($st) = $t->admin('POST', '/v1/quotas:batch', [
 	{ name => 'uploads', max_in_flight => 2 },
 	{ name => 'rated', limit => 0.01, low_burst => 0, high_burst => 0 },
 	{ name => 'shadowcap', max_in_flight => 1, dry_run => JSON::PP::true },
+	{ name => 'srv', limit => 0.001, low_burst => 0, high_burst => 0 },
 ]);
 is($st, 200, 'quotas created');
 
@@ -114,6 +121,11 @@ ok($t->wait_for(sub {
 	my @r = map { http_get($p, '/fast/small.html') } 1 .. 2;
 	return 2 == grep { status_of($_) == 200 } @r;
 }, 5), 'every slot back once the slow requests ended');
+
+# A location with a cap of its own keeps the server's rate lines (inherited apart).
+is(status_of(http_get($t->port(8082), '/c/small.html')), 200, 'the server-level account passes one');
+$r = http_get($t->port(8082), '/c/small.html');
+is(status_of($r) . ' ' . header_of($r, 'X-Yarl-Quota'), '429 srv', 'and limits the next, beside the cap');
 
 # `yarl_dry_run on`: a refused slot lets the request on without it, and says so.
 ($c1, $l1) = slow_client();

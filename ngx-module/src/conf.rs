@@ -180,8 +180,14 @@ impl LocConf {
 
 impl Merge for LocConf {
     fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
-        if self.rules.is_empty() {
-            self.rules = prev.rules.clone();
+        // `yarl_check`/`yarl_account` lines and `yarl_concurrency` lines are inherited
+        // apart, as `limit_req` and `limit_conn` are: a location with only a cap of its
+        // own keeps the rate lines around it, and the other way round.
+        for concurrency in [false, true] {
+            let kind = |r: &Rule| (r.kind == RuleKind::Concurrency) == concurrency;
+            if !self.rules.iter().any(kind) {
+                self.rules.extend(prev.rules.iter().filter(|r| kind(r)).cloned());
+            }
         }
         if self.charges.is_empty() {
             self.charges = prev.charges.clone();

@@ -71,7 +71,9 @@ impl YarlStatus {
 /// What the handler decided for one request. Lives in the request pool (see module docs).
 #[derive(Debug)]
 pub struct Ctx {
-    status: YarlStatus,
+    /// `None` until a location with rules decided (a location with `yarl_charge` lines
+    /// only stores a Ctx for `charges` alone).
+    status: Option<YarlStatus>,
     /// The rejecting quota, else the last name that matched a quota.
     quota: Option<QuotaName>,
     /// `yarl_account` lines whose weight was empty when the request was decided, charged
@@ -79,6 +81,11 @@ pub struct Ctx {
     deferred: Vec<Deferred>,
     /// Slots of `yarl_concurrency` quotas this request holds until it ends.
     permits: Vec<Permit>,
+    /// The location whose `yarl_charge` lines the request is charged by: the first it
+    /// reached the access phase in, not the one it ends in (after `try_files … @app`,
+    /// `error_page`, `X-Accel-Redirect`), whose lines may be none or others. Location
+    /// configurations live in the cycle's pool, as long as any request of the cycle.
+    charges: *const LocConf,
 }
 
 impl Drop for Ctx {
@@ -232,7 +239,24 @@ fn access(r: &mut Request) -> Status {
         return Status::NGX_DECLINED;
     }
     let Some(lc) = Module::location_conf(r) else { return Status::NGX_DECLINED };
-    if lc.rules.is_empty() || find_ctx(r).is_some() {
+    let found = find_ctx(r);
+    if found.is_some_and(|c| c.status.is_some()) {
+        return Status::NGX_DECLINED;
+    }
+    let charges = found.map_or(core::ptr::from_ref(lc), |c| c.charges);
+    if lc.rules.is_empty() {
+        if found.is_none() && !lc.charges.is_empty() {
+            let ctx = Ctx {
+                status: None,
+                quota: None,
+                deferred: Vec::new(),
+                permits: Vec::new(),
+                charges,
+            };
+            if !store_ctx(r, ctx) {
+                ngx_log_error!(NGX_LOG_ERR, r.log(), "yarl: cannot store the request state");
+            }
+        }
         return Status::NGX_DECLINED;
     }
     let Some(limiter) = worker::limiter() else {
@@ -248,10 +272,15 @@ fn access(r: &mut Request) -> Status {
     if v.status == YarlStatus::Unlimited && !permits.is_empty() {
         v.status = YarlStatus::Passed;
     }
-    // Its post-response charges are the rates' (they passed it); a slot refused in a dry
-    // run, or by a quota in shadow mode, is what it reports unless a rate rejected it.
-    let deferred =
-        if v.status == YarlStatus::Passed { std::mem::take(&mut v.deferred) } else { Vec::new() };
+    // The account lines left to weigh after the response go with a request that goes on:
+    // passed, or passed by everything enforced (a quota in shadow mode would have refused
+    // it: its enforced parents still want the weight; the shadow quota takes it too, as
+    // `yarl_charge` would). A slot refused in a dry run, or by a quota in shadow mode, is
+    // what it reports unless a rate rejected it.
+    let deferred = match v.status {
+        YarlStatus::Rejected => Vec::new(),
+        _ => std::mem::take(&mut v.deferred),
+    };
     if let (Some((quota, id)), YarlStatus::Passed | YarlStatus::Unlimited) = (would, v.status) {
         v.status = YarlStatus::RejectedDryRun;
         v.quota = Some(quota);
@@ -311,7 +340,7 @@ fn access(r: &mut Request) -> Status {
             ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot add the RateLimit header fields");
         }
     }
-    if !store_ctx(r, Ctx { status, quota, deferred, permits }) {
+    if !store_ctx(r, Ctx { status: Some(status), quota, deferred, permits, charges }) {
         // The Ctx was dropped with its slots, so they are given back.
         ngx_log_error!(NGX_LOG_ERR, log, "yarl: cannot store the request state, request passed");
         return Status::NGX_DECLINED;
@@ -553,7 +582,14 @@ fn charge(r: &mut Request) {
         return;
     }
     charge_deferred(r);
-    let Some(lc) = Module::location_conf(r) else { return };
+    let lc = match find_ctx(r) {
+        // SAFETY: the location's configuration outlives the request (see `Ctx::charges`).
+        Some(c) => unsafe { &*c.charges },
+        None => {
+            let Some(lc) = Module::location_conf(r) else { return };
+            lc
+        }
+    };
     if lc.charges.is_empty() {
         return;
     }
@@ -700,7 +736,7 @@ pub(crate) unsafe extern "C" fn variable_get(
     let r = unsafe { Request::from_ngx_http_request(r) };
     let ok = catch_unwind(AssertUnwindSafe(|| {
         let value: Option<&[u8]> = match (find_ctx(r), data) {
-            (Some(c), VAR_STATUS) => Some(c.status.as_str().as_bytes()),
+            (Some(c), VAR_STATUS) => c.status.map(|s| s.as_str().as_bytes()),
             (Some(c), VAR_QUOTA) => c.quota.as_ref().map(QuotaName::as_bytes),
             _ => None,
         };
