@@ -336,6 +336,25 @@ async fn read_answer(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>,
     Ok(body)
 }
 
+/// The start of an error answer's body, for the error message: at most
+/// [`ERROR_BODY_BYTES`] read, the rest left unread (the connection is dropped with the
+/// response). Read whole, a root (or what answers in its place) streaming an error body
+/// filled the agent's worker with it until the call's timeout.
+async fn error_text(mut resp: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < ERROR_BODY_BYTES {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(ERROR_BODY_BYTES);
+    String::from_utf8_lossy(&body).chars().take(200).collect()
+}
+
+/// Bytes of an error answer read for its message.
+const ERROR_BODY_BYTES: usize = 1024;
+
 /// Decodes an answer in the encoding its content type names.
 fn decode_answer(content_type: Option<&str>, body: &[u8]) -> Result<SyncResponse, String> {
     if is_v2(content_type) {
@@ -394,8 +413,7 @@ impl Transport for HttpTransport {
                     continue;
                 }
                 if !status.is_success() {
-                    let body = resp.text().await.unwrap_or_default();
-                    let body: String = body.chars().take(200).collect();
+                    let body = error_text(resp).await;
                     return Err(format!("HTTP {}: {}", status.as_u16(), body.trim()));
                 }
                 let ct = resp
@@ -572,6 +590,24 @@ mod tests {
             let e = t.call(&url, request(), Duration::from_secs(5)).await.unwrap_err();
             assert!(e.starts_with("HTTP 307"), "{e}");
             assert_eq!(reached.load(Ordering::Relaxed), 0, "the redirect was followed");
+        });
+    }
+
+    /// An error answer's body is read for its first bytes only: one that streams on (here
+    /// 16 MiB of a declared GiB) was read whole, into the agent's worker, until the timeout.
+    #[test]
+    fn an_error_answer_is_read_for_its_first_bytes_only() {
+        runtime().block_on(async {
+            let url = fake_root(move |_| {
+                let body = "x".repeat(16 << 20);
+                format!("HTTP/1.1 500 Oops\r\ncontent-length: {}\r\n\r\n{body}", 1u64 << 30)
+            })
+            .await;
+            let t = HttpTransport::new(&HttpOptions::default()).unwrap();
+            let started = Instant::now();
+            let e = t.call(&url, request(), Duration::from_secs(3)).await.unwrap_err();
+            assert!(e.starts_with("HTTP 500: xxx") && e.len() < 300, "{}", &e[..e.len().min(80)]);
+            assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
         });
     }
 

@@ -741,13 +741,22 @@ impl SyncEngine {
         let Some(link) = self.roots.get_mut(root) else { return };
         let e = self.limiter.root_entry(link.entry);
         let want = (shards > 1).then_some(Shard { index: link.shard, count: shards });
-        let resp = match session::accept(result, want) {
+        let mut resp = match session::accept(result, want) {
             Ok(resp) => resp,
             Err(err) => {
                 link.hints_lost();
                 return session::fail(e, &err, max_backoff);
             }
         };
+        // Nothing past the root's own epoch, the highest it applied from the database: a
+        // root that lies (or a man in the middle) sending an epoch of u64::MAX stopped
+        // every quota change for good, the limiter asking for changes after it; a quota
+        // of such an epoch kept its numbers against every later edit, and the roots' fills
+        // of it stayed out (they come from roots older than the version held).
+        if let Some(re) = resp.root_epoch {
+            resp.epoch = resp.epoch.min(re);
+            resp.quotas.retain(|u| u.epoch <= re);
+        }
         // A root met with another instance than last time (with hints from the first or
         // not): it restarted.
         let known = e.get(zroots::INSTANCE);

@@ -308,7 +308,9 @@ fn parse_root_url(s: &str) -> Result<String, String> {
 
 fn parse_lease(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 3s, 500ms)"))?;
-    if d < Duration::from_millis(200) || d > Duration::from_secs(60) {
+    if d < Duration::from_millis(200)
+        || d > Duration::from_nanos(yarl_core::concurrency::MAX_LEASE_NS)
+    {
         return Err("must be from 200ms to 60s".into());
     }
     Ok(d)

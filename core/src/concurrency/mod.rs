@@ -92,6 +92,10 @@ pub struct Grant {
     pub lease_ns: u64,
 }
 
+/// The longest lease a limiter takes from a root's grant (roots grant 200 ms to 60 s): a
+/// forged lease of an hour would keep a share after its root went away.
+pub const MAX_LEASE_NS: u64 = 60_000_000_000;
+
 /// What a limiter takes off a lease so that it stops using a share before the root counts
 /// it free: clocks whose rates differ by up to 0.1 % and 50 ms of scheduling.
 pub fn lease_margin(lease_ns: u64) -> u64 {

@@ -374,6 +374,7 @@ impl CounterAccess<'_> {
             let rate = Rate::from_word(x.get(LIMIT)).unwrap_or_default();
             let (synced, since) = drain_view(base, at, rate, now);
             let known = synced.saturating_add(batch);
+            let fill = fill.min(report_ceiling(&x).saturating_add(known));
             if !keep || fill >= known {
                 // The view kept, with the remainder of its drain (a slow quota's view moved
                 // to `now` each round never drained while requests kept it reported).
@@ -418,7 +419,7 @@ impl CounterAccess<'_> {
         if x.read_base().1 != 0 {
             return false;
         }
-        x.write_base(fill, when.max(1));
+        x.write_base(fill.min(report_ceiling(&x)), when.max(1));
         true
     }
 
@@ -498,6 +499,18 @@ impl CounterAccess<'_> {
     pub fn is_active(&self, s: u32, now: u64) -> bool {
         self.synced(s, now) > 0 || self.local(s) > 0 || self.inflight(s) > 0
     }
+}
+
+/// What a root's report may set a counter to here beyond what this limiter knows of it
+/// (its view and its batch of the round): `high_burst` and a second of the limit, four
+/// times the slack within which an honest root keeps a counter (its ceiling; beyond it, it
+/// parks a session's claims and answers that session its own parked part, which this
+/// limiter knows, having sent it). A report above it (a root that lies, or a man in the
+/// middle on an `http://` root) would otherwise close the quota until it drained, at
+/// `u64::MAX` for ever, and the view merges by max, so honest reports could not lower it.
+fn report_ceiling(x: &Slot<'_>) -> u64 {
+    let rate = Rate::from_word(x.get(LIMIT)).unwrap_or_default();
+    x.high_burst().saturating_add(rate.over(crate::units::NANOS_PER_SEC))
 }
 
 /// The pacer of callers that have none.

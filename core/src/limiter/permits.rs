@@ -333,6 +333,13 @@ impl Limiter {
         Some(word_cap(self.entry_slot(e).load(Acquire))).filter(|&c| c > 0)
     }
 
+    /// The cap (`max_in_flight`) of counter `id` on this host, if it has an entry (a
+    /// key's is its template's).
+    pub(crate) fn permit_cap(&self, id: QuotaId) -> Option<u32> {
+        let e = self.find_entry(id).ok()?;
+        Some(word_cap(self.entry_slot(e).load(Acquire))).filter(|&c| c > 0)
+    }
+
     /// Frees key `id`'s entry (the sync agent, when the key has had nothing in flight for
     /// a while, or its template lost its cap). Requests still holding a slot of it give it
     /// back to the tombstone, as for a quota's.

@@ -3,7 +3,7 @@
 //! sends, the grants each answer brings, and the publishing of the shares into the zone's
 //! permits between rounds (see [`crate::concurrency`]).
 
-use crate::concurrency::{Due, HostShares};
+use crate::concurrency::{Due, Grant, HostShares, MAX_LEASE_NS};
 use crate::limiter::Limiter;
 use crate::proto::{InFlightGrant, InFlightReport};
 use crate::quota::QuotaId;
@@ -100,7 +100,13 @@ impl InFlight {
             else {
                 continue;
             };
-            shrank |= book.apply(root, g.grant, self.sent_at, now, permits.in_flight());
+            // No more than the cap, for no longer than a root may grant: a forged grant
+            // (a root that lies, a man in the middle) admits no more than an honest one.
+            let grant = Grant {
+                share: g.grant.share.min(limiter.permit_cap(g.id).unwrap_or(u32::MAX)),
+                lease_ns: g.grant.lease_ns.min(MAX_LEASE_NS),
+            };
+            shrank |= book.apply(root, grant, self.sent_at, now, permits.in_flight());
             if is_key_id(g.id) {
                 limiter.key_entry_answered(g.id);
             }

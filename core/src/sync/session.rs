@@ -147,15 +147,20 @@ impl RootLink {
         self.hint_next =
             if restarted { 0 } else { self.hint_sent.take().unwrap_or(self.hint_next) };
         self.hint_sent = None;
+        // No further than what was sent: an acknowledgement of a batch never sent (a root
+        // that lies, a man in the middle) dropped the pending batches and kept the next
+        // rounds' from being queued, so their counts never reached this root.
+        let sent = self.pending.back().map_or(0, |b| b.seq).max(e.get(zroots::ACKED));
+        let acked = resp.acked_seq.min(sent);
         e.set(zroots::INSTANCE, resp.root_instance);
         e.set(zroots::SINCE, resp.version);
-        e.set(zroots::ACKED, resp.acked_seq);
+        e.set(zroots::ACKED, acked);
         if restarted {
             // What this instance summed (an earlier one's sums died with it).
             self.summed_unmerged =
-                self.pending.iter().filter(|b| b.seq <= resp.acked_seq).cloned().collect();
+                self.pending.iter().filter(|b| b.seq <= acked).cloned().collect();
         } else if !hold {
-            self.in_view = resp.acked_seq;
+            self.in_view = acked;
             self.summed_unmerged.clear();
         }
         // Held (and not from a restarted root, whose sums are `summed_unmerged`), the
@@ -164,7 +169,7 @@ impl RootLink {
         // gets them again, while the view (which holds them, folded in) keeps them out of
         // the hints. Dropped, they lived only in the dead instance.
         if restarted || !hold {
-            self.pending.retain(|b| b.seq > resp.acked_seq);
+            self.pending.retain(|b| b.seq > acked);
         }
         e.set(zroots::SKIP, 0);
         (self.pending.len(), restarted)

@@ -2077,3 +2077,138 @@ fn a_slow_windowed_quota_drains_while_refused_requests_keep_it_reported() {
         assert!((3_000..=3_700).contains(&opened), "{roots} roots: open after {opened} s");
     }
 }
+
+/// One round whose answers `forge` rewrites (a root that lies, or a man in the middle on an
+/// `http://` root).
+fn forged_round(
+    n: &mut Node,
+    root: &mut RootState,
+    now: u64,
+    forge: impl Fn(&mut SyncResponse),
+) -> RoundReport {
+    for call in n.engine.begin_round(now) {
+        let mut resp = root.sync(&call.request, now).unwrap();
+        forge(&mut resp);
+        n.engine.on_response(call.root, Ok(resp), Duration::from_millis(1), now);
+    }
+    n.engine.end_round(now)
+}
+
+#[test]
+fn a_forged_fill_closes_a_quota_no_longer_than_a_legal_burst() {
+    // The view merges reports by max: one of u64::MAX closed the quota for good.
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 10.0, 5.0, 10.0)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    n.limiter.account("a", 1).unwrap();
+    clock.advance(Duration::from_secs(1));
+    forged_round(&mut n, &mut root, clock.now_nanos(), |r| {
+        for c in &mut r.counters {
+            c.1 = u64::MAX;
+        }
+    });
+    assert_eq!(n.limiter.check("a").outcome, Outcome::Rejected, "closed for now");
+    // A full burst of a legal client drains in (10 - 5) / 10 = 0.5 s, the clamp's extra
+    // second of the limit in 1 s more.
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    assert_eq!(n.limiter.check("a").outcome, Outcome::Passed, "{:?}", n.limiter.check("a"));
+}
+
+#[test]
+fn a_forged_grant_is_held_to_the_cap_and_to_a_lease_a_root_may_grant() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[capped(1, "db", 2)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    clock.advance(Duration::from_secs(1));
+    forged_round(&mut n, &mut root, clock.now_nanos(), |r| {
+        for g in &mut r.grants {
+            g.grant.share = 1_000_000;
+            g.grant.lease_ns = 3_600 * S;
+        }
+    });
+    let held: Vec<_> = (0..10).filter_map(|_| acquired(&n.limiter, "db")).collect();
+    assert_eq!(held.len(), 2, "a cap of 2");
+    // The root goes away: the share lapses with the longest lease a root may grant.
+    for p in &held {
+        n.limiter.release(p);
+    }
+    for _ in 0..61 {
+        clock.advance(Duration::from_secs(1));
+        for call in n.engine.begin_round(clock.now_nanos()) {
+            let down = Err("down".into());
+            n.engine.on_response(call.root, down, Duration::from_millis(1), clock.now_nanos());
+        }
+        n.engine.end_round(clock.now_nanos());
+    }
+    assert!(acquired(&n.limiter, "db").is_none(), "the share lapsed");
+}
+
+#[test]
+fn an_acknowledgement_of_batches_never_sent_loses_none_of_them() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 0.001, 1e6, 1e6)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    n.limiter.account("a", 7).unwrap();
+    clock.advance(Duration::from_secs(1));
+    // The answer says every batch up to u64::MAX arrived (the one of this round, which
+    // the call lost, cannot be told from one that arrived: it is gone).
+    for call in n.engine.begin_round(clock.now_nanos()) {
+        let lost = SyncRequest { batches: vec![], ..call.request.clone() };
+        let mut resp = root.sync(&lost, clock.now_nanos()).unwrap();
+        resp.acked_seq = u64::MAX;
+        n.engine.on_response(call.root, Ok(resp), Duration::from_millis(1), clock.now_nanos());
+    }
+    n.engine.end_round(clock.now_nanos());
+    n.limiter.account("a", 3).unwrap();
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    // Those of the next rounds reach the root: before, none was queued any more.
+    let fill = root.counter(1, clock.now_nanos()).map_or(0.0, |c| c.fill);
+    assert!(fill > 2.9, "the root counted {fill} of the 3 sent after");
+}
+
+#[test]
+fn a_forged_epoch_does_not_stop_quota_changes() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 10.0, 5.0, 5.0)]);
+    let mut n = node(&clock, 1);
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    clock.advance(Duration::from_secs(1));
+    forged_round(&mut n, &mut root, clock.now_nanos(), |r| r.epoch = u64::MAX);
+    root.apply_quotas([quota(2, "b", 10.0, 5.0, 5.0)], clock.now_nanos());
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    }
+    assert!(n.limiter.quota("b").is_some(), "quota b arrived");
+}
+
+#[test]
+fn a_forged_quota_epoch_does_not_freeze_the_quota() {
+    let clock = ManualClock::at(S);
+    let mut root = root_with(&[quota(1, "a", 10.0, 5.0, 5.0)]);
+    let (mut n, mut other) = (node(&clock, 1), node(&clock, 1));
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut other, &mut [Some(&mut root)], clock.now_nanos());
+    clock.advance(Duration::from_secs(1));
+    forged_round(&mut n, &mut root, clock.now_nanos(), |r| {
+        r.quotas = vec![QuotaUpdate { epoch: u64::MAX - 1, ..quota(1, "a", 1e9, 1e9, 1e9) }];
+    });
+    assert_eq!(n.limiter.quota("a").unwrap().limit, 10.0, "the forged numbers stayed out");
+    // Another host fills the quota; the roots' report of it reaches this one.
+    for _ in 0..5 {
+        other.limiter.account("a", 1).unwrap();
+    }
+    round(&mut other, &mut [Some(&mut root)], clock.now_nanos());
+    round(&mut n, &mut [Some(&mut root)], clock.now_nanos());
+    let q = n.limiter.quota("a").unwrap();
+    assert!(q.fill >= 4.0, "the roots' fill: {}", q.fill);
+}
