@@ -65,6 +65,8 @@ my @bad = (
 	['yarl_sync_interval fast;', '', 'yarl_sync_interval', 'fast'],
 	['yarl_sync_interval 0;', '', 'yarl_sync_interval', '0'],
 	['yarl_sync_timeout -1s;', '', 'yarl_sync_timeout', '-1s'],
+	['yarl_sync_interval 2h;', '', 'yarl_sync_interval', '2h'],
+	['yarl_sync_timeout 400000000d;', '', 'yarl_sync_timeout', '400000000d'],
 	['yarl_sync_early sometimes;', '', 'yarl_sync_early', 'sometimes'],
 	['yarl_sync_answers some;', '', 'yarl_sync_answers', 'some'],
 	['', 'yarl_status 200;', 'yarl_status', '200'],

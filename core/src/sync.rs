@@ -111,8 +111,8 @@ pub enum EngineError {
     /// Another engine already drives this limiter; counters must have a single writer.
     #[error("this limiter already has a sync engine")]
     AlreadyAttached,
-    /// The interval or timeout is zero.
-    #[error("sync interval and timeout must be positive")]
+    /// The interval or timeout is zero or longer than [`MAX_SYNC_TIME`].
+    #[error("sync interval and timeout must be positive and at most an hour")]
     BadConfig,
     /// More roots than the block keeps sessions for.
     #[error("{0} roots, the most a limiter syncs with is {max}", max = crate::zone::MAX_ROOTS)]
@@ -141,6 +141,10 @@ const WARM_CHUNK: usize = 128;
 /// reaches the roots in slices of a sixteenth of an interval, where coarser slices let a
 /// step run further past the limit before the roots hear of it.
 pub const EARLY_GAP: u64 = 16;
+
+/// The longest sync interval or timeout an engine takes: far beyond any useful one, and
+/// far from where adding it to a clock's reading overflows (a panic in the sync task).
+pub const MAX_SYNC_TIME: Duration = Duration::from_secs(3_600);
 /// Early rounds one engine may have in hand: a whole interval of them.
 pub const EARLY_BUDGET: u64 = EARLY_GAP;
 /// Intervals to earn one early round back.
@@ -310,7 +314,8 @@ impl SyncEngine {
         shards: u32,
         config: SyncConfig,
     ) -> Result<SyncEngine, EngineError> {
-        if config.interval.is_zero() || config.timeout.is_zero() {
+        let bad = |t: Duration| t.is_zero() || t > MAX_SYNC_TIME;
+        if bad(config.interval) || bad(config.timeout) {
             return Err(EngineError::BadConfig);
         }
         if roots.len() > crate::zone::MAX_ROOTS {

@@ -237,10 +237,15 @@ fn time_arg(args: &mut [ngx_str_t], i: usize) -> Result<Duration, ConfError> {
     // SAFETY: `args[i]` is a valid nginx string from the configuration parser;
     // ngx_parse_time only reads it.
     let ms = unsafe { ngx_parse_time(&mut args[i], 0) };
-    if ms == NGX_ERROR as isize || ms <= 0 {
-        return Err(invalid(args, i, "it must be a positive time such as \"500ms\" or \"1s\""));
+    let t = Duration::from_millis(ms.max(0) as u64);
+    if ms == NGX_ERROR as isize || ms <= 0 || t > yarl_core::sync::MAX_SYNC_TIME {
+        return Err(invalid(
+            args,
+            i,
+            "it must be a positive time of at most an hour, such as \"500ms\" or \"1s\"",
+        ));
     }
-    Ok(Duration::from_millis(ms as u64))
+    Ok(t)
 }
 
 /// Compiles a complex value (an argument that may contain variables) into the cycle pool.

@@ -328,7 +328,7 @@ fn access(r: &mut Request) -> Status {
         _ => None,
     };
     let fields = if lc.headers() {
-        with_slot_fields(fields, limiter, &permits, v.refused_slot)
+        limiter.with_slot_fields(fields, &permits, v.refused_slot)
     } else {
         fields
     };
@@ -530,31 +530,6 @@ fn ratelimit_fields(
         }
     }
     yarl_core::ratelimit::fields(&levels, rejected)
-}
-
-/// `fields` with the concurrency caps' items appended (`qu="concurrent-requests"`): every
-/// capped level the request holds a slot of, or the one that refused it.
-fn with_slot_fields(
-    fields: Option<(String, String)>,
-    limiter: &Limiter,
-    permits: &[Permit],
-    refused: Option<QuotaId>,
-) -> Option<(String, String)> {
-    let slots = match refused {
-        Some(id) => {
-            let levels: Vec<_> = limiter.slot_level(id).into_iter().collect();
-            yarl_core::ratelimit::concurrency_fields(&levels, true)
-        }
-        None if permits.is_empty() => None,
-        None => {
-            let levels: Vec<_> = permits.iter().flat_map(|p| limiter.permit_levels(p)).collect();
-            yarl_core::ratelimit::concurrency_fields(&levels, false)
-        }
-    };
-    match (fields, slots) {
-        (Some((p, s)), Some((cp, cs))) => Some((format!("{p}, {cp}"), format!("{s}, {cs}"))),
-        (fields, slots) => fields.or(slots),
-    }
 }
 
 /// The LOG-phase handler: `yarl_charge` adds each line's weight to its quota's chain once

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use yarl_core::units::MAX_WEIGHT_UNITS;
-use yarl_core::{Acquired, Limiter, Permit};
+use yarl_core::{Acquired, Limiter, Permit, QuotaId};
 
 /// Adds `weight` to `name`'s chain, clamped to the largest weight a limiter takes.
 pub(crate) fn charge(limiter: &Limiter, name: &str, weight: u64) {
@@ -40,9 +40,10 @@ impl Drop for BodyCharge {
     }
 }
 
-/// A slot of a quota's `max_in_flight` was refused (the limiter runs its whole share).
+/// A slot of a quota's `max_in_flight` was refused (the limiter runs its whole share): the
+/// counter that refused.
 #[derive(Debug)]
-pub(crate) struct Refused;
+pub(crate) struct Refused(pub(crate) QuotaId);
 
 /// The concurrency slots one request holds, given back when dropped: when its response
 /// body ends or is dropped, or with the response future (the inner service failed, the
@@ -73,10 +74,17 @@ impl Slots {
                 }
                 Acquired::Admitted(_) | Acquired::WouldRefuse(..) => {}
                 Acquired::Refused(_) if dry => {}
-                Acquired::Refused(_) => return Err(Refused),
+                Acquired::Refused(id) => return Err(Refused(id)),
             }
         }
         Ok((!slots.permits.is_empty()).then_some(slots))
+    }
+}
+
+impl Slots {
+    /// The slots held, one permit per name with a cap.
+    pub(crate) fn permits(&self) -> &[Permit] {
+        &self.permits
     }
 }
 

@@ -1,6 +1,6 @@
 //! The layer, its service, and what a rule says about one request.
 
-use crate::body::{BodyCharge, ResponseBody, Slots};
+use crate::body::{BodyCharge, Refused, ResponseBody, Slots};
 use crate::future::{After, ResponseFuture};
 use crate::Yarl;
 use bytes::Bytes;
@@ -333,18 +333,32 @@ where
         let limiter = &cfg.limiter;
         // Slots first, as the module does: a request refused one is not counted by the
         // rates, and one the rates reject gives its slots back (dropped on return).
+        let headers = cfg.settings.headers;
         let slots = match Slots::acquire(limiter, &quotas.slots, cfg.settings.dry_run) {
             Ok(slots) => slots,
-            Err(_) => return ResponseFuture::rejected(rejection(&cfg.settings, 1, None)),
+            Err(Refused(id)) => {
+                // The cap that refused, `r=0;t=1`, as the module answers.
+                let fields = headers.then(|| limiter.with_slot_fields(None, &[], Some(id)));
+                let fields = header_values(fields.flatten());
+                return ResponseFuture::rejected(rejection(&cfg.settings, 1, fields));
+            }
         };
         let (decision, matched) = decide(limiter, &quotas);
         let chain = matched.and_then(|k| quotas.name(k));
         let rejected = decision.as_ref().is_some_and(|d| d.outcome == Outcome::Rejected);
-        let fields = match (cfg.settings.headers, chain, &decision) {
+        let fields = match (headers, chain, &decision) {
             (true, Some(chain), Some(d)) => ratelimit_fields(limiter, chain, d),
             _ => None,
         };
-        if rejected && !cfg.settings.dry_run {
+        let rejected = rejected && !cfg.settings.dry_run;
+        // The caps' items of the slots a request that goes on holds (a rejected one gives
+        // them back).
+        let fields = match (headers, &slots) {
+            (true, Some(s)) if !rejected => limiter.with_slot_fields(fields, s.permits(), None),
+            _ => fields,
+        };
+        let fields = header_values(fields);
+        if rejected {
             let retry = decision.as_ref().and_then(|d| d.retry_after).unwrap_or(1);
             return ResponseFuture::rejected(rejection(&cfg.settings, retry, fields));
         }
@@ -387,7 +401,7 @@ fn ratelimit_fields(
     limiter: &Limiter,
     chain: &str,
     decision: &Decision,
-) -> Option<(HeaderValue, HeaderValue)> {
+) -> Option<(String, String)> {
     let mut levels = limiter.levels(chain);
     let mut rejected = None;
     if decision.outcome == Outcome::Rejected {
@@ -397,8 +411,13 @@ fn ratelimit_fields(
             rejected = Some((k, decision.retry_after.unwrap_or(1)));
         }
     }
-    let (policy, state) = yarl_core::ratelimit::fields(&levels, rejected)?;
-    // Quota names are [A-Za-z0-9._:@-]: always a valid header value.
+    yarl_core::ratelimit::fields(&levels, rejected)
+}
+
+/// The two fields as header values: quota names are `[A-Za-z0-9._:@-]` (`%XX` for other
+/// bytes), always a valid header value.
+fn header_values(fields: Option<(String, String)>) -> Option<(HeaderValue, HeaderValue)> {
+    let (policy, state) = fields?;
     Some((HeaderValue::try_from(policy).ok()?, HeaderValue::try_from(state).ok()?))
 }
 

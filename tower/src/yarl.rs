@@ -10,7 +10,11 @@
 //! [`Yarl::shutdown`] asks the task for one last round that *begins after the request*, so
 //! what was accounted up to then reaches the roots (the other limiters see it at their next
 //! sync), then waits for the task to end, at most about two call timeouts. Dropping the
-//! last handle without calling it stops the task at once, without that last round.
+//! last handle without calling it tells the task to stop, without that last round; it ends
+//! at its next wake (within 10 ms, or when a round in progress ends), so the limiter takes
+//! a new sync task only then: await `shutdown` to hand it on at once. Await `shutdown`
+//! to its end, too: a call cancelled on the way (under a timeout of its own) leaves the
+//! last round to finish by itself, and later calls return at once.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -308,7 +312,7 @@ impl Yarl {
         let sh = &sync.shared;
         let _ = sh.state.compare_exchange(RUNNING, FLUSH, Ordering::AcqRel, Ordering::Acquire);
         sh.wake.notify_one();
-        let limit = sync.timeout.saturating_mul(2) + Duration::from_millis(500);
+        let limit = sync.timeout.saturating_mul(2).saturating_add(Duration::from_millis(500));
         if tokio::time::timeout(limit, &mut task).await.is_err() {
             sh.state.store(STOP, Ordering::Release);
             task.abort();

@@ -500,6 +500,32 @@ impl http_body::Body for Pending {
 }
 
 #[tokio::test]
+async fn the_caps_join_the_ratelimit_fields_as_in_the_module() {
+    let (yarl, clock) = limiter(&[("rated", 10.0, 5.0, 5.0, None)]);
+    let l = yarl.limiter();
+    l.apply_quotas(&[in_flight_only(9, "uploads", 2)]);
+    l.permits(9).unwrap().publish(2, clock.now_nanos() + 60_000_000_000);
+    let slow = yarl
+        .layer(|_: &Parts, q: &mut Quotas| {
+            q.concurrency("uploads").account("rated", 1);
+        })
+        .headers(true)
+        .layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Pending))
+        }));
+    let a = slow.clone().oneshot(get_req("/")).await.unwrap();
+    let policy = a.headers()["ratelimit-policy"].to_str().unwrap();
+    assert!(policy.ends_with(r#", "uploads";q=2;qu="concurrent-requests""#), "{policy}");
+    let state = a.headers()["ratelimit"].to_str().unwrap();
+    assert!(state.ends_with(r#", "uploads";r=1"#), "{state}");
+    let _b = slow.clone().oneshot(get_req("/")).await.unwrap();
+    // Refused a slot: the cap that refused, nothing left and a second to wait.
+    let r = slow.clone().oneshot(get_req("/")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers()["ratelimit"], r#""uploads";r=0;t=1"#);
+}
+
+#[tokio::test]
 async fn concurrency_slots_are_held_until_the_body_ends_or_is_dropped() {
     let (yarl, clock) = limiter(&[("rated", 1.0, 0.0, 0.0, None)]);
     let l = yarl.limiter();

@@ -206,10 +206,14 @@ fn start_refuses_what_cannot_work() {
         Err(Error::BadToken)
     ));
     assert!(matches!(Yarl::builder().token("").start(), Err(Error::BadToken)));
-    assert_eq!(
-        err(Yarl::builder().roots(["http://a"]).interval(Duration::ZERO)),
-        "sync interval and timeout must be positive"
-    );
+    for b in [
+        Yarl::builder().roots(["http://a"]).interval(Duration::ZERO),
+        // Taken, the task panicked adding them to the clock.
+        Yarl::builder().roots(["http://a"]).interval(Duration::MAX),
+        Yarl::builder().timeout(Duration::MAX),
+    ] {
+        assert_eq!(err(b), "sync interval and timeout must be positive and at most an hour");
+    }
     assert!(err(Yarl::builder().roots(["https://a"]).ca_file("/nonexistent/ca.pem"))
         .starts_with("cannot read the CA file /nonexistent/ca.pem"));
     // One engine per limiter.

@@ -404,6 +404,34 @@ impl Limiter {
             .collect()
     }
 
+    /// `fields` (a chain's `RateLimit-Policy` and `RateLimit` values, if any) with the items
+    /// of the concurrency caps appended ([`ratelimit::concurrency_fields`]): every capped
+    /// level `permits` hold a slot of, or the one that `refused` the request.
+    ///
+    /// [`ratelimit::concurrency_fields`]: crate::ratelimit::concurrency_fields
+    pub fn with_slot_fields(
+        &self,
+        fields: Option<(String, String)>,
+        permits: &[Permit],
+        refused: Option<QuotaId>,
+    ) -> Option<(String, String)> {
+        let slots = match refused {
+            Some(id) => {
+                let levels: Vec<_> = self.slot_level(id).into_iter().collect();
+                crate::ratelimit::concurrency_fields(&levels, true)
+            }
+            None if permits.is_empty() => None,
+            None => {
+                let levels: Vec<_> = permits.iter().flat_map(|p| self.permit_levels(p)).collect();
+                crate::ratelimit::concurrency_fields(&levels, false)
+            }
+        };
+        match (fields, slots) {
+            (Some((p, s)), Some((cp, cs))) => Some((format!("{p}, {cp}"), format!("{s}, {cs}"))),
+            (fields, slots) => fields.or(slots),
+        }
+    }
+
     /// The level of counter `id` (one that refused an acquire), as [`permit_levels`](Self::permit_levels).
     pub fn slot_level(&self, id: QuotaId) -> Option<SlotLevel> {
         self.find_entry(id).ok().and_then(|e| self.slot_level_at(e, id))
