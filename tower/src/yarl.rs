@@ -12,9 +12,9 @@
 //! sync), then waits for the task to end, at most about two call timeouts. Dropping the
 //! last handle without calling it tells the task to stop, without that last round; it ends
 //! at its next wake (within 10 ms, or when a round in progress ends), so the limiter takes
-//! a new sync task only then: await `shutdown` to hand it on at once. Await `shutdown`
-//! to its end, too: a call cancelled on the way (under a timeout of its own) leaves the
-//! last round to finish by itself, and later calls return at once.
+//! a new sync task only then: await `shutdown` to hand it on at once. A `shutdown`
+//! cancelled on the way (under a timeout of the caller's) leaves the last round running;
+//! a later call waits for it again.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -303,20 +303,25 @@ impl Yarl {
     /// then the task ends. Waits at most about two sync timeouts (a round in progress, then
     /// the last one) before giving up on the round and aborting the task. Returns the final
     /// sync state (`None` for [`unsynced`](Self::unsynced) handles). Every clone shares the task: the first call stops
-    /// it, later calls return at once. The limiter itself keeps deciding afterwards, on what
+    /// it, later calls return once it has stopped (at once if it has). The limiter itself keeps deciding afterwards, on what
     /// it knows.
     pub async fn shutdown(&self) -> Option<SyncStatus> {
         let sync = self.inner.sync.as_ref()?;
-        let task = sync.task.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let Some(mut task) = task else { return Some(sync.shared.status()) };
         let sh = &sync.shared;
         let _ = sh.state.compare_exchange(RUNNING, FLUSH, Ordering::AcqRel, Ordering::Acquire);
         sh.wake.notify_one();
+        // The task's handle stays where every call sees it, and each call waits for the
+        // task itself: a call cancelled on the way (under a timeout of the caller's) leaves
+        // a later one to wait for the end, where a handle taken out of the handle's place
+        // went with the cancelled call and later calls returned at once.
         let limit = sync.timeout.saturating_mul(2).saturating_add(Duration::from_millis(500));
-        if tokio::time::timeout(limit, &mut task).await.is_err() {
+        if !sync.ended_within(limit).await {
             sh.state.store(STOP, Ordering::Release);
-            task.abort();
-            let _ = task.await;
+            if let Some(task) = sync.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+                task.abort();
+            }
+            // Aborted, it ends at its next poll.
+            sync.ended_within(Duration::MAX).await;
         }
         Some(sh.status())
     }
@@ -331,6 +336,24 @@ struct SyncTask {
     shared: Arc<Shared>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     timeout: Duration,
+}
+
+impl SyncTask {
+    /// Whether the task ended (or never ran) within `limit`, looking every 5 ms.
+    async fn ended_within(&self, limit: Duration) -> bool {
+        let ended = || {
+            let task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+            task.as_ref().map_or(true, |t| t.is_finished())
+        };
+        let start = tokio::time::Instant::now();
+        while !ended() {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
 }
 
 impl Drop for SyncTask {

@@ -152,6 +152,29 @@ async fn a_root_that_never_answers_does_not_hold_shutdown() {
     assert!(!yarl.is_syncing());
 }
 
+#[tokio::test]
+async fn a_cancelled_shutdown_leaves_the_next_one_to_wait_for_the_end() {
+    let yarl = Yarl::builder()
+        .roots(["http://root-a"])
+        .transport(Arc::new(Silent))
+        .interval(Duration::from_millis(50))
+        .timeout(Duration::from_millis(100))
+        .start()
+        .unwrap();
+    let limiter = yarl.limiter().clone();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // The caller gives up on the first call (its own timeout) while the last round runs.
+    let first = tokio::time::timeout(Duration::from_millis(10), yarl.shutdown()).await;
+    assert!(first.is_err(), "the first call was cut short");
+    assert!(yarl.is_syncing(), "the task still runs its last round");
+    let start = Instant::now();
+    assert!(yarl.shutdown().await.is_some());
+    assert!(start.elapsed() > Duration::from_millis(50), "waited: {:?}", start.elapsed());
+    assert!(!yarl.is_syncing());
+    // The engine is released: another may sync the limiter now.
+    SyncEngine::new(limiter, vec![], SyncConfig::default()).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_roots_it_limits_on_its_own_counts_and_they_drain() {
     let clock = ManualClock::at(1_000_000_000);
