@@ -15,6 +15,7 @@ my $t = Test::Yarl->new();
 $t->write_file('index.html', "hello\n");
 $t->write_http_conf(<<'EOF', workers => 1);
     log_format yarl '$uri $status $yarl_status "$yarl_quota"';
+    error_log %%TESTDIR%%/info.log info;
     server {
         listen 127.0.0.1:%%PORT_8080%%;
         root %%TESTDIR%%;
@@ -100,7 +101,7 @@ $t->finish();
 my $log = $t->read_file('yarl.log');
 like($log, qr{^/check/index\.html 200 UNLIMITED "-"$}m, 'access log: $yarl_status');
 like($log, qr{^/fallback/index\.html 200 UNLIMITED}m, 'access log after redirect keeps the decision');
-like($t->read_file('error.log'), qr/\[warn\] .*weight "abc" for quota "u_x" is not a number/,
-	'bad weight logged');
+like($t->read_file('info.log'), qr/\[info\] .*weight "abc" for quota "u_x" is not a number/,
+	'bad weight logged at info, as nginx logs a client\'s errors');
 
 done_testing();

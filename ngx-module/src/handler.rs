@@ -35,7 +35,7 @@ use core::ffi::c_void;
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_http_request_t, ngx_int_t, ngx_pool_cleanup_add, ngx_variable_value_t, NGX_LOG_ERR,
-    NGX_LOG_INFO, NGX_LOG_WARN,
+    NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, Request};
 use ngx::ngx_log_error;
@@ -646,10 +646,12 @@ fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &[u
     // SAFETY: `cv` is a compiled complex value in the cycle pool (see `decide`).
     let raw = r.get_complex_value(unsafe { &*cv }).map(|s| s.as_bytes()).unwrap_or_default();
     let w = parse::runtime_weight(raw);
+    // At `info`, as nginx logs what a client got wrong: the weight may come from request
+    // data (`$http_x_cost`), and a line per request at `warn` let a client fill the log.
     match w {
         RuntimeWeight::Invalid => {
             ngx_log_error!(
-                NGX_LOG_WARN,
+                NGX_LOG_INFO,
                 r.log(),
                 "yarl: weight \"{}\" for quota \"{}\" is not a number, counted as 0",
                 raw.escape_ascii(),
@@ -658,7 +660,7 @@ fn weight_of(r: &Request, cv: *mut ngx::ffi::ngx_http_complex_value_t, name: &[u
         }
         RuntimeWeight::Clamped(m) => {
             ngx_log_error!(
-                NGX_LOG_WARN,
+                NGX_LOG_INFO,
                 r.log(),
                 "yarl: weight \"{}\" for quota \"{}\" is too large, counted as {}",
                 raw.escape_ascii(),
