@@ -711,14 +711,7 @@ const MAX_QUOTED_NAME: usize = 800;
 /// a batch quote the name of the item at fault before it is known to be valid, so a
 /// hostile item would otherwise make an answer and a log line as large as the body.
 fn clip(name: &str) -> std::borrow::Cow<'_, str> {
-    if name.len() <= MAX_QUOTED_NAME {
-        return name.into();
-    }
-    let mut end = MAX_QUOTED_NAME;
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &name[..end]).into()
+    crate::error::clipped(name, MAX_QUOTED_NAME)
 }
 
 fn parse_batch(body: &[u8]) -> Result<Batch, ApiError> {

@@ -251,14 +251,19 @@ const MAX_JSON_ERROR: usize = 1024;
 /// A [`ApiError::BadJson`] of at most [`MAX_JSON_ERROR`] bytes: serde quotes whole strings
 /// of the body (`invalid type: string "…"`) and the path names its keys, so a hostile body
 /// could otherwise make an answer and a log line as large as itself.
-pub(crate) fn bad_json(mut message: String) -> ApiError {
-    if message.len() > MAX_JSON_ERROR {
-        let mut end = MAX_JSON_ERROR;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push('…');
+pub(crate) fn bad_json(message: String) -> ApiError {
+    ApiError::BadJson(clipped(&message, MAX_JSON_ERROR).into_owned())
+}
+
+/// `text`, or its first `max` bytes (at a character boundary) and `…`: for what an error
+/// quotes of a request.
+pub(crate) fn clipped(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
     }
-    ApiError::BadJson(message)
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
 }
