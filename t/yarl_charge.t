@@ -33,6 +33,11 @@ $t->write_http_conf(<<'EOF2', workers => 2);
             yarl_charge tokens $upstream_http_x_cost;
             proxy_pass http://127.0.0.1:%%PORT_8081%%/;
         }
+        # One value per upstream tried: "0, 6" after the first refused the connection.
+        location /next {
+            yarl_charge tokens $upstream_response_length;
+            proxy_pass http://twoup/;
+        }
         location /bad {
             yarl_charge tokens $arg_w;
             alias %%TESTDIR%%/index.html;
@@ -49,6 +54,10 @@ $t->write_http_conf(<<'EOF2', workers => 2);
         }
         location = /err.html { }
         location = /stats { yarl_stats; }
+    }
+    upstream twoup {
+        server 127.0.0.1:%%PORT_8082%% max_fails=0;
+        server 127.0.0.1:%%PORT_8081%% backup;
     }
     server {
         listen 127.0.0.1:%%PORT_8081%%;
@@ -76,12 +85,14 @@ is(status_of(http_get($t->port(8080), '/cost')), 200, "upstream with a cost $_")
 cmp_ok(abs($fill->('tokens') - 15), '<', 0.01, 'X-Cost: 5 charged three times');
 is(status_of(http_get($t->port(8080), "/bad?w=$_")), 200, "bad weight $_") for ('abc', '', 'x1');
 cmp_ok(abs($fill->('tokens') - 15), '<', 0.01, 'bad weights count 0');
+is(status_of(http_get($t->port(8080), '/next')), 200, 'served by the second upstream');
+cmp_ok(abs($fill->('tokens') - 21), '<', 0.01, 'the lengths of every upstream tried are summed');
 
 # After `try_files … @app` and after an error page served from another location.
 is(status_of(http_get($t->port(8080), '/t/x')), 200, 'try_files to a named location');
-cmp_ok(abs($fill->('tokens') - 22), '<', 0.01, 'charged by the first location');
+cmp_ok(abs($fill->('tokens') - 28), '<', 0.01, 'charged by the first location');
 is(status_of(http_get($t->port(8080), '/e/missing')), 404, 'an error page of another location');
-cmp_ok(abs($fill->('tokens') - 122), '<', 0.01, 'charged by the first location too');
+cmp_ok(abs($fill->('tokens') - 128), '<', 0.01, 'charged by the first location too');
 
 # 1 MB objects at 10/s for 8 s; admitted per second after 2 s of warm-up.
 my @ok;

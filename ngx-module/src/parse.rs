@@ -166,23 +166,30 @@ impl RuntimeWeight {
 }
 
 /// Parses an evaluated weight variable; surrounding blanks are tolerated because header
-/// values may carry them.
+/// values may carry them. A list is summed: nginx writes one value per upstream tried, apart
+/// by `", "` (and `" : "` across internal redirects), in `$upstream_response_length` and
+/// `$upstream_bytes_received` after `proxy_next_upstream`, and joins a repeated request
+/// header's values with `", "`; every element must be a number (or the whole is not one).
 pub fn runtime_weight(raw: &[u8]) -> RuntimeWeight {
     let s = raw.trim_ascii();
     if s.is_empty() {
         return RuntimeWeight::Empty;
     }
-    if !s.iter().all(u8::is_ascii_digit) {
-        return RuntimeWeight::Invalid;
+    let mut sum: u64 = 0;
+    for part in s.split(|&b| b == b',' || b == b':') {
+        let part = part.trim_ascii();
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return RuntimeWeight::Invalid;
+        }
+        // Past the maximum the digits no longer matter (capped one above it, so the sum
+        // cannot wrap), but the rest must still be numbers: "99999999999999, x" is not one.
+        let v = part.iter().fold(0u64, |v, &b| (v * 10 + u64::from(b - b'0')).min(MAX_WEIGHT + 1));
+        sum = (sum + v).min(MAX_WEIGHT + 1);
     }
-    let mut v: u64 = 0;
-    for &b in s {
-        v = match v.checked_mul(10).and_then(|v| v.checked_add(u64::from(b - b'0'))) {
-            Some(v) if v <= MAX_WEIGHT => v,
-            _ => return RuntimeWeight::Clamped(MAX_WEIGHT),
-        };
+    if sum > MAX_WEIGHT {
+        return RuntimeWeight::Clamped(MAX_WEIGHT);
     }
-    RuntimeWeight::Value(v)
+    RuntimeWeight::Value(sum)
 }
 
 /// `yarl_roots` URLs follow the agent's rules (the transport that calls them lives there):

@@ -57,6 +57,19 @@ fn runtime_weights() {
     assert_eq!(runtime_weight(b"-5"), RuntimeWeight::Invalid);
     assert_eq!(runtime_weight(b"1000000000001"), RuntimeWeight::Clamped(MAX_WEIGHT));
     assert_eq!(runtime_weight(b"184467440737095516150"), RuntimeWeight::Clamped(MAX_WEIGHT));
+    // One value per upstream tried (`proxy_next_upstream`), and across internal redirects.
+    assert_eq!(runtime_weight(b"0, 1234"), RuntimeWeight::Value(1234));
+    assert_eq!(runtime_weight(b"10, 20 : 30"), RuntimeWeight::Value(60));
+    assert_eq!(runtime_weight(b"5,5"), RuntimeWeight::Value(10));
+    assert_eq!(runtime_weight(b"5, "), RuntimeWeight::Invalid);
+    assert_eq!(runtime_weight(b", 5"), RuntimeWeight::Invalid);
+    assert_eq!(runtime_weight(b"5, -"), RuntimeWeight::Invalid);
+    assert_eq!(runtime_weight(b"99999999999999, x"), RuntimeWeight::Invalid);
+    assert_eq!(runtime_weight(b"600000000000, 600000000000"), RuntimeWeight::Clamped(MAX_WEIGHT));
+    assert_eq!(
+        runtime_weight(b"18446744073709551615, 18446744073709551615"),
+        RuntimeWeight::Clamped(MAX_WEIGHT)
+    );
     assert_eq!(runtime_weight(b"12a").units(), 0);
     assert_eq!(runtime_weight(b"").units(), 0);
     assert_eq!(runtime_weight(b"99999999999999").units(), MAX_WEIGHT);
