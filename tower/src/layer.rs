@@ -238,14 +238,23 @@ impl<R: Rule> YarlLayer<R> {
     ///
     /// # Panics
     ///
-    /// If `status` is not in 400–599: a rejection must be an error.
-    pub fn status(mut self, status: StatusCode) -> Self {
-        assert!(
-            status.is_client_error() || status.is_server_error(),
-            "yarl-tower: rejection status {status} is not in 400-599"
-        );
+    /// If `status` is not in 400–599: a rejection must be an error. A status read from
+    /// configuration goes through [`try_status`](Self::try_status).
+    pub fn status(self, status: StatusCode) -> Self {
+        match self.try_status(status) {
+            Ok(layer) => layer,
+            Err(e) => panic!("yarl-tower: {e}"),
+        }
+    }
+
+    /// [`status`](Self::status), with [`Error::BadStatus`](crate::Error::BadStatus) rather
+    /// than a panic when `status` is not in 400–599.
+    pub fn try_status(mut self, status: StatusCode) -> Result<Self, crate::Error> {
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Err(crate::Error::BadStatus(status.as_u16()));
+        }
         self.settings().status = status;
-        self
+        Ok(self)
     }
 
     /// Whether rejections carry `Retry-After` (default on, `yarl_retry_after`).

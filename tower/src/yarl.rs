@@ -57,6 +57,9 @@ pub enum Error {
     /// limiter given with [`YarlBuilder::limiter`] already has a sync engine.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// A rejection status outside 400–599 ([`YarlLayer::try_status`](crate::YarlLayer::try_status)).
+    #[error("rejection status {0} is not in 400-599")]
+    BadStatus(u16),
     /// [`YarlBuilder::start`] was called outside a tokio runtime.
     #[error("the sync task needs a tokio runtime: start the limiter from within one")]
     NoRuntime,

@@ -203,6 +203,21 @@ fn a_rejection_status_must_be_an_error() {
     let _ = yarl.layer(|_: &Parts, _: &mut Quotas| {}).status(StatusCode::OK);
 }
 
+#[test]
+fn a_status_from_configuration_gets_an_error() {
+    let (yarl, _clock) = limiter(&[]);
+    for bad in [200, 302, 399, 600] {
+        let status = StatusCode::from_u16(bad).unwrap();
+        let err = yarl.layer(|_: &Parts, _: &mut Quotas| {}).try_status(status).unwrap_err();
+        assert!(matches!(err, yarl_tower::Error::BadStatus(s) if s == bad), "{err}");
+        assert_eq!(err.to_string(), format!("rejection status {bad} is not in 400-599"));
+    }
+    for good in [400, 429, 503, 599] {
+        let status = StatusCode::from_u16(good).unwrap();
+        assert!(yarl.layer(|_: &Parts, _: &mut Quotas| {}).try_status(status).is_ok());
+    }
+}
+
 #[tokio::test]
 async fn a_reported_cost_is_charged_after_the_response_and_limits_the_next_requests() {
     let (yarl, _clock) = limiter(&[
