@@ -12,8 +12,11 @@ const NS_PER_MS: u64 = 1_000_000;
 
 /// Words of one counter's permits.
 pub const PERMIT_WORDS: usize = 3;
-/// Requests in flight.
+/// Requests in flight (low 32 bits), and the word's generation (high 32 bits): a permit
+/// entry made anew for another counter starts a generation, so a release that found the
+/// entry still its counter's and then stalled cannot take a slot of the next counter's.
 pub(crate) const IN_FLIGHT: usize = 0;
+const COUNT: u64 = 0xFFFF_FFFF;
 /// `share | lease end in ms << 24`: the share counts while `now` is before the end.
 pub(crate) const SHARE: usize = 1;
 /// Acquires admitted (low 32 bits) and refused (high 32 bits) since the agent last took
@@ -59,19 +62,26 @@ impl<'a> Permits<'a> {
     /// Admits one more request in flight if the host's share, unexpired at `now` (ns on the
     /// limiter's monotonic clock), has room; counts a refusal otherwise.
     pub fn acquire(&self, now: u64) -> bool {
+        self.acquire_in(now).is_some()
+    }
+
+    /// [`acquire`](Self::acquire), with the generation the slot was taken in (see
+    /// [`release_in`](Self::release_in)).
+    pub(crate) fn acquire_in(&self, now: u64) -> Option<u32> {
         let share = u64::from(self.share(now));
         let in_flight = self.w(IN_FLIGHT);
         let mut cur = in_flight.load(Ordering::Relaxed);
         loop {
-            if cur >= share {
+            // A share is below 2^24, so the count never carries into the generation.
+            if cur & COUNT >= share {
                 self.w(ROUND).fetch_add(REFUSED_ONE, Ordering::Relaxed);
-                return false;
+                return None;
             }
             match in_flight.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
                     self.w(ROUND).fetch_add(1, Ordering::Relaxed);
-                    return true;
+                    return Some((cur >> 32) as u32);
                 }
                 Err(seen) => cur = seen,
             }
@@ -83,8 +93,14 @@ impl<'a> Permits<'a> {
     /// here so that the key's own share, once granted, covers every request of it the host
     /// runs, and the roots hear of it.
     pub fn add(&self) {
-        self.w(IN_FLIGHT).fetch_add(1, Ordering::AcqRel);
+        self.add_in();
+    }
+
+    /// [`add`](Self::add), with the generation counted in.
+    pub(crate) fn add_in(&self) -> u32 {
+        let was = self.w(IN_FLIGHT).fetch_add(1, Ordering::AcqRel);
         self.w(ROUND).fetch_add(1, Ordering::Relaxed);
+        (was >> 32) as u32
     }
 
     /// Ends one request admitted by [`acquire`](Self::acquire). Never goes below zero: a
@@ -92,19 +108,48 @@ impl<'a> Permits<'a> {
     pub fn release(&self) {
         let _ = self
             .w(IN_FLIGHT)
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| v.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| (v & COUNT != 0).then(|| v - 1));
+    }
+
+    /// Ends one request whose slot was taken in generation `generation`; nothing if the
+    /// words have started another since (they count another counter now). Whether it did.
+    pub(crate) fn release_in(&self, generation: u32) -> bool {
+        self.release_many_in(1, generation)
     }
 
     /// Releases `n` at once: what a worker that died held, from its ledger.
     pub fn release_many(&self, n: u32) {
         let _ = self.w(IN_FLIGHT).fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
-            Some(v.saturating_sub(u64::from(n)))
+            Some(v - (v & COUNT).min(u64::from(n)))
+        });
+    }
+
+    /// [`release_many`](Self::release_many) of slots taken in generation `generation`
+    /// (read before the ledger's counts were); whether they were given back.
+    pub(crate) fn release_many_in(&self, n: u32, generation: u32) -> bool {
+        self.w(IN_FLIGHT)
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+                ((v >> 32) as u32 == generation && v & COUNT != 0)
+                    .then(|| v - (v & COUNT).min(u64::from(n)))
+            })
+            .is_ok()
+    }
+
+    /// The generation the words count in now.
+    pub(crate) fn generation(&self) -> u32 {
+        (self.w(IN_FLIGHT).load(Ordering::Acquire) >> 32) as u32
+    }
+
+    /// Starts a generation with nothing in flight: the words now count another counter.
+    pub(crate) fn renew(&self) {
+        let _ = self.w(IN_FLIGHT).fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+            Some((((v >> 32) + 1) & COUNT) << 32)
         });
     }
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> u32 {
-        u32::try_from(self.w(IN_FLIGHT).load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+        (self.w(IN_FLIGHT).load(Ordering::Relaxed) & COUNT) as u32
     }
 
     /// The share in force at `now`.

@@ -146,13 +146,15 @@ impl Limiter {
             if w.load(Relaxed) == 0 {
                 continue;
             }
-            // The counters the counts belong to, read before the counts are taken: an entry
-            // the writer gives to another counter meanwhile (its column cleared) must not
-            // get them.
+            // The counters the counts belong to, and their words' generations, read before the
+            // counts are taken: an entry the writer gives to another counter meanwhile (its
+            // column cleared, a generation started) must not get them.
             let ids = [self.permit_entry_owner(2 * i), self.permit_entry_owner(2 * i + 1)];
+            let gens =
+                [self.permit_entry_generation(2 * i), self.permit_entry_generation(2 * i + 1)];
             let v = w.swap(0, AcqRel);
             for (k, n) in [(0, v & HALF), (1, v >> 32)] {
-                if n != 0 && self.permit_entry_release_many(2 * i + k, ids[k], n as u32) {
+                if n != 0 && self.permit_entry_release_many(2 * i + k, ids[k], gens[k], n as u32) {
                     given += n;
                 }
             }

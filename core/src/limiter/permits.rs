@@ -12,8 +12,8 @@
 //!
 //! An acquire walks the quota's chain and takes a slot at every level that has a cap,
 //! all or nothing: a refusal at a parent gives back what the levels below took. A
-//! [`Permit`] remembers the entries it took (and their ids, so a release after the entry
-//! was freed and reused for another counter touches nothing).
+//! [`Permit`] remembers the entries it took, their ids and the generation of their words
+//! (so a release after the entry was freed and reused for another counter touches nothing).
 
 use super::writer::hash_id;
 use super::Limiter;
@@ -48,9 +48,10 @@ const CAP_MASK: u64 = (1 << 30) - 1;
 /// pointers), so a request can keep it wherever it keeps its state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Permit {
-    /// (entry, counter id) of each slot taken, leaf first (a key new to the host may hold a
-    /// slot of its template's counter beside its own count: one more than the chain).
-    taken: [(u16, QuotaId); MAX_CHAIN + 1],
+    /// (entry, generation of its words, counter id) of each slot taken, leaf first (a key
+    /// new to the host may hold a slot of its template's counter beside its own count: one
+    /// more than the chain).
+    taken: [(u16, u32, QuotaId); MAX_CHAIN + 1],
     len: u8,
 }
 
@@ -60,7 +61,7 @@ impl Permit {
         self.len == 0
     }
 
-    fn taken(&self) -> &[(u16, QuotaId)] {
+    fn taken(&self) -> &[(u16, u32, QuotaId)] {
         &self.taken[..usize::from(self.len)]
     }
 }
@@ -220,13 +221,21 @@ impl Limiter {
         }
     }
 
-    /// Gives back `n` slots of entry `e` if it still counts `id`'s; whether it did.
-    pub(super) fn permit_entry_release_many(&self, e: usize, id: u64, n: u32) -> bool {
-        let ours = self.holds(e, id);
-        if ours {
-            self.entry_permits(e).release_many(n);
-        }
-        ours
+    /// Gives back `n` slots of entry `e` if it still counts `id`'s in generation
+    /// `generation`; whether it did.
+    pub(super) fn permit_entry_release_many(
+        &self,
+        e: usize,
+        id: u64,
+        generation: u32,
+        n: u32,
+    ) -> bool {
+        self.holds(e, id) && self.entry_permits(e).release_many_in(n, generation)
+    }
+
+    /// The generation entry `e`'s words count in (see [`Permits::renew`]).
+    pub(super) fn permit_entry_generation(&self, e: usize) -> u32 {
+        self.entry_permits(e).generation()
     }
 
     /// The permits of counter `id` on this host, if it has a cap here: for the sync agent
@@ -389,7 +398,7 @@ impl Limiter {
     pub fn permit_levels(&self, permit: &Permit) -> Vec<SlotLevel> {
         let taken = permit.taken();
         let slot =
-            |k: usize| taken.get(k).map(|&(e, _)| self.entry_slot(usize::from(e)).load(Acquire));
+            |k: usize| taken.get(k).map(|&(e, _, _)| self.entry_slot(usize::from(e)).load(Acquire));
         let borrowed = match (slot(0), slot(1)) {
             (Some(key), Some(pool)) => {
                 key & KEY_ENTRY != 0 && pool & KEY_ENTRY == 0 && key as u32 == pool as u32
@@ -400,7 +409,7 @@ impl Limiter {
             .iter()
             .enumerate()
             .filter(|&(k, _)| !(borrowed && k == 1))
-            .filter_map(|(_, &(e, id))| self.slot_level_at(usize::from(e), id))
+            .filter_map(|(_, &(e, _, id))| self.slot_level_at(usize::from(e), id))
             .collect()
     }
 
@@ -537,7 +546,7 @@ impl Limiter {
         self.entry_slot(e).store(word, Release);
         self.entry_refused(e).store(0, Release);
         let p = self.entry_permits(e);
-        p.release_many(u32::MAX);
+        p.renew();
         p.publish(0, 0);
         p.take_round();
         // Cleared before the id is published, and again after: an acquire of the
@@ -708,37 +717,39 @@ impl Limiter {
                 (self.find_entry(level_id).ok(), None, level_id)
             };
             if let Some(own) = entry {
-                let counted = if !self.entry_permits(own).acquire(now) {
-                    match pool {
-                        Some((te, tid))
-                            if self.entry_slot(own).load(Acquire) & KEY_FRESH != 0
-                                && self.entry_permits(te).acquire(now) =>
-                        {
-                            // Counted on the key too: its share, once granted, covers what
-                            // it runs here, and the roots hear of it in the key's report.
-                            self.entry_permits(own).add();
-                            if self.count_taken(&mut permit, own, level_id) {
-                                self.count_taken(&mut permit, te, tid)
-                            } else {
-                                self.entry_permits(te).release();
-                                false
+                let counted = match self.entry_permits(own).acquire_in(now) {
+                    Some(g) => self.count_taken(&mut permit, own, g, level_id),
+                    None => {
+                        let fresh = self.entry_slot(own).load(Acquire) & KEY_FRESH != 0;
+                        match pool.filter(|_| fresh).and_then(|(te, tid)| {
+                            Some((te, tid, self.entry_permits(te).acquire_in(now)?))
+                        }) {
+                            Some((te, tid, tg)) => {
+                                // Counted on the key too: its share, once granted, covers
+                                // what it runs here, and the roots hear of it in the key's
+                                // report.
+                                let g = self.entry_permits(own).add_in();
+                                if self.count_taken(&mut permit, own, g, level_id) {
+                                    self.count_taken(&mut permit, te, tg, tid)
+                                } else {
+                                    self.entry_permits(te).release_in(tg);
+                                    false
+                                }
+                            }
+                            // In shadow mode a cap counts what it would refuse and lets the
+                            // request on without a slot of it.
+                            None if slot.shadow() => {
+                                self.entry_refused(own).fetch_add(1, Relaxed);
+                                would = would.or(Some(level_id));
+                                true
+                            }
+                            None => {
+                                self.entry_refused(own).fetch_add(1, Relaxed);
+                                self.release(&permit);
+                                return Ok(Acquired::Refused(level_id));
                             }
                         }
-                        // In shadow mode a cap counts what it would refuse and lets the
-                        // request on without a slot of it.
-                        _ if slot.shadow() => {
-                            self.entry_refused(own).fetch_add(1, Relaxed);
-                            would = would.or(Some(level_id));
-                            true
-                        }
-                        _ => {
-                            self.entry_refused(own).fetch_add(1, Relaxed);
-                            self.release(&permit);
-                            return Ok(Acquired::Refused(level_id));
-                        }
                     }
-                } else {
-                    self.count_taken(&mut permit, own, level_id)
                 };
                 if !counted {
                     self.release(&permit);
@@ -763,14 +774,14 @@ impl Limiter {
     /// it and taking the slot (a worker preempted there while the agent freed it and a
     /// request path made it anew): the count must not stay on the new counter, which would
     /// never give it back.
-    fn count_taken(&self, permit: &mut Permit, e: usize, id: QuotaId) -> bool {
+    fn count_taken(&self, permit: &mut Permit, e: usize, generation: u32, id: QuotaId) -> bool {
         self.ledger_taken(e);
         if !self.holds(e, id) {
             self.ledger_released(e);
-            self.entry_permits(e).release();
+            self.entry_permits(e).release_in(generation);
             return false;
         }
-        permit.taken[usize::from(permit.len)] = (e as u16, id);
+        permit.taken[usize::from(permit.len)] = (e as u16, generation, id);
         permit.len += 1;
         true
     }
@@ -778,11 +789,21 @@ impl Limiter {
     /// Gives back the slots of `permit` (a request ended). Idempotent only in the sense
     /// that a slot never goes below zero: release each permit once.
     pub fn release(&self, permit: &Permit) {
-        for &(e, id) in permit.taken() {
+        self.release_then(permit, || {});
+    }
+
+    /// [`release`](Self::release), running `between` after each level was found still its
+    /// counter's and before its slot is given back (a test's preemption).
+    #[inline(always)]
+    fn release_then(&self, permit: &Permit, mut between: impl FnMut()) {
+        for &(e, generation, id) in permit.taken() {
             let e = usize::from(e);
             if e < self.layout.permit_cap && self.holds(e, id) {
                 self.ledger_released(e);
-                self.entry_permits(e).release();
+                between();
+                // The generation, not the check above, makes it this counter's slot: the
+                // entry may have been freed and made for another counter since.
+                self.entry_permits(e).release_in(generation);
             }
         }
     }
@@ -810,6 +831,17 @@ impl Limiter {
         let got = self.make_entry_at(e, id, 0);
         let cap = self.layout.permit_cap;
         (got, (0..cap).filter(|&k| self.entry_id(k).load(Acquire) == id).collect())
+    }
+
+    /// Releases `permit` as a process preempted after finding each level still its
+    /// counter's, while `meanwhile` ran, would.
+    pub(crate) fn release_preempted(&self, permit: &Permit, meanwhile: impl FnOnce()) {
+        let mut meanwhile = Some(meanwhile);
+        self.release_then(permit, || {
+            if let Some(f) = meanwhile.take() {
+                f()
+            }
+        });
     }
 
     /// Makes counter `id`'s entry (as a request path does for a key).

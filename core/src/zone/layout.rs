@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 17;
+pub const LAYOUT_VERSION: u64 = 18;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -587,7 +587,12 @@ mod tests {
         line("slot.shadow", format!("{:#018x}", slot::SHADOW));
         {
             use crate::concurrency::permits::{IN_FLIGHT, ROUND, SHARE};
-            line("permit.words", format!("in_flight={IN_FLIGHT} share={SHARE} round={ROUND}"));
+            line(
+                "permit.words",
+                format!(
+                    "in_flight={IN_FLIGHT} (count | generation << 32) share={SHARE} round={ROUND}"
+                ),
+            );
             let w = crate::concurrency::PermitWords::default();
             w.view().publish(7, 86_400_000_000_123);
             line("permit.share", format!("{:#018x}", w.share_word()));

@@ -492,3 +492,27 @@ fn a_refusal_counted_after_its_cap_went_leaves_the_entry_its_owner() {
     l.release(&held);
     assert_eq!(l.entry_permits(e).in_flight(), 0, "the slot came back to its entry");
 }
+
+#[test]
+fn a_release_stalled_while_its_entry_went_to_another_counter_takes_none_of_its_slots() {
+    // The release finds the entry still quota 1's; before it gives the slot back, the cap
+    // goes, and a counter whose probe starts there makes the entry anew and admits one.
+    let (l, clock) = setup();
+    l.apply_quotas(&[capped(1, "x", 1, 5, None)]);
+    let until = clock.now_nanos() + 3 * S;
+    l.permits(1).unwrap().publish(1, until);
+    let held = admitted(l.acquire("x"));
+    let e = l.find_entry(1).unwrap();
+    let y = (2..u64::MAX).find(|&y| l.permit_start(y) == e).unwrap();
+    l.release_preempted(&held, || {
+        {
+            let _w = l.writer();
+            l.set_permit_entry(1, None);
+        }
+        assert_eq!(l.make_permit_entry(y), Some(e));
+        l.entry_permits(e).publish(1, until);
+        assert!(l.entry_permits(e).acquire(clock.now_nanos()));
+    });
+    assert_eq!(l.entry_permits(e).in_flight(), 1, "the new counter's request still holds it");
+    assert!(!l.entry_permits(e).acquire(clock.now_nanos()), "its share of 1 is still taken");
+}
