@@ -303,7 +303,15 @@ impl RootState {
             }
         }
         self.sweep_left = 0;
+        self.end_sweep_pass(now);
+    }
+
+    /// What a sweep does once per pass, after the counters: forgets idle limiters, ended
+    /// escrows and the keys left with nothing.
+    fn end_sweep_pass(&mut self, now: u64) {
         self.forget_idle_limiters(now);
+        self.sweep_escrows(now);
+        self.sweep_bare_keys();
     }
 
     /// [`sweep`](Self::sweep) in steps, for a server that must not stop answering syncs
@@ -351,7 +359,7 @@ impl RootState {
         if lo > 0 {
             return false;
         }
-        self.forget_idle_limiters(now);
+        self.end_sweep_pass(now);
         true
     }
 }

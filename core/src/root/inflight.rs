@@ -41,11 +41,13 @@ impl RootState {
             if !self.stripe.contains(r.id) || !self.in_shard(r.id) {
                 continue;
             }
-            let cap = if self.key_entry(r.id) {
-                self.live_limits(r.id).map_or(0, |l| l.max_in_flight())
-            } else {
-                0
-            };
+            // A key gets an entry from a report only under a template with a cap: an entry
+            // made for nothing would hold a place of the bounded keys until the template
+            // goes, and honest limiters report every key they run.
+            let known = self.quotas.contains_key(&r.id)
+                || (self.asked_template_cap(r.id) > 0 && self.key_entry(r.id));
+            let cap =
+                if known { self.live_limits(r.id).map_or(0, |l| l.max_in_flight()) } else { 0 };
             let grant = if cap == 0 {
                 self.escrows.by_id.remove(&r.id);
                 if is_key_id(r.id) {
@@ -74,16 +76,29 @@ impl RootState {
         out
     }
 
+    /// The `max_in_flight` of the template this request says key `id` belongs to (0: none,
+    /// or not a key).
+    fn asked_template_cap(&self, id: QuotaId) -> u32 {
+        self.keys.asked.get(&id).and_then(|&t| self.live_limits(t)).map_or(0, |l| l.max_in_flight())
+    }
+
+    /// Drops the escrows left with no holder at `now` (their leases ended): the sweep's,
+    /// so that a root no one scrapes does not keep one per key it ever granted.
+    pub(super) fn sweep_escrows(&mut self, now: u64) {
+        self.escrows.by_id.retain(|_, e| e.stats(now).holders > 0);
+    }
+
+    /// Whether counter `id` has an escrow here.
+    pub(super) fn has_escrow(&self, id: QuotaId) -> bool {
+        self.escrows.by_id.contains_key(&id)
+    }
+
     /// Each concurrency counter's escrow figures at `now` (leases ended by then dropped),
     /// by id, with the quota's name (`None` for a key: names of keys are clients' data and
-    /// stay out of metrics); escrows left with no holder go.
+    /// stay out of metrics).
     pub fn in_flight_stats(&mut self, now: u64) -> Vec<(QuotaId, Option<String>, EscrowStats)> {
-        let mut rows = Vec::with_capacity(self.escrows.by_id.len());
-        self.escrows.by_id.retain(|&id, e| {
-            let s = e.stats(now);
-            rows.push((id, s));
-            s.holders > 0
-        });
+        let mut rows: Vec<_> =
+            self.escrows.by_id.iter_mut().map(|(&id, e)| (id, e.stats(now))).collect();
         rows.sort_unstable_by_key(|s| s.0);
         rows.into_iter()
             .map(|(id, s)| {

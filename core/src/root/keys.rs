@@ -122,6 +122,27 @@ impl RootState {
         self.keys.count -= 1;
     }
 
+    /// Removes the entries of keys left with neither a counter nor an escrow (made by a hint
+    /// dropped as older than a reset, by a report whose template lost its cap, or whose
+    /// escrow's leases ended): an entry holds a place of the bounded keys, and only a
+    /// counter's sweep or the template's end removed it.
+    pub(super) fn sweep_bare_keys(&mut self) {
+        let bare: Vec<QuotaId> = self
+            .keys
+            .of
+            .values()
+            .flatten()
+            .copied()
+            .filter(|id| {
+                self.quotas.get(id).is_some_and(|q| q.counter == NO_COUNTER)
+                    && !self.has_escrow(*id)
+            })
+            .collect();
+        for id in bare {
+            self.forget_key(id);
+        }
+    }
+
     /// The live template whose prefix is the longest of the name `raw` (its bytes), if any:
     /// what limits `raw` when no quota has that name.
     pub fn template_for(&self, raw: &[u8]) -> Option<&QuotaUpdate> {

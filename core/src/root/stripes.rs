@@ -86,7 +86,7 @@ impl RootState {
     /// stripe applies the deltas, hints and interest of its own counters. The stripes
     /// share the instance id and the version counter; stripe 0, the lead, also keeps every
     /// quota and answers the quota pages, the others keep only their counters' quotas.
-    /// Each stripe holds every session, with `1/count` of the parked and interest budgets.
+    /// Each stripe holds every session, with `1/count` of the parked, interest and key budgets.
     /// Join the stripes' answers with [`SyncAnswer::join`]; apply quotas to the lead last
     /// (see [`RootState::apply_quota_arcs`]).
     pub fn striped(config: RootConfig, count: u32) -> Vec<RootState> {
@@ -101,6 +101,9 @@ impl RootState {
         part.max_parked_per_limiter = share(config.max_parked_per_limiter);
         part.max_interest = share(config.max_interest);
         part.max_interest_per_limiter = share(config.max_interest_per_limiter);
+        // Keys spread over the stripes by id, as counters do.
+        part.max_keys = share(config.max_keys);
+        part.max_keys_per_template = share(config.max_keys_per_template);
         let lead = RootState::new(part.clone());
         (0..count)
             .map(|index| RootState {

@@ -1859,3 +1859,55 @@ fn a_window_edit_keeps_the_remainder_of_a_milli_unit() {
     let f = fill(&r, 1, edit + 1);
     assert!(f > 4_999.0, "{f}");
 }
+
+/// Keys named in concurrency reports: an entry only under a template with a cap, and gone
+/// once its escrow is (before, every reported key of an uncapped template kept a place of
+/// the bounded keys until the template went, and a full root dropped honest keys' counts).
+#[test]
+fn keys_reported_in_flight_hold_no_entry_beyond_their_escrow() {
+    let template = |id: u64, name: &str, cap: Option<u32>| QuotaUpdate {
+        name: name.into(),
+        limits: match cap {
+            Some(c) => Limits::in_flight_only(c).unwrap(),
+            None => Limits::from_units(1.0, 5.0, 5.0).unwrap(),
+        },
+        ..quota(id, id, 1.0, false)
+    };
+    let mut r = RootState::new(RootConfig { max_keys: 10, ..RootConfig::default() });
+    r.apply_quotas([template(7, "k_*", None), template(8, "c_*", Some(4))], 0);
+    let key = |n: u64| 1 << 63 | n;
+    let reports = |seq: u64, ids: std::ops::Range<u64>, t: u64| SyncRequest {
+        key_templates: ids.clone().map(|n| (key(n), t)).collect(),
+        ..report("l", &ids.map(|n| (key(n), seq, 0, 1, 1)).collect::<Vec<_>>())
+    };
+    r.sync(&reports(1, 0..100, 7), S).unwrap();
+    assert_eq!(r.key_count(), 0, "no cap: no entry");
+    // Under a cap each gets an entry and a grant, until its lease ends.
+    let a = r.sync(&reports(2, 100..105, 8), S).unwrap();
+    assert_eq!(a.grants.len(), 5);
+    assert_eq!(r.key_count(), 5);
+    r.sweep(S + S / 2);
+    assert_eq!(r.key_count(), 5, "leases still running");
+    r.sweep(60 * S);
+    assert_eq!(r.key_count(), 0, "leases ended, escrows and entries gone");
+    assert!(r.in_flight_stats(60 * S).is_empty());
+    // The bound is whole again for counted keys.
+    let ids: Vec<u64> = (200..210).map(key).collect();
+    let counted = SyncRequest {
+        key_templates: ids.iter().map(|&k| (k, 7)).collect(),
+        hinted_seq: None,
+        ..req("m", vec![(1, ids.iter().map(|&id| (id, 1_000)).collect())])
+    };
+    r.sync(&counted, 60 * S).unwrap();
+    assert_eq!(r.key_count(), 10);
+    assert_eq!(r.stats().keys_refused, 0);
+}
+
+/// Stripes share the bounds on keys as they share the parked and interest budgets.
+#[test]
+fn stripes_divide_the_bounds_on_keys() {
+    let config = RootConfig { max_keys: 9, max_keys_per_template: 5, ..RootConfig::default() };
+    for s in RootState::striped(config, 2) {
+        assert_eq!((s.config.max_keys, s.config.max_keys_per_template), (5, 3));
+    }
+}
