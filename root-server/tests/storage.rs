@@ -136,9 +136,17 @@ async fn tombstones(s: Arc<dyn QuotaStore>) {
     // A tombstone is no parent.
     assert!(matches!(put(&*s, "x", Some("c")).await, Err(StoreError::UnknownParent { .. })));
     s.delete("p".into()).await.unwrap();
-    // Re-creating keeps the id, with a new epoch.
+    // Re-creating keeps the id, with a new epoch, and starts from empty: its reset epoch is
+    // the new epoch, so a root that polls after both writes (and sees an edit only) empties
+    // the counter, and counts sent before the delete are not summed into the new quota.
     let w = s.put_many(vec![nq("c", None)]).await.unwrap();
     assert_eq!((w.quotas[0].id, w.quotas[0].epoch, w.quotas[0].deleted), (id_c, 5, false));
+    assert_eq!(w.quotas[0].reset_epoch, 5);
+    // An edit of a live quota keeps its reset epoch.
+    let w = s.put_many(vec![nq("c", None)]).await.unwrap();
+    assert_eq!((w.quotas[0].epoch, w.quotas[0].reset_epoch), (6, 5));
+    let ch = all_changes(&*s, 4).await;
+    assert_eq!(ch.iter().map(|q| (q.epoch, q.reset_epoch)).collect::<Vec<_>>(), [(6, 5)]);
     assert!(s.list(String::new(), None, 10).await.unwrap().iter().all(|q| q.name == "c"));
 }
 

@@ -85,6 +85,10 @@ const LIVE_CHILDREN: &str =
 const COLUMNS: &str = "id, name, epoch, deleted, limit_milli, low_burst_milli, high_burst_milli, \
                        parent, reset_epoch, dry_run, per_s, max_in_flight";
 
+/// A quota made again after a delete keeps its id and starts empty: its reset epoch moves
+/// to the new epoch, as a reset's would, so that every root empties its counter (one that
+/// polls after both writes sees only an edit) and counts sent before the delete, delivered
+/// late, are dropped rather than summed into the new quota.
 const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     limit_milli = excluded.limit_milli,
     low_burst_milli = excluded.low_burst_milli,
@@ -94,6 +98,8 @@ const UPSERT_SET: &str = " ON CONFLICT (name) DO UPDATE SET
     max_in_flight = excluded.max_in_flight,
     parent = excluded.parent,
     epoch = excluded.epoch,
+    reset_epoch = CASE WHEN yarl_quotas.deleted THEN excluded.epoch
+                       ELSE yarl_quotas.reset_epoch END,
     deleted = FALSE
  RETURNING id, epoch, reset_epoch";
 
