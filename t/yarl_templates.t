@@ -208,7 +208,14 @@ ok(abs($row{'api_key_*'}{keys} - $z->{keys}) < 200, "every key held is an api ke
 ok(abs($row{'api_key_*'}{evictions} - $z->{key_evictions}) < 200,
 	"so is every eviction: $row{'api_key_*'}{evictions}");
 is($row{'api_key_*'}{refused}, $z->{keys_refused}, 'and every refusal');
+# Limited keys rejected now: their rejections are the template's, one series however many
+# keys (a series per key, each named by the template, was a duplicate Prometheus drops).
+my $rejected = grep { get($t, $_) == 429 } map { ($_) x 2 } @keys[0 .. 2];
+ok($rejected >= 2, "limited keys rejected: $rejected of 6");
 my $m = $ua->get('http://127.0.0.1:' . $t->port(8080) . '/metrics')->{content};
+my @rej = $m =~ /^yarl_quota_rejections_total\{quota="api_key_\*"\} (\d+)$/mg;
+is(scalar @rej, 1, 'one rejection series for the template');
+ok(($rej[0] // 0) >= $rejected, "counting its keys' rejections: " . ($rej[0] // 'none'));
 like($m, qr/^yarl_template_keys\{template="api_key_\*"\} \d{3,4}$/m, 'yarl_metrics: keys per template');
 like($m, qr/^yarl_template_key_evictions_total\{template="api_key_\*"\} \d{5}$/m, 'evictions');
 like($m, qr/^yarl_template_keys\{template="_other"\} 0$/m, 'and the rest');

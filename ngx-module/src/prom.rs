@@ -2,8 +2,10 @@
 //! (version 0.0.4), built without nginx so tests/prom.rs can check it.
 //!
 //! Cardinality is bounded whatever the number of quotas: per-quota series exist only for the
-//! 20 quotas that rejected most in the last minute (the rest are summed under
-//! `quota="_other"`), and per-root series for the configured roots (at most 64).
+//! 20 quotas that rejected most in the last minute, and per-root series for the configured
+//! roots (at most 64). Gauges add the rest up as `quota="_other"`; counters do not (which
+//! rows are named changes, and a counter of "the rest" would go down when one joins the
+//! named): each has a host-wide total of its own.
 
 use crate::report::RequestCounters;
 use std::fmt::Write;
@@ -92,7 +94,17 @@ fn concurrency_series(o: &mut String, c: Option<&ConcurrencyStatus>) {
     let scope = format!(
         "The {TOP_QUOTAS} concurrency quotas with most in flight; quota=\"_other\" is the rest."
     );
-    ranked(o, "quota", &scope, &series, &named, &rest);
+    let counter_scope = format!(
+        "The {TOP_QUOTAS} concurrency quotas with most in flight (every quota together: yarl_concurrency_refusals_total)."
+    );
+    ranked(o, "quota", (&scope, &counter_scope), &series, &named, &rest);
+    head(
+        o,
+        "yarl_concurrency_refusals_total",
+        "counter",
+        "Requests refused a slot on this host (or that a quota in shadow mode would have refused), every quota together.",
+    );
+    let _ = writeln!(o, "yarl_concurrency_refusals_total {}", c.refused);
     head(
         o,
         "yarl_concurrency_reaped_total",
@@ -173,20 +185,11 @@ pub fn render(i: &Input<'_>) -> String {
         &mut o,
         "yarl_quota_rejections_total",
         "counter",
-        "Rejections since the quota was loaded, for the 20 quotas that rejected most in the last minute; quota=\"_other\" is every other rejection.",
+        "Rejections since the quota was loaded or last reset (a template's include its keys'), for the 20 quotas that rejected most in the last minute (every quota together: yarl_rejections_total).",
     );
-    let mut named = 0u64;
-    // A quota that is itself named `_other` is counted in the aggregate: named too, it
-    // would be a second series with the same labels, which Prometheus drops.
-    for (name, _, lifetime) in i.top.iter().filter(|t| t.0 != OTHER).take(TOP_QUOTAS) {
-        named = named.saturating_add(*lifetime);
+    for (name, _, lifetime) in i.top.iter().take(TOP_QUOTAS) {
         let _ = writeln!(o, "yarl_quota_rejections_total{{quota=\"{}\"}} {lifetime}", label(name));
     }
-    let _ = writeln!(
-        o,
-        "yarl_quota_rejections_total{{quota=\"{OTHER}\"}} {}",
-        z.rejections.saturating_sub(named)
-    );
 
     head(
         &mut o,
@@ -332,23 +335,28 @@ pub fn render(i: &Input<'_>) -> String {
 /// A family of series ranked by one label: name, type, help, and its value in a row.
 type Series<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
 
-/// Each family of `series`: a sample per row of `named` (its label value, escaped), then
-/// the sum of the `rest` as `_other`; `scope` ends the help (which rows are named).
+/// Each family of `series`: a sample per row of `named` (its label value, escaped), then,
+/// for a gauge, the sum of the `rest` as `_other`. `scopes` end the help (which rows are
+/// named), of gauges and of counters: a counter has no `_other` (it would go down whenever
+/// a row joined the named ones), and its help names the host-wide total instead.
 fn ranked<T>(
     o: &mut String,
     label_name: &str,
-    scope: &str,
+    scopes: (&str, &str),
     series: &[Series<T>],
     named: &[(String, &T)],
     rest: &[&T],
 ) {
     for (name, kind, help, get) in series {
-        head(o, name, kind, &format!("{help} {scope}"));
+        let counter = *kind == "counter";
+        head(o, name, kind, &format!("{help} {}", if counter { scopes.1 } else { scopes.0 }));
         for (l, r) in named {
             let _ = writeln!(o, "{name}{{{label_name}=\"{l}\"}} {}", get(r));
         }
-        let other: u64 = rest.iter().map(|r| get(r)).sum();
-        let _ = writeln!(o, "{name}{{{label_name}=\"{OTHER}\"}} {other}");
+        if !counter {
+            let other: u64 = rest.iter().map(|r| get(r)).sum();
+            let _ = writeln!(o, "{name}{{{label_name}=\"{OTHER}\"}} {other}");
+        }
     }
 }
 
@@ -379,5 +387,8 @@ fn template_series(o: &mut String, rows: &[TemplateKeys]) {
     let scope = format!(
         "The {TOP_TEMPLATES} templates holding most keys; template=\"_other\" is the rest."
     );
-    ranked(o, "template", &scope, &series, &named, &rest);
+    let counter_scope = format!(
+        "The {TOP_TEMPLATES} templates holding most keys (every template together: yarl_key_evictions_total, yarl_keys_refused_total)."
+    );
+    ranked(o, "template", (&scope, &counter_scope), &series, &named, &rest);
 }

@@ -152,6 +152,9 @@ struct Page<'a> {
 struct Concurrency<'a> {
     /// Times a capped quota found no permit entry (not capped on this host).
     entries_refused: u64,
+    /// Requests refused a slot (or that a cap in shadow mode would have refused), every
+    /// quota together.
+    refused: u64,
     /// Workers that found no ledger row.
     ledger_full: u64,
     /// Slots given back from workers that died holding them.
@@ -278,6 +281,7 @@ pub fn render(input: &Input<'_>) -> String {
             let c = input.concurrency;
             Concurrency {
                 entries_refused: c.map_or(0, |c| c.entries_refused),
+                refused: c.map_or(0, |c| c.refused),
                 ledger_full: c.map_or(0, |c| c.ledger_full),
                 reaped: c.map_or(0, |c| c.reaped),
                 quotas: c.map_or_else(Vec::new, |c| {

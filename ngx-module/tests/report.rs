@@ -95,6 +95,7 @@ fn the_host_state_with_ages_relative_to_render_time() {
                 },
             ],
             entries_refused: 0,
+            refused: 11,
             ledger_full: 1,
             reaped: 2,
         }),
@@ -133,6 +134,7 @@ fn the_host_state_with_ages_relative_to_render_time() {
     assert_eq!((&t[1]["template"], t[1]["refused"].as_u64()), (&Value::Null, Some(2)));
     let c = &page["concurrency"];
     assert_eq!((c["ledger_full"].as_u64(), c["reaped"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(c["refused"].as_u64(), Some(11));
     assert_eq!(c["quotas"][0]["quota"], "uploads");
     assert_eq!(
         (c["quotas"][0]["in_flight"].as_u64(), c["quotas"][0]["share"].as_u64()),

@@ -316,9 +316,7 @@ impl Limiter {
                     // live limiters): the roots know better a round from now.
                     self.ask_early_round();
                 }
-                self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
-                slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
-                self.note_rejection(idx, now);
+                self.count_rejection(idx, &slot, now);
                 // The ancestors above the rejecting quota also saw this attempt as demand.
                 let mut cur = slot.parent();
                 while cur != 0 && chain.len < MAX_CHAIN {
@@ -372,8 +370,18 @@ impl Limiter {
     #[cold]
     #[inline(never)]
     fn note_shadow_rejection(&self, idx: u32, slot: &crate::zone::slot::Slot<'_>, now: u64) {
+        self.count_rejection(idx, slot, now);
+    }
+
+    /// Counts a rejection by slot `idx`: the host's, the quota's and, for a key, its
+    /// template's too (keys come and go; the template's count is the one that only grows,
+    /// and what metrics name), and in the ring of recent rejections.
+    fn count_rejection(&self, idx: u32, slot: &crate::zone::slot::Slot<'_>, now: u64) {
         self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
         slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
+        if let Some(t) = self.template_of_key(idx).and_then(|t| self.slot(t)) {
+            t.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
+        }
         self.note_rejection(idx, now);
     }
 

@@ -127,7 +127,8 @@ impl Limiter {
 
     /// The `n` quotas with the most rejections within the last `window` seconds (from the
     /// ring of the latest 2,048 rejections), most first: (name, rejections in the window,
-    /// rejections since the quota was loaded).
+    /// rejections since the quota was loaded or last reset). A key's rejections are its
+    /// template's: one row per template, whose count includes its keys'.
     pub fn top_rejections(&self, n: usize, window_secs: u64) -> Vec<(String, u64, u64)> {
         let now = self.clock.now_nanos() / 1_000_000_000;
         let ring = &self.words()[self.layout.recent..self.layout.recent + RECENT_REJECTIONS];
@@ -135,9 +136,17 @@ impl Limiter {
         for cell in ring {
             let v = cell.load(Relaxed);
             let (slot, at) = ((v as u32).wrapping_sub(1), v >> 32);
-            if v != 0 && now.saturating_sub(at) <= window_secs {
-                *counts.entry(slot).or_default() += 1;
+            if v == 0 || now.saturating_sub(at) > window_secs {
+                continue;
             }
+            // A key slot taken by another key since counts for that key's template: the
+            // ranking is approximate, the counts are not.
+            let slot = match (self.is_key_slot(slot), self.template_of_key(slot)) {
+                (false, _) => slot,
+                (true, Some(t)) => t,
+                (true, None) => continue,
+            };
+            *counts.entry(slot).or_default() += 1;
         }
         let mut ranked: Vec<(u32, u64)> = counts.into_iter().collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -111,6 +111,10 @@ pub struct ConcurrencyStatus {
     /// Times a capped quota found no permit entry (the table was full): it is not capped
     /// on this host; a larger zone has more entries.
     pub entries_refused: u64,
+    /// Acquires refused a slot on this host (or that a cap in shadow mode would have
+    /// refused), every counter together, since the zone was made: unlike the rows', this
+    /// count never loses what a counter whose entry went had.
+    pub refused: u64,
     /// Processes that found no ledger row (their slots leak if they are killed).
     pub ledger_full: u64,
     /// Slots given back from the ledger rows of processes that died holding them.
@@ -280,6 +284,7 @@ impl Limiter {
         ConcurrencyStatus {
             quotas,
             entries_refused: self.hdr(hdr::PERMITS_REFUSED).load(Relaxed),
+            refused: self.hdr(hdr::PERMIT_REFUSALS).load(Relaxed),
             ledger_full,
             reaped,
         }
@@ -463,6 +468,12 @@ impl Limiter {
     /// The counter a deleted entry counted the slots of (0: none); see `set_permit_entry`.
     fn deleted_owner(&self, e: usize) -> u64 {
         self.entry_slot(e).load(Acquire)
+    }
+
+    /// Counts an acquire entry `e` refused (or would have, in shadow mode).
+    fn count_refusal(&self, e: usize) {
+        self.entry_refused(e).fetch_add(1, Relaxed);
+        self.hdr(hdr::PERMIT_REFUSALS).fetch_add(1, Relaxed);
     }
 
     pub(super) fn entry_refused(&self, e: usize) -> &AtomicU64 {
@@ -739,12 +750,12 @@ impl Limiter {
                             // In shadow mode a cap counts what it would refuse and lets the
                             // request on without a slot of it.
                             None if slot.shadow() => {
-                                self.entry_refused(own).fetch_add(1, Relaxed);
+                                self.count_refusal(own);
                                 would = would.or(Some(level_id));
                                 true
                             }
                             None => {
-                                self.entry_refused(own).fetch_add(1, Relaxed);
+                                self.count_refusal(own);
                                 self.release(&permit);
                                 return Ok(Acquired::Refused(level_id));
                             }

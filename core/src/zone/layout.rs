@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 18;
+pub const LAYOUT_VERSION: u64 = 19;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -210,6 +210,9 @@ pub(crate) mod hdr {
         /// prefix starts with byte b): most names no template covers are told so by one
         /// load.
         pub const TEMPLATE_FIRST = 123;
+        /// Acquires refused a slot by a cap (or that a cap in shadow mode would have
+        /// refused), every counter together: the per-entry counts go with their entries.
+        pub const PERMIT_REFUSALS = 127;
         /// `AUX_LANES` lanes of `AUX_COUNTERS` words, each lane on its own cache line.
         pub const AUX = 128;
         /// `TEMPLATE_STATS` words: the template slot + 1 each entry of the counts below

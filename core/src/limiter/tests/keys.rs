@@ -1088,3 +1088,23 @@ fn a_key_that_spells_its_template_is_a_key_of_its_own() {
     assert!(l.is_key_slot(s), "its own slot in the key table");
     assert_eq!(l.quota("api_key_*").unwrap().fill, 0.0, "the template's bucket untouched");
 }
+
+/// Rejections of keys are their template's: one row per template in the ranking (a row per
+/// key, each named by its template, made duplicate series in metrics), whose lifetime count
+/// adds up its keys' and keeps them when a key goes.
+#[test]
+fn keys_rejections_rank_and_count_as_their_templates() {
+    let (l, _) = keyed(1000);
+    l.apply_quotas(&[
+        q(1, "k_*", 1, 0.001, 1.0, 1.0, None),
+        q(2, "plain", 2, 0.001, 1.0, 1.0, None),
+    ]);
+    for (k, tries) in [("k_a", 5), ("k_b", 4), ("k_c", 3), ("plain", 3)] {
+        assert_eq!(passes(&l, k.as_bytes(), tries), 2, "{k}");
+    }
+    let top = l.top_rejections(20, 60);
+    assert_eq!(top, [("k_*".to_owned(), 6, 6), ("plain".to_owned(), 1, 1)]);
+    assert_eq!(l.quota("k_a").unwrap().rejections, 3, "a key still counts its own");
+    assert_eq!(l.quota("k_*").unwrap().rejections, 6);
+    assert_eq!(l.rejections(), 7);
+}

@@ -516,3 +516,20 @@ fn a_release_stalled_while_its_entry_went_to_another_counter_takes_none_of_its_s
     assert_eq!(l.entry_permits(e).in_flight(), 1, "the new counter's request still holds it");
     assert!(!l.entry_permits(e).acquire(clock.now_nanos()), "its share of 1 is still taken");
 }
+
+#[test]
+fn the_hosts_refusals_keep_counting_when_an_entry_goes() {
+    let (l, clock) = setup();
+    l.apply_quotas(&[capped(1, "x", 1, 5, None)]);
+    l.permits(1).unwrap().publish(1, clock.now_nanos() + 3 * S);
+    let held = admitted(l.acquire("x"));
+    assert_eq!(l.acquire("x"), Acquired::Refused(1));
+    assert_eq!(l.acquire("x"), Acquired::Refused(1));
+    assert_eq!((l.concurrency_status().quotas[0].refused, l.concurrency_status().refused), (2, 2));
+    // The cap goes: its row and its count with it, not the host's.
+    l.apply_quotas(&[q(1, "x", 2, 1.0, 1.0, 1.0, None)]);
+    let c = l.concurrency_status();
+    assert!(c.quotas.is_empty());
+    assert_eq!(c.refused, 2);
+    l.release(&held);
+}
