@@ -313,6 +313,8 @@ pub struct RootState {
     inboxes: Vec<Inbox>,
     /// Numbers of forgotten sessions, for the next new ones.
     free_sids: Vec<Sid>,
+    /// The highest batch of sessions forgotten lately (see [`sessions::Forgotten`]).
+    forgotten: sessions::Forgotten,
     /// Keys: counters of names under templates.
     keys: keys::Keys,
     /// Concurrency counters' escrows.
@@ -372,6 +374,7 @@ impl RootState {
             watchers: IdMap::default(),
             inboxes: Vec::new(),
             free_sids: Vec::new(),
+            forgotten: sessions::Forgotten::default(),
             keys: keys::Keys::default(),
             escrows: inflight::Escrows::default(),
             key_secret: None,

@@ -8,6 +8,7 @@ use super::{IdMap, RootState};
 use crate::proto::{SyncError, SyncRequest};
 use crate::quota::QuotaId;
 use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 
 /// A session's number: its index in [`RootState::inboxes`], reused once it is forgotten,
@@ -53,6 +54,45 @@ pub(super) struct Session {
     pub(super) copied: bool,
 }
 
+/// What a root remembers of the sessions it forgot (evicted to make room, or idle): the
+/// highest batch each had applied and when it last synced, by a hash of its limiter id, for
+/// as many sessions as the table holds, the oldest going first. A limiter met again resends
+/// the batches it has no answer for; one this root applied before forgetting the session
+/// (its answer lost) must stay a retry, not count twice.
+#[derive(Debug, Default)]
+pub(super) struct Forgotten {
+    /// (highest batch applied, last seen, serial of the note) by id hash.
+    by_hash: super::IdMap<(u64, u64, u64)>,
+    /// (id hash, serial of the note), oldest first.
+    order: VecDeque<(u64, u64)>,
+    serial: u64,
+    seed: foldhash::quality::RandomState,
+}
+
+impl Forgotten {
+    fn note(&mut self, limiter: &str, acked: u64, last_seen: u64, cap: usize) {
+        if acked == 0 || cap == 0 {
+            return;
+        }
+        let h = self.seed.hash_one(limiter);
+        self.serial += 1;
+        self.by_hash.insert(h, (acked, last_seen, self.serial));
+        self.order.push_back((h, self.serial));
+        while self.order.len() > cap {
+            let Some((old, serial)) = self.order.pop_front() else { break };
+            if self.by_hash.get(&old).is_some_and(|e| e.2 == serial) {
+                self.by_hash.remove(&old);
+            }
+        }
+    }
+
+    /// The highest batch applied and last-seen time of `limiter`'s forgotten session.
+    fn take(&mut self, limiter: &str) -> Option<(u64, u64)> {
+        let h = self.seed.hash_one(limiter);
+        self.by_hash.remove(&h).map(|(acked, seen, _)| (acked, seen))
+    }
+}
+
 impl RootState {
     /// The session of `req`'s limiter, taken out of the table (and its recency indexes)
     /// while the sync works on it, or a new one if the limiter is not known (making room
@@ -77,7 +117,16 @@ impl RootState {
                 if self.config.max_limiters == 0 {
                     return Err(SyncError::TooManyLimiters(0));
                 }
-                let s = Session { addr: peer, sid: self.new_sid(), ..Session::default() };
+                // A session forgotten lately keeps its highest batch: a retry of one applied
+                // before stays a retry.
+                let (acked, last_seen) = self.forgotten.take(&req.limiter).unwrap_or_default();
+                let s = Session {
+                    addr: peer,
+                    sid: self.new_sid(),
+                    acked,
+                    last_seen,
+                    ..Session::default()
+                };
                 self.stats.sessions_created += 1;
                 Ok((Box::from(req.limiter.as_str()), s))
             }
@@ -152,6 +201,7 @@ impl RootState {
     fn forget_session(&mut self, key: Recency) {
         let Some(name) = self.recency.get(&key).cloned() else { return };
         if let Some(mut s) = self.limiters.remove(&name) {
+            self.forgotten.note(&name, s.acked, s.last_seen, self.config.max_limiters);
             self.unindex_session(&s);
             self.parked -= s.parked.len();
             // No counter names it any more: its number may go to a new session.
@@ -175,7 +225,8 @@ impl RootState {
     /// address goes if the address is at its budget, the least recently seen of all if the
     /// table is full. A live limiter syncs every interval, so what goes is whoever has been
     /// quiet longest; forgetting a live one costs little (its next batches count as a first
-    /// contact: nothing is lost, a batch resent after a lost answer may count twice).
+    /// contact: nothing is lost, and a batch resent after a lost answer is still known as
+    /// applied, see [`Forgotten`]).
     pub(super) fn make_room(&mut self, peer: Option<IpAddr>) {
         if let Some(a) = peer {
             while self.by_addr.get(&a).is_some_and(|s| s.len() >= self.config.max_limiters_per_addr)

@@ -225,6 +225,35 @@ fn a_full_session_table_forgets_the_quietest_and_never_locks_out() {
     assert!(r.stats().limiters_evicted > 1_000);
 }
 
+/// A session forgotten to make room (here by its own address's churn) and met again: a
+/// batch it resends because the answer was lost is still a retry (counted twice before).
+#[test]
+fn a_forgotten_session_still_knows_its_batches_applied() {
+    let a: IpAddr = "10.0.0.1".parse().unwrap();
+    let mut r = RootState::new(RootConfig { max_limiters_per_addr: 2, ..RootConfig::default() });
+    r.apply_quotas([quota(1, 1, 0.001, false)], 0);
+    let with_instance = |mut q: SyncRequest, r: &RootState| {
+        q.root_instance = Some(r.instance());
+        q
+    };
+    r.sync_from(&req("v", vec![(1, vec![(1, 10_000)])]), Some(a), S).unwrap();
+    let second = with_instance(req("v", vec![(2, vec![(1, 10_000)])]), &r);
+    r.sync_from(&second, Some(a), 2 * S).unwrap();
+    // The answer is lost; two more limiters from the address push the session out.
+    for (i, l) in ["x", "y"].iter().enumerate() {
+        r.sync_from(&req(l, vec![]), Some(a), 2 * S + i as u64 + 1).unwrap();
+    }
+    assert_eq!(r.stats().limiters_evicted, 1);
+    let again = r.sync_from(&second, Some(a), 3 * S).unwrap();
+    assert_eq!(again.acked_seq, 2);
+    assert_eq!(r.stats().duplicate_batches, 1);
+    assert!((fill(&r, 1, 3 * S) - 20.0).abs() < 0.01, "{}", fill(&r, 1, 3 * S));
+    // And its next batch counts.
+    r.sync_from(&with_instance(req("v", vec![(3, vec![(1, 10_000)])]), &r), Some(a), 4 * S)
+        .unwrap();
+    assert!((fill(&r, 1, 4 * S) - 30.0).abs() < 0.01);
+}
+
 /// Issue 10, item 7: a batch with `seq` = u64::MAX made every later batch of that session
 /// a duplicate.
 #[test]
