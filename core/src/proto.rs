@@ -20,6 +20,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Longest accepted limiter id, in bytes.
 pub const MAX_LIMITER_ID_LEN: usize = 128;
 
+/// Most batches one request may carry: a limiter keeps at most this many unacknowledged
+/// (30 by default, `SyncConfig::max_pending_batches`). In memory a batch is 72 bytes and an
+/// empty one 2 on the wire of v2: the cap keeps a body's decoded size near its own.
+pub const MAX_BATCHES: usize = 1_024;
+
 /// How recently a root must have heard from a limiter to count it in
 /// [`SyncResponse::limiters`], ns: ten regular rounds at the default interval, so a limiter
 /// that stopped leaves the count within seconds, and one that syncs at most every few
@@ -96,25 +101,81 @@ pub struct SyncRequest {
     pub view_age_ns: Option<u64>,
 }
 
-/// One concurrency counter's [`Report`](crate::concurrency::Report) in a request.
+/// One concurrency counter's [`Report`](crate::concurrency::Report) in a request. On the
+/// wire its fields sit beside `id`; not with `#[serde(flatten)]`, which buffers every
+/// unknown field's value whole before it looks at it (a reviewer made a 40 MB body take
+/// 600 MB that way), where a plain struct skips them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "wire::InFlightReport", into = "wire::InFlightReport")]
 pub struct InFlightReport {
     /// The counter (a quota's id, or a key's).
     pub id: QuotaId,
     /// The report: `seq` orders one limiter's reports (a root takes each once), the
     /// others are slots.
-    #[serde(flatten)]
     pub report: crate::concurrency::Report,
 }
 
-/// A root's [`Grant`](crate::concurrency::Grant) of a share of one concurrency counter.
+/// A root's [`Grant`](crate::concurrency::Grant) of a share of one concurrency counter (on
+/// the wire as [`InFlightReport`], for the same reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "wire::InFlightGrant", into = "wire::InFlightGrant")]
 pub struct InFlightGrant {
     /// The counter, as reported.
     pub id: QuotaId,
     /// The share and its lease.
-    #[serde(flatten)]
     pub grant: crate::concurrency::Grant,
+}
+
+/// The JSON shapes of [`InFlightReport`] and [`InFlightGrant`]: one flat object each.
+mod wire {
+    use super::QuotaId;
+    use crate::concurrency::{Grant, Report};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct InFlightReport {
+        id: QuotaId,
+        seq: u64,
+        held: u32,
+        held_total: u32,
+        in_flight: u32,
+        demand: u32,
+        refused: u32,
+    }
+
+    impl From<InFlightReport> for super::InFlightReport {
+        fn from(w: InFlightReport) -> Self {
+            let InFlightReport { id, seq, held, held_total, in_flight, demand, refused } = w;
+            let report = Report { seq, held, held_total, in_flight, demand, refused };
+            super::InFlightReport { id, report }
+        }
+    }
+
+    impl From<super::InFlightReport> for InFlightReport {
+        fn from(r: super::InFlightReport) -> Self {
+            let Report { seq, held, held_total, in_flight, demand, refused } = r.report;
+            InFlightReport { id: r.id, seq, held, held_total, in_flight, demand, refused }
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct InFlightGrant {
+        id: QuotaId,
+        share: u32,
+        lease_ns: u64,
+    }
+
+    impl From<InFlightGrant> for super::InFlightGrant {
+        fn from(w: InFlightGrant) -> Self {
+            super::InFlightGrant { id: w.id, grant: Grant { share: w.share, lease_ns: w.lease_ns } }
+        }
+    }
+
+    impl From<super::InFlightGrant> for InFlightGrant {
+        fn from(g: super::InFlightGrant) -> Self {
+            InFlightGrant { id: g.id, share: g.grant.share, lease_ns: g.grant.lease_ns }
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -255,4 +316,7 @@ pub enum SyncError {
         /// Entries in its `deltas`.
         deltas: usize,
     },
+    /// More batches than [`MAX_BATCHES`].
+    #[error("request carries {0} batches, the maximum is {MAX_BATCHES}")]
+    TooManyBatches(usize),
 }

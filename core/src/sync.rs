@@ -318,6 +318,11 @@ impl SyncEngine {
         if bad(config.interval) || bad(config.timeout) {
             return Err(EngineError::BadConfig);
         }
+        // Roots refuse a request with more.
+        let config = SyncConfig {
+            max_pending_batches: config.max_pending_batches.min(crate::proto::MAX_BATCHES),
+            ..config
+        };
         if roots.len() > crate::zone::MAX_ROOTS {
             return Err(EngineError::TooManyRoots(roots.len()));
         }

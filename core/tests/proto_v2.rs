@@ -581,3 +581,40 @@ fn max_in_flight_travels_in_an_appended_field_old_limiters_skip() {
     assert!(json.contains("\"max_in_flight\":50"), "{json}");
     assert!(!serde_json::to_string(&got.quotas[0]).unwrap().contains("max_in_flight"));
 }
+
+/// A concurrency report and grant are flat objects in JSON, as they were with
+/// `#[serde(flatten)]`; an unknown field (however deep) is skipped, not buffered.
+#[test]
+fn in_flight_reports_are_flat_json_and_skip_unknown_fields() {
+    let report = InFlightReport {
+        id: 7,
+        report: Report { seq: 2, held: 3, held_total: 4, in_flight: 5, demand: 6, refused: 1 },
+    };
+    assert_eq!(
+        serde_json::to_string(&report).unwrap(),
+        r#"{"id":7,"seq":2,"held":3,"held_total":4,"in_flight":5,"demand":6,"refused":1}"#
+    );
+    let deep = r#"{"id":7,"x":{"a":{"b":[1,2,{"c":null}]}},"seq":2,"held":3,"held_total":4,"in_flight":5,"demand":6,"refused":1}"#;
+    assert_eq!(serde_json::from_str::<InFlightReport>(deep).unwrap(), report);
+    assert!(serde_json::from_str::<InFlightReport>(r#"{"id":7,"seq":2}"#).is_err());
+    let grant = InFlightGrant { id: 9, grant: Grant { share: 4, lease_ns: 5_000 } };
+    assert_eq!(serde_json::to_string(&grant).unwrap(), r#"{"id":9,"share":4,"lease_ns":5000}"#);
+    assert_eq!(
+        serde_json::from_str::<InFlightGrant>(r#"{"id":9,"share":4,"lease_ns":5000,"z":[]}"#)
+            .unwrap(),
+        grant
+    );
+}
+
+/// An empty batch is 2 bytes of v2 and 72 in memory: more than a limiter keeps are refused
+/// before the list is allocated.
+#[test]
+fn more_batches_than_a_limiter_keeps_are_refused() {
+    let batch = |seq| DeltaBatch { seq, deltas: Vec::new(), epoch: None, drained: Vec::new() };
+    let mut r = sample_request();
+    r.batches = (1..=yarl_core::proto::MAX_BATCHES as u64).map(batch).collect();
+    assert!(v2::decode_request(&v2::encode_request(&r), 1_000_000).is_ok());
+    r.batches.push(batch(5_000));
+    let err = v2::decode_request(&v2::encode_request(&r), 1_000_000).unwrap_err();
+    assert!(matches!(err, DecodeError::Malformed { field: "batches", .. }), "{err:?}");
+}

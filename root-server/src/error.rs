@@ -144,7 +144,9 @@ impl ApiError {
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ApiError::Sync(e) => match e {
-                SyncError::TooLarge(..) => StatusCode::PAYLOAD_TOO_LARGE,
+                SyncError::TooLarge(..) | SyncError::TooManyBatches(_) => {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                }
                 SyncError::TooManyLimiters(_) => StatusCode::TOO_MANY_REQUESTS,
                 SyncError::SeqTooFarAhead { .. } => StatusCode::CONFLICT,
                 _ => StatusCode::BAD_REQUEST,
@@ -190,6 +192,7 @@ impl ApiError {
                 SyncError::TooLarge(..) => "too_many_entries",
                 SyncError::SeqTooFarAhead { .. } => "seq_too_far_ahead",
                 SyncError::BadDrained { .. } => "bad_drained",
+                SyncError::TooManyBatches(_) => "too_many_batches",
                 _ => "sync_refused",
             },
             ApiError::Internal(_) => "internal",

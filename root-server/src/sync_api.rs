@@ -89,13 +89,21 @@ impl SyncEncoding {
                 // `watch` open none, but every value of a list but its last is followed by
                 // ',': a delta or hint takes at most JSON_COMMAS_PER_ENTRY, so a body with
                 // more commas than that many per entry holds too many values of some list.
-                // Brackets and commas inside strings only make the counts larger.
-                let (brackets, commas) = body.iter().fold((0usize, 0usize), |(b, c), &x| {
-                    (b + usize::from(x == b'['), c + usize::from(x == b','))
-                });
-                if brackets > max_entries.saturating_add(2) {
+                // Objects are the request, its batches and its concurrency reports, each an
+                // entry too. Brackets and commas inside strings only make the counts larger.
+                let (brackets, braces, commas) =
+                    body.iter().fold((0usize, 0usize, 0usize), |(b, o, c), &x| {
+                        (
+                            b + usize::from(x == b'['),
+                            o + usize::from(x == b'{'),
+                            c + usize::from(x == b','),
+                        )
+                    });
+                if brackets > max_entries.saturating_add(2)
+                    || braces > max_entries.saturating_add(1)
+                {
                     return Err(ApiError::Sync(SyncError::TooLarge(
-                        brackets.saturating_sub(2),
+                        brackets.saturating_sub(2).max(braces.saturating_sub(1)),
                         max_entries,
                     )));
                 }

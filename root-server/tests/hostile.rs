@@ -360,6 +360,16 @@ async fn hostile_inputs_against_a_real_root() {
     ok.push_str("[1,1,1]]}]}");
     let (s, v) = ctx.send(Method::POST, "/v1/sync", Some(SYNC), ok.into_bytes()).await;
     assert_eq!(s, 200, "{v}");
+    // Objects count as entries: 2.1 M empty ones in a field the root does not know (which
+    // serde buffered whole inside a report, 15 times the body) are refused unparsed.
+    let mut objs = String::from(
+        r#"{"v":1,"limiter":"objs","in_flight":[{"id":1,"seq":1,"held":0,"held_total":0,"in_flight":0,"demand":0,"refused":0,"x":["#,
+    );
+    objs.push_str(&"{},".repeat(2_100_000));
+    objs.push_str("{}]}]}");
+    let (s, v) = ctx.send(Method::POST, "/v1/sync", Some(SYNC), objs.into_bytes()).await;
+    assert_eq!(s, 413, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("entries")), "{v}");
 
     // 5b. Stalled syncs: a sync-token holder opens more syncs than the root decodes at once,
     // each declaring a body it never sends (100 bytes, or 64 MiB: the memory budget four

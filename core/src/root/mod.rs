@@ -552,6 +552,9 @@ impl RootState {
         if entries > self.config.max_entries {
             return Err(SyncError::TooLarge(entries, self.config.max_entries));
         }
+        if req.batches.len() > crate::proto::MAX_BATCHES {
+            return Err(SyncError::TooManyBatches(req.batches.len()));
+        }
         for (index, b) in req.batches.iter().enumerate() {
             let (len, deltas) = (b.drained.len(), b.deltas.len());
             if len != 0 && len != deltas {

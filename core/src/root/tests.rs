@@ -192,7 +192,11 @@ fn refuses_bad_requests() {
     assert_eq!(r.sync(&req("a", vec![(1, vec![(1, 1); 4])]), 0), Err(SyncError::TooLarge(5, 4)));
     let empty_batches: Vec<_> = (1..=5).map(|s| (s, vec![])).collect();
     assert_eq!(r.sync(&req("a", empty_batches), 0), Err(SyncError::TooLarge(5, 4)));
-    assert_eq!(r.limiter_count(), 0, "a refused request makes no session");
+    // More batches than a limiter keeps, whatever the entry budget.
+    let mut big = RootState::new(RootConfig::default());
+    let many: Vec<_> = (1..=1_025).map(|s| (s, vec![])).collect();
+    assert_eq!(big.sync(&req("a", many), 0), Err(SyncError::TooManyBatches(1_025)));
+    assert_eq!(r.limiter_count() + big.limiter_count(), 0, "a refused request makes no session");
 }
 
 /// Issue 10, item 6: 100,000 tiny requests with new limiter ids locked every restarted

@@ -198,6 +198,11 @@ impl<'de> Visitor<'de> for BatchList<'_> {
         let ctx = self.0;
         ctx.at("batches");
         let n = ctx.reserve(seq.size_hint(), true)?;
+        // Each is 72 bytes decoded and may be 2 on the wire: checked before the list is
+        // allocated, as the budget of entries assumes 24 bytes each.
+        if n > crate::proto::MAX_BATCHES {
+            return Err(ctx.malformed("more batches than a limiter keeps (1,024)"));
+        }
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             out.push(next(ctx, &mut seq, "batches", OneBatch(ctx))?);
