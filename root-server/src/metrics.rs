@@ -13,32 +13,31 @@ use yarl_core::root::RootStats;
 const BUCKETS: [f64; 12] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
-/// A latency histogram over [`BUCKETS`].
+/// A latency histogram over [`BUCKETS`]: a count per bucket of its own (the last past
+/// every bound), made cumulative when rendered, so that a scrape during an observation
+/// never shows a bucket above the next one or above the count.
 #[derive(Debug, Default)]
 struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
+    buckets: [AtomicU64; BUCKETS.len() + 1],
     sum_ns: AtomicU64,
 }
 
 impl Histogram {
     fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (b, &le) in self.buckets.iter().zip(BUCKETS.iter()) {
-            if secs <= le {
-                b.fetch_add(1, Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Relaxed);
+        let at = BUCKETS.iter().position(|&le| secs <= le).unwrap_or(BUCKETS.len());
+        self.buckets[at].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
 
     fn render(&self, o: &mut String, name: &str, help: &str) {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0u64;
         for (b, le) in self.buckets.iter().zip(BUCKETS) {
-            let _ = writeln!(o, "{name}_bucket{{le=\"{le}\"}} {}", b.load(Relaxed));
+            cumulative = cumulative.saturating_add(b.load(Relaxed));
+            let _ = writeln!(o, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
         }
-        let count = self.count.load(Relaxed);
+        let count = cumulative.saturating_add(self.buckets[BUCKETS.len()].load(Relaxed));
         let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(o, "{name}_sum {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
         let _ = writeln!(o, "{name}_count {count}");
@@ -485,6 +484,24 @@ fn render_in_flight(o: &mut String, rows: &[(Option<String>, EscrowStats)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_histogram_is_cumulative_and_ends_at_its_count() {
+        let h = Histogram::default();
+        for us in [50, 50, 300, 2_000, 2_000_000] {
+            h.observe(Duration::from_micros(us));
+        }
+        let mut o = String::new();
+        h.render(&mut o, "x", "help");
+        let values: Vec<u64> = o
+            .lines()
+            .filter(|l| l.starts_with("x_bucket"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(values, [2, 2, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 5]);
+        assert!(o.contains("x_count 5\n"));
+        assert!(o.contains("x_sum 2.0024\n"), "{o}");
+    }
 
     #[test]
     fn in_flight_quotas_beyond_the_top_and_keys_are_summed_as_other() {
