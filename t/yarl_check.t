@@ -9,7 +9,7 @@ use strict;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
-use Test::Yarl qw(http_get status_of header_of);
+use Test::Yarl qw(http_get status_of header_of body_of);
 
 my $t = Test::Yarl->new();
 $t->run_root('A');
@@ -42,6 +42,9 @@ ok($t->wait_quota($p, 'c', 5), 'quota arrived from the root');
 my @s = map { status_of(http_get($p, '/chk/index.html?q=c')) } 1 .. 30;
 is_deeply(\@s, [(200) x 30], 'check-only never fills the bucket');
 is($t->stats($p, '/stats?quota=c')->{quota}{fill}, 0, 'fill still 0 after checks');
+my $bad = http_get($p, '/stats?quota=c%ZZ');
+like($bad, qr/ 400 /, 'yarl_stats: a malformed escape in ?quota= is refused');
+like(body_of($bad), qr/^\{"error":"quota: a %XX escape is malformed"\}$/m, 'naming the argument');
 
 my $r = http_get($p, '/chk/index.html?q=c');
 is(header_of($r, 'X-Yarl-Status'), 'PASSED', '$yarl_status PASSED');

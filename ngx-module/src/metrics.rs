@@ -14,7 +14,7 @@ pub(crate) unsafe extern "C" fn metrics_handler(r: *mut ngx_http_request_t) -> n
     // SAFETY: nginx calls content handlers with a valid request.
     let r = unsafe { Request::from_ngx_http_request(r) };
     match catch_unwind(AssertUnwindSafe(|| {
-        respond(r, c"text/plain; version=0.0.4; charset=utf-8", |_| render())
+        respond(r, c"text/plain; version=0.0.4; charset=utf-8", |_| Ok(render()))
     })) {
         Ok(s) => s.0,
         Err(_) => {

@@ -26,26 +26,32 @@ pub(crate) unsafe extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx
     }
 }
 
-fn quota_arg(r: &mut Request) -> Option<Vec<u8>> {
+/// The `quota` argument, decoded: `Ok(None)` without one, `Err` when an escape in it is
+/// malformed (`%ZZ`, a `%` at the end).
+fn quota_arg(r: &mut Request) -> Result<Option<Vec<u8>>, String> {
     let mut value = ngx_str_t::default();
     let raw: *mut ngx_http_request_t = (&mut *r).into();
     // SAFETY: ngx_http_arg only reads the request's args and points `value` into them.
     let rc = unsafe { ngx_http_arg(raw, c"quota".as_ptr().cast_mut().cast(), 5, &mut value) };
     if rc != NGX_OK as ngx_int_t {
-        return None;
+        return Ok(None);
     }
-    parse::percent_decode(value.as_bytes())
+    match parse::percent_decode(value.as_bytes()) {
+        Some(name) => Ok(Some(name)),
+        None => Err(r#"{"error":"quota: a %XX escape is malformed"}"#.to_owned() + "\n"),
+    }
 }
 
 fn stats(r: &mut Request) -> Status {
     respond(r, c"application/json", render)
 }
 
-/// Answers a GET or HEAD with `body(r)` as `content_type`; other methods get 405.
+/// Answers a GET or HEAD with `body(r)` as `content_type`, or a 400 with the JSON error
+/// it returns; other methods get 405.
 pub(crate) fn respond(
     r: &mut Request,
     content_type: &'static core::ffi::CStr,
-    body: impl FnOnce(&mut Request) -> String,
+    body: impl FnOnce(&mut Request) -> Result<String, String>,
 ) -> Status {
     let method = r.as_ref().method as u32;
     if method != NGX_HTTP_GET && method != NGX_HTTP_HEAD {
@@ -55,9 +61,12 @@ pub(crate) fn respond(
     if rc != Status::NGX_OK {
         return rc;
     }
-    let body = body(r);
+    let (status, body, content_type) = match body(r) {
+        Ok(body) => (HTTPStatus::OK, body, content_type),
+        Err(error) => (HTTPStatus::BAD_REQUEST, error, c"application/json"),
+    };
 
-    r.set_status(HTTPStatus::OK);
+    r.set_status(status);
     r.set_content_length_n(body.len());
     let raw: &mut ngx_http_request_t = r.as_mut();
     let len = content_type.to_bytes().len();
@@ -77,8 +86,8 @@ pub(crate) fn respond(
     r.output_filter(&mut out)
 }
 
-fn render(r: &mut Request) -> String {
-    let quota_name = quota_arg(r);
+fn render(r: &mut Request) -> Result<String, String> {
+    let quota_name = quota_arg(r)?;
     let w = worker::worker();
     let status = w.map(|w| w.limiter.zone_status());
     let now_ns = w.map_or(0, |w| w.limiter.clock().now_nanos());
@@ -97,7 +106,7 @@ fn render(r: &mut Request) -> String {
     let quota_name = quota_name.as_deref().map(yarl_core::display_name);
     let templates = w.map_or_else(Vec::new, |w| w.limiter.template_keys());
     let concurrency = w.map(|w| w.limiter.concurrency_status());
-    report::render(&Input {
+    Ok(report::render(&Input {
         concurrency: concurrency.as_ref(),
         templates: &templates,
         pid: std::process::id(),
@@ -108,5 +117,5 @@ fn render(r: &mut Request) -> String {
         sync,
         requests: worker::counters(),
         quota: quota_name.as_deref().map(|n| (n, info.as_ref())),
-    })
+    }))
 }
