@@ -79,8 +79,10 @@ pub struct Ctx {
     /// `yarl_account` lines whose weight was empty when the request was decided, charged
     /// once it is done (see [`Deferred`]); empty for nearly every request.
     deferred: Vec<Deferred>,
-    /// Slots of `yarl_concurrency` quotas this request holds until it ends.
-    permits: Vec<Permit>,
+    /// Slots of `yarl_concurrency` quotas this request holds until it ends: kept for its
+    /// drop, which gives them back when the request's pool is freed.
+    #[allow(dead_code)]
+    permits: Held,
     /// The location whose `yarl_charge` lines the request is charged by: the first it
     /// reached the access phase in, not the one it ends in (after `try_files … @app`,
     /// `error_page`, `X-Accel-Redirect`), whose lines may be none or others. Location
@@ -88,13 +90,19 @@ pub struct Ctx {
     charges: *const LocConf,
 }
 
-impl Drop for Ctx {
+/// Slots taken for a request, given back when dropped: from the moment they are taken, so
+/// that a panic before the request's state is stored (caught at the handler's edge) does
+/// not leave them taken until the worker exits.
+#[derive(Debug, Default)]
+struct Held(Vec<Permit>);
+
+impl Drop for Held {
     fn drop(&mut self) {
-        if self.permits.is_empty() {
+        if self.0.is_empty() {
             return;
         }
         if let Some(limiter) = worker::limiter() {
-            for p in &self.permits {
+            for p in &self.0 {
                 limiter.release(p);
             }
         }
@@ -250,7 +258,7 @@ fn access(r: &mut Request) -> Status {
                 status: None,
                 quota: None,
                 deferred: Vec::new(),
-                permits: Vec::new(),
+                permits: Held::default(),
                 charges,
             };
             if !store_ctx(r, ctx) {
@@ -266,10 +274,10 @@ fn access(r: &mut Request) -> Status {
     let dry = lc.dry_run();
     let (mut v, permits, would) = match acquire(r, lc, limiter, dry) {
         Ok((permits, would)) => (decide(r, lc, limiter, dry), permits, would),
-        Err(v) => (v, Vec::new(), None),
+        Err(v) => (v, Held::default(), None),
     };
     // A request that holds a slot was limited, if only by its concurrency quota.
-    if v.status == YarlStatus::Unlimited && !permits.is_empty() {
+    if v.status == YarlStatus::Unlimited && !permits.0.is_empty() {
         v.status = YarlStatus::Passed;
     }
     // The account lines left to weigh after the response go with a request that goes on:
@@ -288,14 +296,7 @@ fn access(r: &mut Request) -> Status {
         v.refused_slot = Some(id);
     }
     // Slots are held only by a request that goes on.
-    let permits = if v.status == YarlStatus::Rejected {
-        for p in &permits {
-            limiter.release(p);
-        }
-        Vec::new()
-    } else {
-        permits
-    };
+    let permits = if v.status == YarlStatus::Rejected { Held::default() } else { permits };
     let log = r.log();
     if let (YarlStatus::Rejected | YarlStatus::RejectedDryRun, Some(q)) = (v.status, &v.quota) {
         ngx_log_error!(
@@ -328,7 +329,7 @@ fn access(r: &mut Request) -> Status {
         _ => None,
     };
     let fields = if lc.headers() {
-        limiter.with_slot_fields(fields, &permits, v.refused_slot)
+        limiter.with_slot_fields(fields, &permits.0, v.refused_slot)
     } else {
         fields
     };
@@ -369,8 +370,8 @@ fn acquire<'a>(
     lc: &LocConf,
     limiter: &Limiter,
     dry: bool,
-) -> Result<(Vec<Permit>, WouldRefuse<'a>), Verdict<'a>> {
-    let mut permits = Vec::new();
+) -> Result<(Held, WouldRefuse<'a>), Verdict<'a>> {
+    let mut permits = Held::default();
     let mut would: WouldRefuse<'a> = None;
     for rule in lc.rules.iter().filter(|rule| rule.kind == RuleKind::Concurrency) {
         // SAFETY: as in `decide`.
@@ -381,20 +382,18 @@ fn acquire<'a>(
         }
         match limiter.acquire(name) {
             Acquired::Admitted(p) if p.is_empty() => {}
-            Acquired::Admitted(p) => permits.push(p),
+            Acquired::Admitted(p) => permits.0.push(p),
             Acquired::WouldRefuse(p, id) => {
                 if !p.is_empty() {
-                    permits.push(p);
+                    permits.0.push(p);
                 }
                 would = would.or_else(|| Some((display_name(name), id)));
             }
             Acquired::Refused(id) if dry => {
                 would = would.or_else(|| Some((display_name(name), id)));
             }
+            // The slots taken at the lines before go back as `permits` is dropped.
             Acquired::Refused(id) => {
-                for p in &permits {
-                    limiter.release(p);
-                }
                 return Err(Verdict {
                     status: YarlStatus::Rejected,
                     quota: Some(display_name(name)),
