@@ -192,6 +192,13 @@ pub fn runtime_weight(raw: &[u8]) -> RuntimeWeight {
     RuntimeWeight::Value(sum)
 }
 
+/// The parent pid in a `/proc/PID/stat` line: the fourth field, after the command name in
+/// parentheses (which may hold spaces and parentheses itself, so it ends at the last `)`).
+pub fn ppid_of_stat(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
 /// `yarl_roots` URLs follow the agent's rules (the transport that calls them lives there):
 /// `http://` or `https://`, no credentials, query or fragment, returned without a trailing
 /// slash.

@@ -165,12 +165,26 @@ pub fn root_statuses() -> Vec<RootStatus> {
         .collect()
 }
 
-/// Whether the process `pid` exists (a worker the master has not respawned yet).
+/// Whether the process `pid` exists and is a worker of this nginx (a child of our master):
+/// a dead worker's pid taken by another process since must not keep its ledger row, and
+/// the slots it held, forever.
 pub fn alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: signal 0 only checks for existence and permission.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    let r = unsafe { libc::kill(p, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // Where /proc cannot be read (another user's process under `hidepid`), existence is
+    // all there is to go on.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| crate::parse::ppid_of_stat(&s))
+    {
+        // SAFETY: getppid has no preconditions.
+        Some(ppid) => i64::from(ppid) == i64::from(unsafe { libc::getppid() }),
+        None => true,
+    }
 }
 
 /// Attaches this worker to the zone and arms its tick. An error leaves the worker without

@@ -183,3 +183,12 @@ fn root_lines_and_shards() {
     let many: Vec<String> = (0..65).map(|i| format!("http://r{i}")).collect();
     assert!(m.add(None, many).unwrap_err().contains("at most 64"));
 }
+
+#[test]
+fn parent_pids_from_proc_stat() {
+    assert_eq!(ppid_of_stat("4242 (nginx) S 4200 4200 4200 0 -1 4194624 10"), Some(4200));
+    // A command name with spaces and parentheses ends at the last ')'.
+    assert_eq!(ppid_of_stat("77 (a b) (c)) R 1 77 77 0"), Some(1));
+    assert_eq!(ppid_of_stat("77 (x) R"), None);
+    assert_eq!(ppid_of_stat(""), None);
+}
