@@ -173,6 +173,11 @@ pub fn render(i: &Input<'_>) -> String {
             "New keys with no room in the key table: counted on their template's own bucket.",
             u.keys_refused,
         ),
+        (
+            "yarl_key_secret_conflicts_total",
+            "Sync answers carrying another key secret than the one this zone took first: that root's keys are not this host's (a root of another quota database, or a man in the middle).",
+            u.key_secret_conflicts,
+        ),
     ] {
         head(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {v}");

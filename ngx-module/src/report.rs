@@ -111,6 +111,8 @@ struct Zone<'a> {
     keys_adopted: u64,
     key_evictions: u64,
     keys_refused: u64,
+    /// Answers with another key secret than the zone's (see `yarl_key_secret_conflicts_total`).
+    key_secret_conflicts: u64,
     /// Per template (the first the zone counts apart; `template: null` for the others).
     template_keys: Vec<TemplateRow<'a>>,
 }
@@ -264,6 +266,7 @@ pub fn render(input: &Input<'_>) -> String {
             keys_adopted: u.keys_adopted,
             key_evictions: u.key_evictions,
             keys_refused: u.keys_refused,
+            key_secret_conflicts: u.key_secret_conflicts,
             template_keys: input
                 .templates
                 .iter()

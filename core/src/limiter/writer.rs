@@ -969,6 +969,15 @@ impl Limiter {
     /// to be counted again under the cluster's.
     pub(crate) fn set_cluster_secret(&self, secret: (u64, u64), now: u64) {
         if self.hdr(hdr::CLUSTER_SECRET_SET).load(Acquire) != 0 {
+            // The first stays: keys keep their ids for the zone's life. Another one means
+            // some root's keys are not this host's (counted for the operator to see).
+            let held = (
+                self.hdr(hdr::CLUSTER_SECRET).load(Relaxed),
+                self.hdr(hdr::CLUSTER_SECRET + 1).load(Relaxed),
+            );
+            if held != secret {
+                self.hdr(hdr::KEY_SECRET_CONFLICTS).fetch_add(1, Relaxed);
+            }
             return;
         }
         let mut guard = self.writer();

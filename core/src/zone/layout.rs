@@ -30,7 +30,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"YARLZONE");
 /// Version of the layout described in this file. A block formatted by another version is
 /// formatted again, never read (bump it with any change to the layout, the name hash or the
 /// meaning of a field).
-pub const LAYOUT_VERSION: u64 = 19;
+pub const LAYOUT_VERSION: u64 = 20;
 
 /// Words of one slot (128 bytes).
 pub(crate) const SLOT_WORDS: usize = 16;
@@ -169,6 +169,9 @@ pub(crate) mod hdr {
         pub const SECTION_OVERLAPS = 45;
         /// Entries into the write section refused while another live process was inside.
         pub const SECTION_WAITS = 46;
+        /// Answers that carried a key secret other than the one this block took first (a
+        /// root of another database, or a man in the middle that answered first).
+        pub const KEY_SECRET_CONFLICTS = 47;
         /// `SPARE_AREAS` pairs: (area + 1, time it was retired).
         pub const SPARES = 48;
         /// Free-list heads of the arena, by record size in words (index = size).

@@ -273,6 +273,10 @@ pub struct ZoneUsage {
     /// New keys the table had no room for near their place: they shared their template's
     /// own bucket.
     pub keys_refused: u64,
+    /// Answers from roots that carried another key secret than the one this block took
+    /// first: those roots' keys are not this host's (another database, or a man in the
+    /// middle that answered first).
+    pub key_secret_conflicts: u64,
 }
 
 pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
@@ -305,6 +309,7 @@ pub(crate) fn usage(w: &[AtomicU64], l: &Layout) -> ZoneUsage {
         keys_adopted: get(hdr::KEYS_ADOPTED),
         key_evictions: get(hdr::KEY_EVICTIONS),
         keys_refused: get(hdr::KEYS_REFUSED),
+        key_secret_conflicts: get(hdr::KEY_SECRET_CONFLICTS),
     }
 }
 

@@ -714,6 +714,11 @@ fn an_insert_that_read_a_template_before_it_changed_is_made_again_with_the_new_n
     assert_eq!(passes(&l, b"k_other", 1), 1);
     let id = crate::zone::keys::key_id((5, 6), b"k_other");
     assert!((0..table.cap()).any(|p| table.slot(p).unwrap().id() == id), "under the new secret");
+    // The first secret stays; another one is counted, the same one is not.
+    l.set_cluster_secret((5, 6), clock.now_nanos());
+    l.set_cluster_secret((7, 8), clock.now_nanos());
+    assert_eq!(l.zone_status().usage.key_secret_conflicts, 1);
+    assert!((0..table.cap()).any(|p| table.slot(p).unwrap().id() == id), "kept");
 }
 
 /// Request paths inserting keys into a crowded table (evicting drained ones) while the
