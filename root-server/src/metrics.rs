@@ -60,6 +60,9 @@ pub struct Metrics {
     lock_held_ns: AtomicU64,
     pub(crate) db_errors: AtomicU64,
     pub(crate) db_down: AtomicBool,
+    /// The database's epoch counter: read by a poll that found nothing new, at least the
+    /// epoch of the rows a poll or a write of this root brought in.
+    pub(crate) db_epoch: AtomicU64,
     pub(crate) polls: AtomicU64,
     pub(crate) quota_writes: AtomicU64,
     pub(crate) admin_refused: AtomicU64,
@@ -302,6 +305,11 @@ impl Metrics {
             "yarl_root_state_stripes",
             "States the counters are split into, each behind its own lock (--stripes).",
             s.stripes as u64,
+        );
+        gauge(
+            "yarl_root_db_epoch",
+            "The quota database's epoch as the root last saw it: below yarl_root_epoch, the database was recreated or restored to an earlier state, and changes made since are not polled.",
+            self.db_epoch.load(Relaxed),
         );
         gauge(
             "yarl_root_db_up",

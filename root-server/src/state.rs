@@ -155,6 +155,8 @@ pub(crate) struct Inner {
     cut: parking_lot::RwLock<()>,
     /// Clock time of the last logged database error (rate limit: one per poll interval).
     last_db_log: AtomicU64,
+    /// When the database was last logged as behind this root's epoch (ns; 0: never).
+    last_behind_log: AtomicU64,
 }
 
 /// The root state, locked; records its wait and hold times when dropped.
@@ -224,6 +226,7 @@ impl AppState {
             cursor: tokio::sync::Mutex::new(0),
             cut: parking_lot::RwLock::new(()),
             last_db_log: AtomicU64::new(0),
+            last_behind_log: AtomicU64::new(0),
         }))
     }
 
@@ -414,8 +417,39 @@ impl AppState {
                 break;
             }
         }
+        if total == 0 {
+            self.check_db_epoch(*cursor).await?;
+        } else {
+            // Rows up to the cursor were there: the database is at least that far.
+            self.0.metrics.db_epoch.fetch_max(*cursor, Relaxed);
+        }
         self.0.metrics.polls.fetch_add(1, Relaxed);
         Ok(total)
+    }
+
+    /// A poll that found nothing new also reads the database's epoch: one behind what this
+    /// root applied (`cursor`) means the database was recreated or restored, and changes made
+    /// since stay unseen until the roots, then nginx, restart (docs/operations.md). Logged
+    /// once a minute while it lasts.
+    async fn check_db_epoch(&self, cursor: Epoch) -> Result<(), StoreError> {
+        let db = self.0.store.db_epoch().await?;
+        self.0.metrics.db_epoch.store(db, Relaxed);
+        if db >= cursor {
+            return Ok(());
+        }
+        let now = self.now().max(1);
+        let last = self.0.last_behind_log.load(Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= 60_000_000_000)
+            && self.0.last_behind_log.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+        {
+            tracing::error!(
+                db_epoch = db,
+                root_epoch = cursor,
+                "the quota database's epoch went back (recreated or restored?): changes made \
+                 since are not seen; restart every root, then every nginx"
+            );
+        }
+        Ok(())
     }
 
     async fn apply(&self, updates: impl Iterator<Item = QuotaUpdate>) {
@@ -447,6 +481,7 @@ impl AppState {
         if *cursor == w.base_epoch {
             self.apply(w.quotas.into_iter().map(|q| q.into_update())).await;
             *cursor = last;
+            self.0.metrics.db_epoch.fetch_max(last, Relaxed);
             return;
         }
         drop(w);

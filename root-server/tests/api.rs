@@ -1022,3 +1022,31 @@ async fn windows_are_stored_exactly_and_default_their_bursts() {
     let (_, v) = call(&st, GET, "/v1/quotas/k_abc", None, None).await;
     assert_eq!((&v["template"], &v["per"]), (&json!("k_*"), &json!("1h")), "{v}");
 }
+
+/// A quota database recreated under a running root (its epochs start over): the root
+/// polls for changes after its own epoch and sees none; the database's epoch, read when a
+/// poll finds nothing, shows it behind (`yarl_root_db_epoch` below `yarl_root_epoch`).
+#[tokio::test]
+async fn a_database_whose_epoch_went_back_shows_in_the_metrics() {
+    let (store, url, _dir) = sqlite_store().await;
+    let st = state(store, Settings::default()).await;
+    for n in ["a", "b"] {
+        let (s, v) =
+            call(&st, PUT, &format!("/v1/quotas/{n}"), Some(&quota(1.0, 1.0, 1.0, None)), None)
+                .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    st.poll().await.unwrap();
+    let metrics = |st| async move {
+        call(st, GET, "/metrics", None, None).await.1.as_str().unwrap().to_owned()
+    };
+    let m = metrics(&st).await;
+    assert!(m.contains("\nyarl_root_db_epoch 2\n") && m.contains("\nyarl_root_epoch 2\n"), "{m}");
+    // Recreated: empty, its counter back at 0.
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("DELETE FROM yarl_quotas").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE yarl_epoch SET epoch = 0").execute(&pool).await.unwrap();
+    st.poll().await.unwrap();
+    let m = metrics(&st).await;
+    assert!(m.contains("\nyarl_root_db_epoch 0\n") && m.contains("\nyarl_root_epoch 2\n"), "{m}");
+}

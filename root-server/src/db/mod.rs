@@ -298,6 +298,10 @@ pub trait QuotaStore: Send + Sync + 'static {
         epoch: Epoch,
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<StoredQuota>, StoreError>>;
+
+    /// The database's epoch counter: the epoch of its latest write. Only grows while the
+    /// database lives; below what a root applied, the database was recreated or restored.
+    fn db_epoch(&self) -> BoxFuture<'_, Result<Epoch, StoreError>>;
 }
 
 /// Opens (and migrates) the database named by `url`: `sqlite://PATH` or `postgres://…`.

@@ -796,6 +796,18 @@ impl QuotaStore for SqlStore {
     ) -> BoxFuture<'_, Result<Vec<StoredQuota>, StoreError>> {
         Box::pin(self.changes_inner(epoch, limit))
     }
+
+    fn db_epoch(&self) -> BoxFuture<'_, Result<Epoch, StoreError>> {
+        Box::pin(async move {
+            let (e,): (i64,) = each_backend!(
+                self,
+                read(r) => {
+                    sqlx::query_as("SELECT epoch FROM yarl_epoch WHERE id = 1").fetch_one(r).await?
+                }
+            );
+            Ok(epoch_from_row(e))
+        })
+    }
 }
 
 #[cfg(test)]
