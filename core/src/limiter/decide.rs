@@ -306,7 +306,7 @@ impl Limiter {
                 // Counted as a rejection everywhere one is reported, but not enforced: the
                 // walk goes on to the enforced quotas above, and this quota is not charged.
                 chain.last_was_shadowed();
-                self.note_shadow_rejection(idx, &slot, now);
+                self.note_shadow_rejection(idx, &slot, now, shadowed == 0);
                 if shadowed == 0 {
                     shadowed = idx + 1;
                 }
@@ -316,7 +316,8 @@ impl Limiter {
                     // live limiters): the roots know better a round from now.
                     self.ask_early_round();
                 }
-                self.count_rejection(idx, &slot, now);
+                // The host counts a decision once: not again after a shadow rejection.
+                self.count_rejection(idx, &slot, now, shadowed == 0);
                 // The ancestors above the rejecting quota also saw this attempt as demand.
                 let mut cur = slot.parent();
                 while cur != 0 && chain.len < MAX_CHAIN {
@@ -369,15 +370,24 @@ impl Limiter {
     /// Counts a shadow rejection wherever rejections are reported.
     #[cold]
     #[inline(never)]
-    fn note_shadow_rejection(&self, idx: u32, slot: &crate::zone::slot::Slot<'_>, now: u64) {
-        self.count_rejection(idx, slot, now);
+    fn note_shadow_rejection(
+        &self,
+        idx: u32,
+        slot: &crate::zone::slot::Slot<'_>,
+        now: u64,
+        first: bool,
+    ) {
+        self.count_rejection(idx, slot, now, first);
     }
 
-    /// Counts a rejection by slot `idx`: the host's, the quota's and, for a key, its
-    /// template's too (keys come and go; the template's count is the one that only grows,
-    /// and what metrics name), and in the ring of recent rejections.
-    fn count_rejection(&self, idx: u32, slot: &crate::zone::slot::Slot<'_>, now: u64) {
-        self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
+    /// Counts a rejection by slot `idx`: the quota's and, for a key, its template's too
+    /// (keys come and go; the template's count is the one that only grows, and what metrics
+    /// name), in the ring of recent rejections, and with `host` the host's (one per
+    /// decision, however many quotas of the chain rejected it).
+    fn count_rejection(&self, idx: u32, slot: &crate::zone::slot::Slot<'_>, now: u64, host: bool) {
+        if host {
+            self.hdr(hdr::REJECTIONS).fetch_add(1, Relaxed);
+        }
         slot.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);
         if let Some(t) = self.template_of_key(idx).and_then(|t| self.slot(t)) {
             t.w(REJECTS).fetch_add(ONE_REJECTION, Relaxed);

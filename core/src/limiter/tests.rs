@@ -814,6 +814,10 @@ fn a_quota_in_shadow_mode_reports_its_rejections_and_enforces_nothing() {
     let d = l.account("key", 1).unwrap();
     assert_eq!((d.outcome, d.quota.as_deref()), (Outcome::Rejected, Some("all")));
     assert_eq!(l.quota("all").unwrap().fill, 9.0, "nothing added on a real rejection");
+    // Four decisions rejected or would have: the host counts each once, the last one (by
+    // `key` in shadow mode, then by `all`) included; each quota counts its own.
+    assert_eq!(l.rejections(), 4);
+    assert_eq!((l.quota("key").unwrap().rejections, l.quota("all").unwrap().rejections), (4, 1));
     // Flipped to enforcing by a quota change: the same request is rejected by `key`.
     l.apply_quotas(&[q(2, "key", 3, 0.001, 5.0, 5.0, Some("all"))]);
     assert!(!l.quota("key").unwrap().dry_run);
