@@ -110,6 +110,14 @@ pub struct YarlConfig {
 /// How often a host's sync agent checks for an early round (the nginx agent's tick).
 pub const POLL_NS: u64 = 10_000_000;
 
+/// How long after a request a host's polls keep running, in intervals. Polling every host
+/// every 10 ms through a two-day run would cost hundreds of millions of events, and here
+/// only a request path can make `wants_early_round` true (no concurrency quotas, no root
+/// restarts): its flag stays set until a poll finds budget, which comes back within
+/// `EARLY_REFILL` (4) intervals, and the next gap between rounds is within one more.
+/// Past that, a poll would find nothing, so skipping it changes no decision.
+const POLL_ARMED_INTERVALS: u64 = 6;
+
 /// What decides each request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Strategy {
@@ -183,8 +191,9 @@ impl Clock for SkewClock {
 enum Event {
     Arrival,
     Round(usize),
-    /// An early round for host `h` (its agent's poll found the surge flag).
-    Early(usize),
+    /// Host `h`'s agent looks for a surge between rounds (`SyncEngine::wants_early_round`,
+    /// once per [`POLL_NS`], as `agent/src/thread.rs` does).
+    Poll(usize),
     /// Host `h`'s agent polls for keys new to it (`SyncEngine::adopt_keys`).
     Adopt(usize),
     AtRoot(usize),
@@ -216,6 +225,17 @@ struct Host {
     in_flight: bool,
     /// An [`Event::Adopt`] is queued.
     adopt_queued: bool,
+    /// When the next regular round is due: the agent stops polling for a surge there.
+    next_round: u64,
+    /// The regular round came due while a round was in flight: the agent begins it as
+    /// soon as that one ends (it does not wait another interval).
+    round_due: bool,
+    /// When the last round ended: the agent's polls fall every [`POLL_NS`] from there.
+    poll_base: u64,
+    /// An [`Event::Poll`] is queued.
+    poll_queued: bool,
+    /// Until when polls can find a surge (see [`POLL_ARMED_INTERVALS`]).
+    poll_until: u64,
 }
 
 struct Yarl {
@@ -226,6 +246,8 @@ struct Yarl {
     calls: Vec<Option<Call>>,
     /// Ids free for the next calls.
     free: Vec<usize>,
+    /// The sync interval, ns.
+    interval: u64,
     early: bool,
     peers: bool,
     adopt: bool,
@@ -444,12 +466,8 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
                         h.adopt_queued = true;
                         q.push(at + POLL_NS - at % POLL_NS, Event::Adopt(host));
                     }
-                    if y.early && !h.in_flight {
-                        let now = at.saturating_add_signed(h.offset);
-                        if h.engine.wants_early_round(now) {
-                            // The agent notices at its next poll.
-                            q.push(at + POLL_NS - at % POLL_NS, Event::Early(host));
-                        }
+                    if y.early {
+                        y.arm(host, at, &mut q);
                     }
                 }
                 if let Some(f) = followers.get_mut(key).filter(|_| ok) {
@@ -478,20 +496,32 @@ pub fn run(scenario: &Scenario, strategy: &Strategy) -> RunResult {
             }
             Event::Round(h) => {
                 let Decider::Yarl(y) = &mut decider else { continue };
-                // A round still waiting for a slow root delays the next (the sync thread
-                // awaits every call before sleeping).
+                // The agent awaits every call of a round before it looks at the time: a
+                // regular round due meanwhile begins when that one ends, and the schedule
+                // goes on from when it was due.
                 if y.hosts[h].in_flight {
-                    q.push(at + interval / 10, Event::Round(h));
+                    y.hosts[h].round_due = true;
                     continue;
                 }
+                y.hosts[h].next_round = at + interval;
                 q.push(at + interval, Event::Round(h));
                 y.begin(h, at, &scenario.net, &mut rng, &mut q);
             }
-            Event::Early(h) => {
+            Event::Poll(h) => {
                 let Decider::Yarl(y) = &mut decider else { continue };
-                if !y.hosts[h].in_flight {
+                let host = &mut y.hosts[h];
+                host.poll_queued = false;
+                // The agent polls only between rounds, and not at the moment the regular
+                // round is due (`now < next` comes before `wants_early_round`).
+                if host.in_flight || at >= host.next_round {
+                    continue;
+                }
+                let now = at.saturating_add_signed(host.offset);
+                if host.engine.wants_early_round(now) {
                     out.early_rounds += 1;
                     y.begin(h, at, &scenario.net, &mut rng, &mut q);
+                } else {
+                    y.poll_again(h, at + POLL_NS, &mut q);
                 }
             }
             Event::Adopt(h) => {
@@ -563,7 +593,7 @@ fn build_yarl(
     let urls: Vec<String> = (0..s.roots).map(|i| format!("http://root-{i}")).collect();
     let config =
         SyncConfig { interval: s.interval, timeout: s.net.timeout, ..SyncConfig::default() };
-    let hosts = (0..s.hosts)
+    let mut hosts: Vec<Host> = (0..s.hosts)
         .map(|i| {
             let offset = skew(rng, s.net.max_skew);
             let limiter = Arc::new(
@@ -585,18 +615,32 @@ fn build_yarl(
             limiter.apply_quotas(&quotas);
             let engine = SyncEngine::new(limiter.clone(), urls.clone(), config.clone())
                 .expect("fresh limiter, positive interval");
-            Host { limiter, engine, offset, outstanding: 0, in_flight: false, adopt_queued: false }
+            Host {
+                limiter,
+                engine,
+                offset,
+                outstanding: 0,
+                in_flight: false,
+                adopt_queued: false,
+                next_round: 0,
+                round_due: false,
+                poll_base: EPOCH_NS,
+                poll_queued: false,
+                poll_until: 0,
+            }
         })
         .collect();
     // Limiters sync at independent phases within the interval, as real hosts do.
-    for h in 0..s.hosts {
-        q.push(EPOCH_NS + rng.u64(0..ns(s.interval).max(1)), Event::Round(h));
+    for (h, host) in hosts.iter_mut().enumerate() {
+        host.next_round = EPOCH_NS + rng.u64(0..ns(s.interval).max(1));
+        q.push(host.next_round, Event::Round(h));
     }
     Yarl {
         hosts,
         roots,
         calls: Vec::new(),
         free: Vec::new(),
+        interval: ns(s.interval),
         early: cfg.early,
         peers: cfg.peers,
         adopt: cfg.adopt,
@@ -604,12 +648,59 @@ fn build_yarl(
 }
 
 impl Yarl {
+    /// A request on host `h` at `at` may have asked for an early round: the host's polls
+    /// run for a while (see [`POLL_ARMED_INTERVALS`]).
+    fn arm(&mut self, h: usize, at: u64, q: &mut Queue) {
+        let host = &mut self.hosts[h];
+        host.poll_until = at + POLL_ARMED_INTERVALS * self.interval;
+        if host.in_flight || host.poll_queued {
+            return;
+        }
+        let since = at.saturating_sub(host.poll_base);
+        let next = host.poll_base + since.div_ceil(POLL_NS) * POLL_NS;
+        self.poll_again(h, next, q);
+    }
+
+    /// Queues host `h`'s poll at `t` if it falls before the regular round and polls are
+    /// armed.
+    fn poll_again(&mut self, h: usize, t: u64, q: &mut Queue) {
+        let host = &mut self.hosts[h];
+        if self.early && !host.poll_queued && t < host.next_round && t <= host.poll_until {
+            host.poll_queued = true;
+            q.push(t, Event::Poll(h));
+        }
+    }
+
+    /// Host `h`'s round ended at `at`: a regular round that came due meanwhile begins now,
+    /// otherwise its agent polls from here until the next.
+    fn round_ended(
+        &mut self,
+        h: usize,
+        at: u64,
+        net: &Network,
+        rng: &mut fastrand::Rng,
+        q: &mut Queue,
+    ) {
+        let host = &mut self.hosts[h];
+        host.poll_base = at;
+        if std::mem::take(&mut host.round_due) {
+            // `next += interval` from when it was due; fallen behind, at once.
+            let next = (host.next_round + self.interval).max(at);
+            host.next_round = next;
+            q.push(next, Event::Round(h));
+            self.begin(h, at, net, rng, q);
+        } else {
+            self.poll_again(h, at + POLL_NS, q);
+        }
+    }
+
     fn begin(&mut self, h: usize, at: u64, net: &Network, rng: &mut fastrand::Rng, q: &mut Queue) {
         let host = &mut self.hosts[h];
         let now = at.saturating_add_signed(host.offset);
         let calls = host.engine.begin_round(now);
         if calls.is_empty() {
             host.engine.end_round(now);
+            self.round_ended(h, at, net, rng, q);
             return;
         }
         host.in_flight = true;
@@ -675,6 +766,8 @@ impl Yarl {
             host.in_flight = false;
             if host.engine.end_round(now).more {
                 self.begin(call.host, at, net, rng, q);
+            } else {
+                self.round_ended(call.host, at, net, rng, q);
             }
         }
     }
