@@ -50,3 +50,16 @@ fn false_rejections_are_those_the_exact_bucket_was_certain_to_admit() {
     assert!(tight.cold_false > 0, "{tight:?}");
     assert!(tight.cold_false_gap_s > 0.0 && tight.cold_false_gap_s < d.low_s, "{tight:?}");
 }
+
+#[test]
+fn a_key_run_without_a_burst_in_its_span_reports_none() {
+    let mut s = yarl_sim::experiments::quiet_keys(yarl_sim::KeyHosts::Sticky);
+    s.seconds = 3;
+    if let Some(k) = s.keys.as_mut() {
+        k.keys = 20;
+        k.from_s = 10.0;
+    }
+    let r = yarl_sim::experiments::evaluate_keys(&s, &Strategy::Yarl(chosen_default()));
+    assert_eq!(r.bursts, 0);
+    assert_eq!(r.under, 0);
+}
