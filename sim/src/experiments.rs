@@ -78,9 +78,14 @@ pub fn step_10x() -> Scenario {
     base(Load::step(0.5, STEP_S as f64, 10.0, Spread::Uniform), 25)
 }
 
+/// The steps' load after [`STEP_S`], × the limit.
+pub const STEP_TO: f64 = 10.0;
+/// The hot step's share on its one host.
+pub const HOT_SHARE: f64 = 0.95;
+
 /// 0.5x, then 10x at [`STEP_S`] with 95% of it on one hot host.
 pub fn step_10x_hot() -> Scenario {
-    base(Load::step(0.5, STEP_S as f64, 10.0, Spread::Hot { share: 0.95 }), 25)
+    base(Load::step(0.5, STEP_S as f64, STEP_TO, Spread::Hot { share: HOT_SHARE }), 25)
 }
 
 /// 0.5x, with 10x for 0.5 s from [`STEP_S`] + 0.25 s: shorter than one sync interval.
