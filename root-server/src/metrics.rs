@@ -63,6 +63,9 @@ pub struct Metrics {
     /// The database's epoch counter: read by a poll that found nothing new, at least the
     /// epoch of the rows a poll or a write of this root brought in.
     pub(crate) db_epoch: AtomicU64,
+    /// Set once the database's epoch was seen below the root's, until the root restarts:
+    /// writes made since may pass the root's epoch, and the changes below it stay unseen.
+    pub(crate) db_went_back: AtomicBool,
     pub(crate) polls: AtomicU64,
     pub(crate) quota_writes: AtomicU64,
     pub(crate) admin_refused: AtomicU64,
@@ -310,6 +313,11 @@ impl Metrics {
             "yarl_root_db_epoch",
             "The quota database's epoch as the root last saw it: below yarl_root_epoch, the database was recreated or restored to an earlier state, and changes made since are not polled.",
             self.db_epoch.load(Relaxed),
+        );
+        gauge(
+            "yarl_root_db_went_back",
+            "1 once the quota database's epoch was seen below this root's (recreated or restored to an earlier state), until the root restarts: changes made since may be unseen.",
+            u64::from(self.db_went_back.load(Relaxed)),
         );
         gauge(
             "yarl_root_db_up",

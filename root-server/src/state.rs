@@ -437,6 +437,9 @@ impl AppState {
         if db >= cursor {
             return Ok(());
         }
+        // Latched: once writes take the database past this root's epoch again, the
+        // changes made below it are still never polled.
+        self.0.metrics.db_went_back.store(true, Relaxed);
         let now = self.now().max(1);
         let last = self.0.last_behind_log.load(Relaxed);
         if (last == 0 || now.saturating_sub(last) >= 60_000_000_000)

@@ -1042,6 +1042,7 @@ async fn a_database_whose_epoch_went_back_shows_in_the_metrics() {
     };
     let m = metrics(&st).await;
     assert!(m.contains("\nyarl_root_db_epoch 2\n") && m.contains("\nyarl_root_epoch 2\n"), "{m}");
+    assert!(m.contains("\nyarl_root_db_went_back 0\n"), "{m}");
     // Recreated: empty, its counter back at 0.
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     sqlx::query("DELETE FROM yarl_quotas").execute(&pool).await.unwrap();
@@ -1049,4 +1050,16 @@ async fn a_database_whose_epoch_went_back_shows_in_the_metrics() {
     st.poll().await.unwrap();
     let m = metrics(&st).await;
     assert!(m.contains("\nyarl_root_db_epoch 0\n") && m.contains("\nyarl_root_epoch 2\n"), "{m}");
+    assert!(m.contains("\nyarl_root_db_went_back 1\n"), "{m}");
+    // Writes take the database past the root's epoch again: what was written below it
+    // stays unseen, and the root keeps saying so.
+    for n in ["c", "d", "e"] {
+        let (s, v) =
+            call(&st, PUT, &format!("/v1/quotas/{n}"), Some(&quota(1.0, 1.0, 1.0, None)), None)
+                .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    st.poll().await.unwrap();
+    let m = metrics(&st).await;
+    assert!(m.contains("\nyarl_root_db_went_back 1\n"), "{m}");
 }
