@@ -216,7 +216,9 @@ impl Limiter {
     /// entry (requests admitted before a cap was removed still give their slots back, so
     /// the count is right if the cap comes back).
     pub(super) fn holds(&self, e: usize, id: QuotaId) -> bool {
-        if id == EMPTY || id == DELETED {
+        // An entry being made is no counter's yet (a reaper that read it BUSY must give
+        // nothing back to whichever counter it is made for).
+        if id == EMPTY || id == DELETED || id == BUSY {
             return false;
         }
         match self.entry_id(e).load(Acquire) {

@@ -330,6 +330,7 @@ impl RootState {
             self.key_entry(id);
             if hints_epoch < self.reset_epoch(id) {
                 self.stats.dropped_before_reset += 1;
+                self.forget_if_bare(id);
                 continue;
             }
             self.apply_hint(id, fill, pre_start, now);

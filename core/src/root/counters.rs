@@ -242,8 +242,9 @@ impl RootState {
         }
         self.lent.remove(&id);
         self.kill_change(c.log_at, c.version);
-        // A key has nothing beside its counter: it goes too (see `keys.rs`).
-        self.forget_key(id);
+        // A key has nothing beside its counter and its escrow: it goes too, unless leases
+        // of its concurrency cap still run (see `keys.rs`).
+        self.forget_if_bare(id);
     }
 
     /// Brings the slots of these counters into the cache ahead of the work on them: the
@@ -303,15 +304,8 @@ impl RootState {
             }
         }
         self.sweep_left = 0;
-        self.end_sweep_pass(now);
-    }
-
-    /// What a sweep does once per pass, after the counters: forgets idle limiters, ended
-    /// escrows and the keys left with nothing.
-    fn end_sweep_pass(&mut self, now: u64) {
         self.forget_idle_limiters(now);
-        self.sweep_escrows(now);
-        self.sweep_bare_keys();
+        self.sweep_escrows(now, None);
     }
 
     /// [`sweep`](Self::sweep) in steps, for a server that must not stop answering syncs
@@ -356,10 +350,13 @@ impl RootState {
             }
         }
         self.sweep_left = lo;
+        // Escrows in steps of their own, whatever the counters' pass: a root whose keys
+        // only cap concurrency has escrows and no counters.
+        self.sweep_escrows(now, Some(max.max(1)));
         if lo > 0 {
             return false;
         }
-        self.end_sweep_pass(now);
+        self.forget_idle_limiters(now);
         true
     }
 }

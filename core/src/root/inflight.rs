@@ -9,17 +9,25 @@
 //! limiter's printed id cannot report, and take shares, as it; and a session this root
 //! forgot and meets again keeps its place in the escrow.
 
-use super::{IdMap, RootState};
+use super::{IdMap, IdSet, RootState};
 use crate::concurrency::{replica_part, Escrow, EscrowStats, Grant, HolderId};
 use crate::proto::{InFlightGrant, SyncRequest};
 use crate::quota::QuotaId;
 use crate::zone::keys::is_key_id;
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 
 /// The escrows of one root (or stripe), by counter.
 #[derive(Debug, Default)]
 pub(super) struct Escrows {
     by_id: IdMap<Escrow>,
+    /// Every escrow's id once, in the order the sweep looks at them (a few per step, so a
+    /// root with millions never stops to look at all of them at once): one whose leases
+    /// all ended goes, the others go to the back. An id whose escrow went meanwhile is
+    /// dropped when it comes up.
+    queue: VecDeque<QuotaId>,
+    /// The ids in `queue`.
+    queued: IdSet,
     /// Hashes limiter ids into holder ids, with this process's random seed.
     seed: foldhash::quality::RandomState,
 }
@@ -49,7 +57,9 @@ impl RootState {
             let cap =
                 if known { self.live_limits(r.id).map_or(0, |l| l.max_in_flight()) } else { 0 };
             let grant = if cap == 0 {
-                self.escrows.by_id.remove(&r.id);
+                if self.escrows.by_id.remove(&r.id).is_some() {
+                    self.forget_if_bare(r.id);
+                }
                 if is_key_id(r.id) {
                     // A key this root holds no entry for (over its bounds on keys, or its
                     // template lost its cap) gets no answer: the host goes on running it
@@ -61,8 +71,11 @@ impl RootState {
             } else {
                 let part = replica_part(cap, index, count);
                 let max_holders = self.config.max_holders;
-                let e = self
-                    .escrows
+                let escrows = &mut self.escrows;
+                if escrows.queued.insert(r.id) {
+                    escrows.queue.push_back(r.id);
+                }
+                let e = escrows
                     .by_id
                     .entry(r.id)
                     .or_insert_with(|| Escrow::new(cap, part, lease_ns, max_holders));
@@ -82,10 +95,26 @@ impl RootState {
         self.keys.asked.get(&id).and_then(|&t| self.live_limits(t)).map_or(0, |l| l.max_in_flight())
     }
 
-    /// Drops the escrows left with no holder at `now` (their leases ended): the sweep's,
-    /// so that a root no one scrapes does not keep one per key it ever granted.
-    pub(super) fn sweep_escrows(&mut self, now: u64) {
-        self.escrows.by_id.retain(|_, e| e.stats(now).holders > 0);
+    /// Looks at up to `max` escrows (from the front of the queue; all of them once with
+    /// `None`) and drops those left with no holder at `now` (their leases ended), with the
+    /// entry of a key that has nothing else: so that a root no one scrapes does not keep
+    /// one per key it ever granted, and no sweep step holds the lock for all of them.
+    pub(super) fn sweep_escrows(&mut self, now: u64, max: Option<usize>) {
+        let n = max.unwrap_or(usize::MAX).min(self.escrows.queue.len());
+        for _ in 0..n {
+            let Some(id) = self.escrows.queue.pop_front() else { break };
+            let holders = self.escrows.by_id.get_mut(&id).map(|e| e.stats(now).holders);
+            let live = holders.is_some_and(|h| h > 0);
+            if holders == Some(0) {
+                self.escrows.by_id.remove(&id);
+            }
+            if live {
+                self.escrows.queue.push_back(id);
+            } else {
+                self.escrows.queued.remove(&id);
+                self.forget_if_bare(id);
+            }
+        }
     }
 
     /// Whether counter `id` has an escrow here.

@@ -122,23 +122,14 @@ impl RootState {
         self.keys.count -= 1;
     }
 
-    /// Removes the entries of keys left with neither a counter nor an escrow (made by a hint
-    /// dropped as older than a reset, by a report whose template lost its cap, or whose
-    /// escrow's leases ended): an entry holds a place of the bounded keys, and only a
-    /// counter's sweep or the template's end removed it.
-    pub(super) fn sweep_bare_keys(&mut self) {
-        let bare: Vec<QuotaId> = self
-            .keys
-            .of
-            .values()
-            .flatten()
-            .copied()
-            .filter(|id| {
-                self.quotas.get(id).is_some_and(|q| q.counter == NO_COUNTER)
-                    && !self.has_escrow(*id)
-            })
-            .collect();
-        for id in bare {
+    /// Removes key `id`'s entry if it has neither a counter nor an escrow (its escrow's
+    /// leases ended, its template lost its cap, a hint for it was older than a reset): an
+    /// entry holds a place of the bounded keys, and nothing else would remove it before
+    /// its template goes.
+    pub(super) fn forget_if_bare(&mut self, id: QuotaId) {
+        let bare =
+            self.quotas.get(&id).is_some_and(|q| q.template.is_some() && q.counter == NO_COUNTER);
+        if bare && !self.has_escrow(id) {
             self.forget_key(id);
         }
     }

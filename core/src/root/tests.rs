@@ -1944,3 +1944,38 @@ fn stripes_divide_the_bounds_on_keys() {
         assert_eq!((s.config.max_keys, s.config.max_keys_per_template), (5, 3));
     }
 }
+
+/// A key whose counter is spent while leases of its concurrency cap still run keeps its
+/// entry (and the escrow its shares), so the cap is not granted again beside them; the
+/// sweep looks at escrows in steps of their own, counters or not.
+#[test]
+fn a_key_keeps_its_entry_while_its_leases_run() {
+    let template = QuotaUpdate {
+        name: "k_*".into(),
+        limits: Limits::from_units(10.0, 5.0, 5.0).unwrap().with_max_in_flight(4).unwrap(),
+        ..quota(7, 1, 10.0, false)
+    };
+    let mut r = RootState::new(RootConfig { lease_ns: 30 * S, ..RootConfig::default() });
+    r.apply_quotas([template], 0);
+    let key = 1 << 63 | 5;
+    let both = SyncRequest {
+        key_templates: vec![(key, 7)],
+        hinted_seq: None,
+        ..report("l", &[(key, 1, 0, 1, 1)])
+    };
+    let both = SyncRequest { batches: req("l", vec![(1, vec![(key, 1_000)])]).batches, ..both };
+    let a = r.sync(&both, S).unwrap();
+    assert_eq!(a.grants.len(), 1);
+    assert!(r.counter(key, S).is_some());
+    // Drained and idle: the counter goes, the entry stays with its running lease.
+    r.sweep(10 * S);
+    assert_eq!(r.counter_count(), 0);
+    assert_eq!(r.key_count(), 1);
+    assert_eq!(r.in_flight_stats(10 * S).len(), 1);
+    // Steps alone (no counters to walk) end the escrow once its lease has, and the key.
+    for _ in 0..3 {
+        r.sweep_step(60 * S, 1);
+    }
+    assert_eq!(r.key_count(), 0);
+    assert!(r.in_flight_stats(60 * S).is_empty());
+}

@@ -533,3 +533,13 @@ fn the_hosts_refusals_keep_counting_when_an_entry_goes() {
     assert_eq!(c.refused, 2);
     l.release(&held);
 }
+
+#[test]
+fn an_entry_being_made_is_no_counters() {
+    // A reaper that reads a BUSY entry's owner must give nothing back to it: the counter it
+    // is being made for holds none of the dead process's slots.
+    let (l, _) = setup();
+    assert!(l.leave_free_entries_busy() > 0);
+    assert_eq!(l.permit_entry_owner(0), u64::MAX - 1);
+    assert!(!l.holds(0, l.permit_entry_owner(0)));
+}
