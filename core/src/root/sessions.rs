@@ -61,35 +61,53 @@ pub(super) struct Session {
 /// (its answer lost) must stay a retry, not count twice.
 #[derive(Debug, Default)]
 pub(super) struct Forgotten {
-    /// (highest batch applied, last seen, serial of the note) by id hash.
-    by_hash: super::IdMap<(u64, u64, u64)>,
+    /// What a session needs to go on as if never forgotten, and the serial of the note,
+    /// by id hash.
+    by_hash: super::IdMap<(Resumed, u64)>,
     /// (id hash, serial of the note), oldest first.
     order: VecDeque<(u64, u64)>,
     serial: u64,
     seed: foldhash::quality::RandomState,
 }
 
+/// The part of a forgotten session a new one of the same limiter starts from: its highest
+/// batch applied and when it last synced, and where it stood in a catch-up after this
+/// root restarted (its hints still to come are not the ones of a known session).
+#[derive(Debug, Default, Clone, Copy)]
+struct Resumed {
+    acked: u64,
+    last_seen: u64,
+    catch_up: bool,
+    hinted_to: QuotaId,
+}
+
 impl Forgotten {
-    fn note(&mut self, limiter: &str, acked: u64, last_seen: u64, cap: usize) {
-        if acked == 0 || cap == 0 {
+    fn note(&mut self, limiter: &str, s: &Session, cap: usize) {
+        if s.acked == 0 || cap == 0 {
             return;
         }
         let h = self.seed.hash_one(limiter);
         self.serial += 1;
-        self.by_hash.insert(h, (acked, last_seen, self.serial));
+        let resumed = Resumed {
+            acked: s.acked,
+            last_seen: s.last_seen,
+            catch_up: s.catch_up,
+            hinted_to: s.hinted_to,
+        };
+        self.by_hash.insert(h, (resumed, self.serial));
         self.order.push_back((h, self.serial));
         while self.order.len() > cap {
             let Some((old, serial)) = self.order.pop_front() else { break };
-            if self.by_hash.get(&old).is_some_and(|e| e.2 == serial) {
+            if self.by_hash.get(&old).is_some_and(|e| e.1 == serial) {
                 self.by_hash.remove(&old);
             }
         }
     }
 
-    /// The highest batch applied and last-seen time of `limiter`'s forgotten session.
-    fn take(&mut self, limiter: &str) -> Option<(u64, u64)> {
+    /// What `limiter`'s forgotten session had.
+    fn take(&mut self, limiter: &str) -> Option<Resumed> {
         let h = self.seed.hash_one(limiter);
-        self.by_hash.remove(&h).map(|(acked, seen, _)| (acked, seen))
+        self.by_hash.remove(&h).map(|(r, _)| r)
     }
 }
 
@@ -119,12 +137,14 @@ impl RootState {
                 }
                 // A session forgotten lately keeps its highest batch: a retry of one applied
                 // before stays a retry.
-                let (acked, last_seen) = self.forgotten.take(&req.limiter).unwrap_or_default();
+                let r = self.forgotten.take(&req.limiter).unwrap_or_default();
                 let s = Session {
                     addr: peer,
                     sid: self.new_sid(),
-                    acked,
-                    last_seen,
+                    acked: r.acked,
+                    last_seen: r.last_seen,
+                    catch_up: r.catch_up,
+                    hinted_to: r.hinted_to,
                     ..Session::default()
                 };
                 self.stats.sessions_created += 1;
@@ -201,7 +221,7 @@ impl RootState {
     fn forget_session(&mut self, key: Recency) {
         let Some(name) = self.recency.get(&key).cloned() else { return };
         if let Some(mut s) = self.limiters.remove(&name) {
-            self.forgotten.note(&name, s.acked, s.last_seen, self.config.max_limiters);
+            self.forgotten.note(&name, &s, self.config.max_limiters);
             self.unindex_session(&s);
             self.parked -= s.parked.len();
             // No counter names it any more: its number may go to a new session.

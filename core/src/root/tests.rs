@@ -1979,3 +1979,26 @@ fn a_key_keeps_its_entry_while_its_leases_run() {
     assert_eq!(r.key_count(), 0);
     assert!(r.in_flight_stats(60 * S).is_empty());
 }
+
+/// A session forgotten in the middle of a catch-up (its root restarted) comes back still
+/// catching up: the hints it has yet to send are applied, not skipped as a known session's.
+#[test]
+fn a_forgotten_session_goes_on_catching_up() {
+    let a: IpAddr = "10.0.0.1".parse().unwrap();
+    let mut r = RootState::new(RootConfig { max_limiters_per_addr: 2, ..RootConfig::default() });
+    r.apply_quotas([quota(1, 1, 0.001, false), quota(2, 2, 0.001, false)], 0);
+    // First contact after a restart (no instance named): batch 1, and hints for counter 1.
+    let mut first = req("v", vec![(1, vec![(1, 1_000)])]);
+    first.hints = vec![(1, 50_000)];
+    r.sync_from(&first, Some(a), S).unwrap();
+    // Pushed out by two more limiters from the address.
+    for (i, l) in ["x", "y"].iter().enumerate() {
+        r.sync_from(&req(l, vec![]), Some(a), S + i as u64 + 1).unwrap();
+    }
+    // The rest of its catch-up: hints for counter 2, now naming this instance.
+    let mut rest = req("v", vec![(2, vec![(1, 1_000)])]);
+    rest.root_instance = Some(r.instance());
+    rest.hints = vec![(2, 40_000)];
+    r.sync_from(&rest, Some(a), 2 * S).unwrap();
+    assert!((fill(&r, 2, 2 * S) - 40.0).abs() < 0.01, "{}", fill(&r, 2, 2 * S));
+}
