@@ -4,7 +4,7 @@
 //! Every worker attaches to the zone in `init_process` and arms a timer. On each tick
 //! ([`tick`], in the worker's event loop) a worker without the agent tries the zone's agent
 //! lease: it is free, stale (not renewed for two intervals plus a timeout), or held by a
-//! worker that no longer exists (`kill(pid, 0)`: the master respawned a killed worker). The
+//! worker that no longer exists ([`alive`]: the master respawned a killed worker). The
 //! winner starts the sync thread, with every signal blocked, and the thread renews the lease
 //! before each round ([`LeaseKeeper`]). It hands over (stops, releases the lease) when the
 //! zone's generation moves on: the master bumps it when a reload reuses the zone, so the
@@ -365,8 +365,9 @@ fn stale_ns(w: &Worker) -> u64 {
 /// become the agent if the lease is free; alert about a full zone (agent only).
 fn tick(log: *mut ngx_log_t) {
     let Some(w) = WORKER.get() else { return };
-    // Every worker reaps (a `kill(pid, 0)` per live row): the slots come back within half
-    // an interval of the death, whichever worker died, the agent's included.
+    // Every worker reaps (an `alive` check per live row: a signal 0 and a read of
+    // /proc/PID/stat): the slots come back within half an interval of the death, whichever
+    // worker died, the agent's included.
     let given = w.limiter.reap_ledger(w.pid, alive);
     if given > 0 {
         ngx_log_error!(
