@@ -24,8 +24,10 @@ token_dir=${YARL_TOKEN_DIR:-/var/lib/yarl}
 
 say() { echo "docker-entrypoint: $*" >&2; }
 
-# make_token FILE: a random token (64 hex digits) in FILE unless it has one. Two roots
-# sharing the volume may start at once: the file appears whole (ln) and the first one wins.
+# make_token FILE: a random token (64 hex digits) in FILE unless it has one, 0640 root:yarl
+# (what yarl-root expects of a token file: the service reads it through its group). Two
+# roots sharing the volume may start at once: the file appears whole (ln) and the first one
+# wins.
 make_token() {
     [ -s "$1" ] && return 0
     tmp=$(mktemp "$1.XXXXXX")
@@ -33,7 +35,7 @@ make_token() {
     echo >>"$tmp"
     chmod 0640 "$tmp"
     if [ "$(id -u)" = 0 ] && id yarl >/dev/null 2>&1; then
-        chown yarl:yarl "$tmp"
+        chown root:yarl "$tmp"
     fi
     if ln "$tmp" "$1" 2>/dev/null; then
         say "created $1 (a random token)"

@@ -269,16 +269,19 @@ fn check_exposure(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Warns when a token file can be read by users other than its owner.
+/// Warns when users outside a token file's owner and group can use it. The group is
+/// trusted: the recommended file is 0640 root:yarl, the service reading it through its group.
 fn check_token_mode(path: &Path, what: &str) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
         if let Ok(m) = std::fs::metadata(path) {
             let mode = m.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
+            if open_to_others(mode) {
                 tracing::warn!(
-                    "the {what} token file {} is readable by others (mode {mode:o}); chmod 600 it",
+                    "the {what} token file {} is readable by others (mode {mode:o}); make it \
+                     0640 owned by root and the group yarl, or 0600 owned by the user the root \
+                     runs as",
                     path.display()
                 );
             }
@@ -286,6 +289,11 @@ fn check_token_mode(path: &Path, what: &str) {
     }
     #[cfg(not(unix))]
     let _ = (path, what);
+}
+
+#[cfg(unix)]
+fn open_to_others(mode: u32) -> bool {
+    mode & 0o007 != 0
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -555,6 +563,17 @@ mod tests {
         assert!(e.to_string().contains("from 200ms to 60s"), "{e}");
         let e = Args::try_parse_from(["yarl-root", "--tls-cert", "c.pem"]).unwrap_err();
         assert!(e.to_string().contains("--tls-key"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn token_files_may_be_shared_with_the_group_only() {
+        for mode in [0o600, 0o640, 0o660, 0o400, 0o440] {
+            assert!(!open_to_others(mode), "{mode:o}");
+        }
+        for mode in [0o644, 0o604, 0o602, 0o601, 0o666] {
+            assert!(open_to_others(mode), "{mode:o}");
+        }
     }
 
     #[test]

@@ -47,6 +47,23 @@ fn insecure_no_auth_is_said_out_loud() {
     assert!(root.log().contains("--insecure-no-auth"), "{}", root.log());
 }
 
+/// The recommended 0640 root:yarl token file starts quietly; one others can read does not.
+#[cfg(unix)]
+#[test]
+fn token_files_readable_by_others_are_warned_about() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let admin = write_token(dir.path(), "admin", ADMIN);
+    let sync = write_token(dir.path(), "sync", SYNC);
+    std::fs::set_permissions(&admin, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(&sync, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (admin, sync) = (admin.display().to_string(), sync.display().to_string());
+    let root = Root::start(&["--admin-token-file", &admin, "--sync-token-file", &sync]);
+    let log = root.log();
+    assert!(log.contains(&format!("the sync token file {sync} is readable by others")), "{log}");
+    assert!(!log.contains("the admin token file"), "{log}");
+}
+
 fn make_ca(dir: &Path) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/make-test-ca.sh");
     let out = Command::new(script).arg(dir).output().unwrap();
