@@ -358,6 +358,9 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     check_exposure(&args)?;
+    // Before anything slow (migrations, a copy from another root): SIGHUP's default action
+    // ends the process, and `systemctl reload` may send it at any time.
+    let hup = Hangup::new()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Arc::new(TlsFiles::load(cert, key)?)),
         _ => None,
@@ -396,9 +399,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    if let Some(files) = &tls {
-        tokio::spawn(watch_tls(files.clone()));
-    }
+    tokio::spawn(reload_tls(hup, tls.clone()));
     tracing::info!(
         addr = %args.listen,
         scheme = if tls.is_some() { "https" } else { "http" },
@@ -464,27 +465,53 @@ async fn copy_from_peers(
     Ok(())
 }
 
+/// SIGHUP, where there is one.
+struct Hangup(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Hangup {
+    fn new() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        let hup = Hangup(
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("handling SIGHUP")?,
+        );
+        #[cfg(not(unix))]
+        let hup = Hangup();
+        Ok(hup)
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if self.0.recv().await.is_some() {
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Reloads the certificate on SIGHUP, and when its files change (checked every 5 s).
-async fn watch_tls(files: Arc<TlsFiles>) {
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+/// Without TLS a SIGHUP reloads nothing, and is still taken so that it does not end the root.
+async fn reload_tls(mut hup: Hangup, tls: Option<Arc<TlsFiles>>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        #[cfg(unix)]
-        let signalled = async {
-            match hup.as_mut() {
-                Some(h) => {
-                    h.recv().await;
+        let changed = async {
+            match &tls {
+                Some(_) => {
+                    tick.tick().await;
                 }
                 None => std::future::pending::<()>().await,
             }
         };
-        #[cfg(not(unix))]
-        let signalled = std::future::pending::<()>();
         let result = tokio::select! {
-            () = signalled => files.reload(),
-            _ = tick.tick() => files.reload_if_changed(),
+            () = hup.recv() => match &tls {
+                Some(files) => files.reload(),
+                None => {
+                    tracing::info!("SIGHUP: no TLS certificate to reload");
+                    Ok(false)
+                }
+            },
+            () = changed => tls.as_ref().map_or(Ok(false), |files| files.reload_if_changed()),
         };
         match result {
             Ok(true) => tracing::info!("TLS certificate reloaded"),

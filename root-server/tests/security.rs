@@ -64,6 +64,22 @@ fn token_files_readable_by_others_are_warned_about() {
     assert!(!log.contains("the admin token file"), "{log}");
 }
 
+/// `systemctl reload` sends SIGHUP whether or not the root serves TLS: without it there is
+/// nothing to reload, and the root must live on.
+#[cfg(unix)]
+#[test]
+fn sighup_without_tls_keeps_the_root() {
+    let mut root = Root::start(&[]);
+    root.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !root.log().contains("SIGHUP: no TLS certificate to reload") {
+        assert!(root.alive(), "SIGHUP ended the root: {}", root.log());
+        assert!(Instant::now() < deadline, "SIGHUP not seen: {}", root.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(root.alive(), "{}", root.log());
+}
+
 fn make_ca(dir: &Path) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/make-test-ca.sh");
     let out = Command::new(script).arg(dir).output().unwrap();
