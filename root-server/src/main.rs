@@ -343,7 +343,8 @@ fn read_token(path: &Option<PathBuf>, what: &str) -> anyhow::Result<Option<Strin
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         // Colour only on a terminal: under systemd or docker the codes end up in the journal.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // The log goes to stdout (fmt's default writer), so that is the stream to ask.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
