@@ -250,12 +250,22 @@ install:
 		packaging/yarl-root.service >$(DESTDIR)$(SYSTEMD_UNIT_DIR)/yarl-root.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/yarl-root.service
 	install -m 0644 packaging/yarl.sysusers $(DESTDIR)$(SYSUSERS_DIR)/yarl.conf
+	@# Installing into the live system, the group yarl must exist before the env file below
+	@# can belong to it; a staged install (DESTDIR) leaves the user to the package or image.
+	if [ -z "$(DESTDIR)" ] && command -v systemd-sysusers >/dev/null; then \
+		systemd-sysusers $(SYSUSERS_DIR)/yarl.conf; \
+	fi
 	@# The env file is configuration: an existing one is kept, the new one lands beside it.
+	@# It may hold a database password, so only root (systemd reads it) and the group yarl
+	@# may read it.
+	group=$$([ -z "$(DESTDIR)" ] && getent group yarl >/dev/null && echo yarl || true); \
 	if [ -e $(DESTDIR)$(SYSCONFDIR)/default/yarl-root ]; then \
-		install -m 0644 packaging/yarl-root.env $(DESTDIR)$(SYSCONFDIR)/default/yarl-root.dist; \
+		install -m 0640 $${group:+-g $$group} packaging/yarl-root.env $(DESTDIR)$(SYSCONFDIR)/default/yarl-root.dist; \
 		echo "install: kept $(DESTDIR)$(SYSCONFDIR)/default/yarl-root, new defaults in yarl-root.dist"; \
+		[ -z "$$(find $(DESTDIR)$(SYSCONFDIR)/default/yarl-root -perm -o=r)" ] \
+			|| echo "install: $(DESTDIR)$(SYSCONFDIR)/default/yarl-root is readable by every user; if it holds a password: chmod 0640 it, chgrp yarl"; \
 	else \
-		install -m 0644 packaging/yarl-root.env $(DESTDIR)$(SYSCONFDIR)/default/yarl-root; \
+		install -m 0640 $${group:+-g $$group} packaging/yarl-root.env $(DESTDIR)$(SYSCONFDIR)/default/yarl-root; \
 	fi
 	install -m 0644 nginx-conf/s3.conf packaging/nginx-yarl.conf packaging/yarl-root.env \
 		$(DESTDIR)$(DOCDIR)/examples/

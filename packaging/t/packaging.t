@@ -207,6 +207,7 @@ SKIP: {
 }
 
 my $envfile = "$root/etc/default/yarl-root";
+is((stat $envfile)[2] & 07777, 0640, 'the env file is not world-readable (YARL_DB may hold a password)');
 my %env;
 for (split /\n/, slurp($envfile)) {
 	next if /^\s*(#|$)/;
