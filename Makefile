@@ -13,7 +13,9 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
 # Debian packages the build and the tests need: bindgen's libclang and the headers the
 # vendored nginx compiles against; PostgreSQL for the database tests; curl for `make run`;
-# python3-venv for schemathesis's virtualenv.
+# python3-venv for schemathesis's virtualenv. scripts/apt-install.sh installs the missing
+# ones and leaves the services they bring stopped and disabled, and PostgreSQL without a
+# main cluster: the tests run their own, on loopback.
 APT_PACKAGES := build-essential pkg-config libclang-dev libpcre2-dev libssl-dev zlib1g-dev \
 	postgresql curl perl openssl python3-prometheus-client python3-venv iproute2 nftables
 # Prometheus and promtool for the alert-rule tests and t/yarl_prometheus.t, without the
@@ -65,24 +67,8 @@ NGINX_ENABLE_MODULE ?= yes
 all: build
 
 deps:
-	@missing=""; \
-	for p in $(APT_PACKAGES); do \
-		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" \
-			|| missing="$$missing $$p"; \
-	done; \
-	bare=""; \
-	for p in $(APT_PACKAGES_NO_RECOMMENDS); do \
-		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" \
-			|| bare="$$bare $$p"; \
-	done; \
-	if [ -n "$$missing$$bare" ]; then \
-		echo "deps: installing$$missing$$bare"; \
-		apt-get update -qq \
-		&& { [ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; } \
-		&& { [ -z "$$bare" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$bare; }; \
-	else \
-		echo "deps: all present"; \
-	fi
+	@scripts/apt-install.sh $(APT_PACKAGES)
+	@scripts/apt-install.sh --no-install-recommends $(APT_PACKAGES_NO_RECOMMENDS)
 	@command -v $(CARGO) >/dev/null || { echo "deps: cargo is missing (install Rust with rustup)"; exit 1; }
 
 build: deps

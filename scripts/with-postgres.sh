@@ -7,7 +7,8 @@
 #   YARL_TEST_PG_URL=postgres://postgres@127.0.0.1:PORT/yarl_test
 #   YARL_TEST_PG_CTL=DIR/pgctl   (`pgctl stop` / `pgctl start`: for outage tests)
 # The cluster is stopped and removed when CMD exits, however it exits; every run gets its
-# own cluster, so runs never interfere. Installs Debian's `postgresql` if it is missing.
+# own cluster, so runs never interfere. Installs Debian's `postgresql` if it is missing
+# (scripts/apt-install.sh: no main cluster, no service left running).
 # PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -29,13 +30,8 @@ find_bin() {
 }
 
 if ! PG_BIN=$(find_bin); then
-    echo "with-postgres: installing postgresql" >&2
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "with-postgres: postgresql is missing and I am not root; install it (apt-get install postgresql)" >&2
-        exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y postgresql >&2 || { apt-get update >&2 && apt-get install -y postgresql >&2; }
+    # Without the package's main cluster or a running service: this script makes its own.
+    "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh" postgresql >&2
     PG_BIN=$(find_bin) || { echo "with-postgres: no initdb after installing postgresql" >&2; exit 1; }
 fi
 
