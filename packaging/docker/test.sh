@@ -8,7 +8,8 @@
 #      the root makes its tokens in its volume; nginx reads the sync token from that volume
 #      (mounted read-only) and serves packaging/nginx-yarl.conf's site with one worker; a
 #      quota made through the admin API with the admin token (and refused without it);
-#      requests until a 429 with Retry-After; the root's /metrics counts one limiter;
+#      no answer for a Host the site does not serve; requests for the site until a 429
+#      with Retry-After; the root's /metrics counts one limiter;
 #   4. the cluster (cluster.sh up, under its own project name and free ports): two nginx at
 #      60 req/s each share the 50 req/s quota: admitted per second across both is checked;
 #   5. every container, network and volume it made removed, whatever happened.
@@ -124,14 +125,14 @@ admin=$("$DOCKER" exec "$run-root" cat /var/lib/yarl/admin.token)
 [ ${#admin} = 64 ] || fail "admin token of ${#admin} characters, not 64"
 
 quota='{"limit": 5, "low_burst": 7.5, "high_burst": 15, "parent": null}'
-code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X PUT "$root/v1/quotas/site_127.0.0.1" -d "$quota")
-echo "  PUT /v1/quotas/site_127.0.0.1 without the admin token: $code"
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X PUT "$root/v1/quotas/site_example.com" -d "$quota")
+echo "  PUT /v1/quotas/site_example.com without the admin token: $code"
 [ "$code" = 401 ] || fail "the admin API answered $code without a token, not 401"
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$root/v1/sync" -d '{}')
 echo "  POST /v1/sync without the sync token: $code"
 [ "$code" = 401 ] || fail "the sync route answered $code without a token, not 401"
-echo "  PUT /v1/quotas/site_127.0.0.1 with it: $(curl -fsS --max-time 5 -X PUT \
-    -H "Authorization: Bearer $admin" "$root/v1/quotas/site_127.0.0.1" -d "$quota")"
+echo "  PUT /v1/quotas/site_example.com with it: $(curl -fsS --max-time 5 -X PUT \
+    -H "Authorization: Bearer $admin" "$root/v1/quotas/site_example.com" -d "$quota")"
 
 # The image's nginx with Debian's module snippets and conf.d, but one worker (today every
 # worker is a limiter of its own) and no stock site (it listens on *:80).
@@ -148,9 +149,10 @@ http {
     include /etc/nginx/conf.d/*.conf;
 }
 CONF
-sed "s/listen 8080;/listen 127.0.0.1:$nginx_port;/" packaging/nginx-yarl.conf >"$tmp/site.conf"
-grep -q "listen 127.0.0.1:$nginx_port;" "$tmp/site.conf" \
-    || fail "packaging/nginx-yarl.conf has no 'listen 8080;' to move to 127.0.0.1"
+sed "s/listen 8080\([ ;]\)/listen 127.0.0.1:$nginx_port\1/" packaging/nginx-yarl.conf >"$tmp/site.conf"
+grep -q "listen 127.0.0.1:$nginx_port default_server;" "$tmp/site.conf" \
+    && grep -q "listen 127.0.0.1:$nginx_port;" "$tmp/site.conf" && ! grep -q 'listen 8080' "$tmp/site.conf" \
+    || fail "packaging/nginx-yarl.conf no longer has the 'listen 8080' lines to move to 127.0.0.1"
 chmod 644 "$tmp/nginx.conf" "$tmp/site.conf"
 "$DOCKER" run -d --name "$run-nginx" --label "$label" --network host \
     -e YARL_ROOTS="$root" -v "$run-data:/var/lib/yarl:ro" \
@@ -163,13 +165,21 @@ nginx_log=$("$DOCKER" logs "$run-nginx" 2>&1)
 grep -q 'the sync token from /var/lib/yarl/sync.token' <<<"$nginx_log" \
     || fail "the nginx entrypoint did not take the sync token from the root's volume"
 
+# A name the site does not serve gets no answer (444), rather than a quota of its own choice.
+if out=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Host: unlimited.example' \
+    "$site/index.nginx-debian.html"); then
+    fail "a request for another Host got an answer ($out), not none (444)"
+fi
+echo "  a request for Host unlimited.example: no answer (444)"
+
 # The quota reaches nginx at its next sync after the root's next poll (about 2 s).
-echo "  requests to $site/index.nginx-debian.html (quota site_127.0.0.1: 5/s, bursts 7.5 and 15), until a 429:"
+echo "  requests for example.com to $site/index.nginx-debian.html (quota site_example.com: 5/s, bursts 7.5 and 15), until a 429:"
 n=0 admitted=0 got=""
 deadline=$((SECONDS + 30))
 while [ "$n" -lt 600 ] && [ "$SECONDS" -lt "$deadline" ]; do
     n=$((n + 1))
-    curl -s -D "$tmp/headers" -o /dev/null --max-time 5 "$site/index.nginx-debian.html" || true
+    curl -s -D "$tmp/headers" -o /dev/null --max-time 5 -H 'Host: example.com' \
+        "$site/index.nginx-debian.html" || true
     status=$(head -n 1 "$tmp/headers" | tr -d '\r')
     case "$status" in
     *" 429"*) got=yes; break ;;

@@ -269,7 +269,7 @@ SKIP: {
 	ok($so && -f "$root$so", "load_module $so is installed");
 	my $d = tempdir('yarl-load-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 	my $example = slurp('packaging/nginx-yarl.conf');
-	$example =~ s/listen 8080;/listen 127.0.0.1:8080;/;
+	$example =~ s/listen 8080\b/listen 127.0.0.1:8080/g;
 	my $user_line = $> == 0 ? "user root;\n" : '';
 	open my $fh, '>', "$d/nginx.conf" or die;
 	print $fh "load_module $root$so;\n${user_line}pid $d/nginx.pid;\nerror_log stderr notice;\n"
