@@ -32,9 +32,9 @@
 # Run (see README "Install / Docker"):
 #   docker network create yarl
 #   docker run -d --name yarl-root --network yarl -p 127.0.0.1:7700:7700 \
-#       -v yarl-data:/var/lib/yarl yarl-rs
+#       -v yarl-data:/var/lib/yarl -v yarl-sync:/var/lib/yarl-sync yarl-rs
 #   docker run -d --name yarl-nginx --network yarl -p 127.0.0.1:8080:8080 \
-#       -e YARL_ROOTS=http://yarl-root:7700 -v yarl-data:/var/lib/yarl:ro \
+#       -e YARL_ROOTS=http://yarl-root:7700 -v yarl-sync:/var/lib/yarl-sync:ro \
 #       -v "$PWD/packaging/nginx-yarl.conf:/etc/nginx/conf.d/yarl.conf:ro" yarl-rs nginx
 
 ARG BASE_IMAGE=debian:12
@@ -99,7 +99,7 @@ RUN apt-get update \
     && ln -sf /dev/stdout /var/log/nginx/access.log \
     && ln -sf /dev/stderr /var/log/nginx/error.log \
     && useradd --system --home-dir /var/lib/yarl --shell /usr/sbin/nologin yarl \
-    && install -d -o yarl -g yarl -m 0750 /var/lib/yarl \
+    && install -d -o yarl -g yarl -m 0750 /var/lib/yarl /var/lib/yarl-sync \
     && install -d -o root -g yarl -m 0750 /etc/yarl
 
 COPY --from=build /out/usr/bin/yarl-root /usr/bin/yarl-root
@@ -120,7 +120,9 @@ RUN ln -s /usr/share/nginx/modules-available/mod-http-yarl.conf \
 ENV YARL_LISTEN=0.0.0.0:7700 \
     YARL_DB=sqlite:///var/lib/yarl/yarl.db \
     NO_COLOR=1
-VOLUME /var/lib/yarl
+# The root's database and admin token; the sync token apart, the one volume nginx and
+# application containers get.
+VOLUME ["/var/lib/yarl", "/var/lib/yarl-sync"]
 EXPOSE 7700 80 8080
 # Health checks depend on the role: `--health-cmd 'curl -fs http://127.0.0.1:7700/healthz'`
 # for a root, `--health-cmd 'curl -fs -o /dev/null http://127.0.0.1:8080/yarl/stats'` (or

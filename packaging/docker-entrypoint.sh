@@ -5,24 +5,38 @@
 #                       variables (the image sets YARL_LISTEN=0.0.0.0:7700 and
 #                       YARL_DB=sqlite:///var/lib/yarl/yarl.db). Tokens: each token file not
 #                       given (YARL_ADMIN_TOKEN_FILE or --admin-token-file, YARL_SYNC_TOKEN_FILE
-#                       or --sync-token-file) is the volume's admin.token or sync.token
-#                       (/var/lib/yarl, or YARL_TOKEN_DIR), made with a random token on first
-#                       start and kept afterwards; the log says where they are.
-#                       --insecure-no-auth (or YARL_INSECURE_NO_AUTH) makes none.
+#                       or --sync-token-file) is made with a random token on first start and
+#                       kept afterwards; the log says where they are. The admin token is
+#                       /var/lib/yarl/admin.token (YARL_TOKEN_DIR), beside the database; the
+#                       sync token /var/lib/yarl-sync/sync.token (YARL_SYNC_TOKEN_DIR), in a
+#                       volume of its own: nginx and applications get that one alone, never
+#                       the admin token. --insecure-no-auth (or YARL_INSECURE_NO_AUTH) makes
+#                       none.
 #   nginx [ARGS]        Debian's nginx with ngx_http_yarl_module loaded, in the foreground;
 #                       with YARL_ROOTS="http://root1:7700 http://root2:7700" it writes
 #                       /etc/nginx/conf.d/00-yarl-roots.conf (yarl_roots, yarl_sync_interval
 #                       from YARL_SYNC_INTERVAL, and yarl_sync_token from the file
 #                       YARL_SYNC_TOKEN_FILE, waited for up to YARL_TOKEN_WAIT seconds (30),
-#                       or else from /var/lib/yarl/sync.token when a root's volume is mounted
-#                       there) so a mounted site configuration needs no root list
+#                       or else from /var/lib/yarl-sync/sync.token when the roots' sync token
+#                       volume is mounted there) so a mounted site configuration needs no
+#                       root list. nginx starts as root (to bind its ports) and its workers
+#                       run as the configuration's `user`.
 #
-# Anything else is run as given.
+# Anything else (yarl-s3-app, a shell, ...) runs as the user yarl: nothing in the image
+# needs root but nginx's master. `docker exec` or `--entrypoint` give a root shell.
 set -eu
 
 token_dir=${YARL_TOKEN_DIR:-/var/lib/yarl}
+sync_dir=${YARL_SYNC_TOKEN_DIR:-/var/lib/yarl-sync}
 
 say() { echo "docker-entrypoint: $*" >&2; }
+
+as_yarl() {
+    if [ "$(id -u)" = 0 ]; then
+        exec setpriv --reuid=yarl --regid=yarl --init-groups "$@"
+    fi
+    exec "$@"
+}
 
 # make_token FILE: a random token (64 hex digits) in FILE unless it has one, 0640 root:yarl
 # (what yarl-root expects of a token file: the service reads it through its group). Two
@@ -66,15 +80,12 @@ yarl-root)
             say "admin token: $YARL_ADMIN_TOKEN_FILE (curl -H \"Authorization: Bearer \$(cat $YARL_ADMIN_TOKEN_FILE)\" ...)"
         fi
         if [ -z "$sync" ]; then
-            make_token "$token_dir/sync.token"
-            export YARL_SYNC_TOKEN_FILE="$token_dir/sync.token"
-            say "sync token: $YARL_SYNC_TOKEN_FILE (nginx: yarl_sync_token; the image's nginx reads it with this volume mounted)"
+            make_token "$sync_dir/sync.token"
+            export YARL_SYNC_TOKEN_FILE="$sync_dir/sync.token"
+            say "sync token: $YARL_SYNC_TOKEN_FILE (nginx: yarl_sync_token; the image's nginx and applications read it with this volume, and no other, mounted at $sync_dir)"
         fi
     fi
-    if [ "$(id -u)" = 0 ]; then
-        exec setpriv --reuid=yarl --regid=yarl --init-groups "$@"
-    fi
-    exec "$@"
+    as_yarl "$@"
     ;;
 nginx)
     if [ -n "${YARL_ROOTS:-}" ]; then
@@ -91,8 +102,11 @@ nginx)
                 say "YARL_SYNC_TOKEN_FILE $token_file does not exist or is empty"
                 exit 1
             fi
-        elif [ -s "$token_dir/sync.token" ]; then
-            token_file=$token_dir/sync.token
+        elif [ -s "$sync_dir/sync.token" ]; then
+            token_file=$sync_dir/sync.token
+        fi
+        if [ -e "$token_dir/admin.token" ]; then
+            say "warning: $token_dir/admin.token is in this container: mount only the sync token's volume (at $sync_dir) into nginx, not the root's data volume"
         fi
         token=""
         if [ -n "$token_file" ]; then
@@ -105,16 +119,22 @@ nginx)
             esac
         fi
         conf=${YARL_NGINX_CONF_D:-/etc/nginx/conf.d}/00-yarl-roots.conf
-        {
-            echo "# written by docker-entrypoint.sh from YARL_ROOTS"
-            echo "yarl_roots $YARL_ROOTS;"
-            if [ -n "${YARL_SYNC_INTERVAL:-}" ]; then
-                echo "yarl_sync_interval $YARL_SYNC_INTERVAL;"
-            fi
-            if [ -n "$token" ]; then
-                echo "yarl_sync_token \"$token\";"
-            fi
-        } >"$conf"
+        # The token in it is the cluster's: for nginx's master (root) alone, also when an
+        # earlier start left the file with another mode.
+        rm -f "$conf"
+        (
+            umask 077
+            {
+                echo "# written by docker-entrypoint.sh from YARL_ROOTS"
+                echo "yarl_roots $YARL_ROOTS;"
+                if [ -n "${YARL_SYNC_INTERVAL:-}" ]; then
+                    echo "yarl_sync_interval $YARL_SYNC_INTERVAL;"
+                fi
+                if [ -n "$token" ]; then
+                    echo "yarl_sync_token \"$token\";"
+                fi
+            } >"$conf"
+        )
         say "$conf: yarl_roots $YARL_ROOTS${token:+, the sync token from $token_file}"
     fi
     if [ $# -eq 1 ]; then
@@ -123,6 +143,6 @@ nginx)
     exec "$@"
     ;;
 *)
-    exec "$@"
+    as_yarl "$@"
     ;;
 esac

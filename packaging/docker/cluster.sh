@@ -85,7 +85,8 @@ up() {
 The cluster $COMPOSE_PROJECT_NAME runs (docker-compose -p $COMPOSE_PROJECT_NAME -f packaging/docker/docker-compose.yml ps):
   PostgreSQL  no network: its socket is in the volume ${COMPOSE_PROJECT_NAME}_pg-socket
   root A      http://127.0.0.1:$ROOT_A_PORT    root B  http://127.0.0.1:$ROOT_B_PORT
-              quotas in PostgreSQL; admin and sync tokens in the volume ${COMPOSE_PROJECT_NAME}_yarl
+              quotas in PostgreSQL; the admin token in the volume ${COMPOSE_PROJECT_NAME}_yarl,
+              the sync token in ${COMPOSE_PROJECT_NAME}_yarl-sync (all that nginx and the apps mount)
   nginx A     http://127.0.0.1:$NGINX_A  the S3 example's balancer (yarl_check, counts nothing)
               in front of app A http://127.0.0.1:$APP_A_PORT (yarl-s3-app: accounts s3_photos_get)
   nginx B     http://127.0.0.1:$NGINX_B  in front of app B http://127.0.0.1:$APP_B_PORT

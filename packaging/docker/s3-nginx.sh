@@ -1,5 +1,6 @@
 #!/bin/sh
-# One nginx of the cluster in containers (docker-compose.yml), run in the YARL-rs image: the
+# One nginx of the cluster in containers (docker-compose.yml), the entrypoint of its
+# container (as root, which nginx's master needs) in the YARL-rs image: the
 # S3 example (nginx-conf/s3.conf, which the image has as
 # /usr/share/doc/yarl/examples/s3.conf): its balancer moved to the first port of
 # S3_PORTS="BALANCER APP" and its upstream, the S3 application (yarl-s3-app, a container of

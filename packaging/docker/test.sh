@@ -5,8 +5,10 @@
 #   1. a Docker engine (dockerd started only if none answers, stopped at the end if so);
 #   2. the images (images.sh all: local debootstrap base, vendored crates, Debian's Rust);
 #   3. a root container and an nginx container (--network host, 127.0.0.1 only, free ports):
-#      the root makes its tokens in its volume; nginx reads the sync token from that volume
-#      (mounted read-only) and serves packaging/nginx-yarl.conf's site with one worker; a
+#      the root makes its admin token in its data volume and the sync token in a volume of
+#      its own; nginx gets only that one (read-only), writes the token into a configuration
+#      file only root can read, and serves packaging/nginx-yarl.conf's site with one worker;
+#      other commands in the image run as the user yarl; a
 #      quota made through the admin API with the admin token (and refused without it);
 #      no answer for a Host the site does not serve; requests for the site until a 429
 #      with Retry-After; the root's /metrics counts one limiter;
@@ -112,8 +114,10 @@ base=$(free_ports 2)
 root_port=$base nginx_port=$((base + 1))
 root=http://127.0.0.1:$root_port
 "$DOCKER" volume create --label "$label" "$run-data" >/dev/null
+"$DOCKER" volume create --label "$label" "$run-sync" >/dev/null
 "$DOCKER" run -d --name "$run-root" --label "$label" --network host \
-    -e YARL_LISTEN="127.0.0.1:$root_port" -v "$run-data:/var/lib/yarl" "$YARL_IMAGE" >/dev/null
+    -e YARL_LISTEN="127.0.0.1:$root_port" -v "$run-data:/var/lib/yarl" \
+    -v "$run-sync:/var/lib/yarl-sync" "$YARL_IMAGE" >/dev/null
 until_ok 30 curl -fs "$root/healthz" || fail "the root does not answer $root/healthz"
 "$DOCKER" logs "$run-root" 2>&1 | grep -E 'docker-entrypoint|listening' | sed 's/^/  root: /' || true
 # The whole log first, then grep: `docker logs | grep -q` fails under pipefail when grep
@@ -121,6 +125,8 @@ until_ok 30 curl -fs "$root/healthz" || fail "the root does not answer $root/hea
 root_log=$("$DOCKER" logs "$run-root" 2>&1)
 grep -q 'admin token: /var/lib/yarl/admin.token' <<<"$root_log" \
     || fail "the entrypoint did not say where the admin token is"
+grep -q 'sync token: /var/lib/yarl-sync/sync.token' <<<"$root_log" \
+    || fail "the entrypoint did not put the sync token in /var/lib/yarl-sync"
 admin=$("$DOCKER" exec "$run-root" cat /var/lib/yarl/admin.token)
 [ ${#admin} = 64 ] || fail "admin token of ${#admin} characters, not 64"
 
@@ -150,20 +156,27 @@ http {
 }
 CONF
 sed "s/listen 8080\([ ;]\)/listen 127.0.0.1:$nginx_port\1/" packaging/nginx-yarl.conf >"$tmp/site.conf"
-grep -q "listen 127.0.0.1:$nginx_port default_server;" "$tmp/site.conf" \
-    && grep -q "listen 127.0.0.1:$nginx_port;" "$tmp/site.conf" && ! grep -q 'listen 8080' "$tmp/site.conf" \
-    || fail "packaging/nginx-yarl.conf no longer has the 'listen 8080' lines to move to 127.0.0.1"
+if ! grep -q "listen 127.0.0.1:$nginx_port default_server;" "$tmp/site.conf" \
+    || ! grep -q "listen 127.0.0.1:$nginx_port;" "$tmp/site.conf" || grep -q 'listen 8080' "$tmp/site.conf"; then
+    fail "packaging/nginx-yarl.conf no longer has the 'listen 8080' lines to move to 127.0.0.1"
+fi
 chmod 644 "$tmp/nginx.conf" "$tmp/site.conf"
 "$DOCKER" run -d --name "$run-nginx" --label "$label" --network host \
-    -e YARL_ROOTS="$root" -v "$run-data:/var/lib/yarl:ro" \
+    -e YARL_ROOTS="$root" -v "$run-sync:/var/lib/yarl-sync:ro" \
     -v "$tmp/nginx.conf:/etc/nginx/nginx.conf:ro" -v "$tmp/site.conf:/etc/nginx/conf.d/yarl.conf:ro" \
     "$YARL_IMAGE" nginx >/dev/null
 site=http://127.0.0.1:$nginx_port
 until_ok 30 curl -fs "$site/yarl/stats" || fail "nginx does not answer $site/yarl/stats"
 "$DOCKER" logs "$run-nginx" 2>&1 | grep docker-entrypoint | sed 's/^/  nginx: /' || true
 nginx_log=$("$DOCKER" logs "$run-nginx" 2>&1)
-grep -q 'the sync token from /var/lib/yarl/sync.token' <<<"$nginx_log" \
-    || fail "the nginx entrypoint did not take the sync token from the root's volume"
+grep -q 'the sync token from /var/lib/yarl-sync/sync.token' <<<"$nginx_log" \
+    || fail "the nginx entrypoint did not take the sync token from the sync token's volume"
+mode=$("$DOCKER" exec "$run-nginx" stat -c '%a %U' /etc/nginx/conf.d/00-yarl-roots.conf)
+echo "  /etc/nginx/conf.d/00-yarl-roots.conf (yarl_sync_token): $mode"
+[ "$mode" = "600 root" ] || fail "the configuration holding the sync token is $mode, not 600 root"
+user=$("$DOCKER" run --rm --label "$label" --network none "$YARL_IMAGE" id -un)
+echo "  a command given to the image runs as: $user"
+[ "$user" = yarl ] || fail "a command given to the image ran as $user, not yarl"
 
 # A name the site does not serve gets no answer (444), rather than a quota of its own choice.
 if out=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Host: unlimited.example' \
@@ -200,7 +213,7 @@ grep -E '^yarl_root_(limiters|sync_requests_total)' <<<"$metrics" | sed 's/^/  r
 ok=$(awk '$1 == "yarl_root_sync_requests_total{result=\"ok\"}" { print $2 }' <<<"$metrics")
 [ "${ok:-0}" -gt 0 ] || fail "no sync request accepted: the sync token did not get through"
 "$DOCKER" rm -f "$run-nginx" "$run-root" >/dev/null
-"$DOCKER" volume rm "$run-data" >/dev/null
+"$DOCKER" volume rm "$run-data" "$run-sync" >/dev/null
 t_single=$((SECONDS - t))
 echo "docker-test: root + nginx passed in $t_single s"
 

@@ -327,21 +327,24 @@ SKIP: {
 	like($roots, qr{^yarl_roots http://yarl-root-a:7700 http://yarl-root-b:7700;$}m, 'yarl_roots from YARL_ROOTS');
 	like($roots, qr{^yarl_sync_interval 500ms;$}m, 'yarl_sync_interval from YARL_SYNC_INTERVAL');
 	like($roots, qr{^yarl_sync_token "s3cret";$}m, 'yarl_sync_token from YARL_SYNC_TOKEN_FILE');
+	is((stat "$etc/conf.d/00-yarl-roots.conf")[2] & 07777, 0600, 'which only its owner can read');
 	($rc, $out) = run_cmd($nginx, '-t', '-c', "$etc/nginx.conf");
 	is($rc, 0, "the image's configuration passes $nginx -t") or diag($out);
 	like($out, qr/test is successful/, 'nginx -t successful');
 }
 
 ############################################################################
-# The entrypoint's root role makes the tokens a root on 0.0.0.0 needs (in the volume, once),
-# and the nginx role finds the sync token in a root's volume mounted at the same place.
+# The entrypoint's root role makes the tokens a root on 0.0.0.0 needs (once: the admin token
+# in the data volume, the sync token in a volume of its own), the nginx role finds the sync
+# token in that volume mounted at the same place, and other commands run as the user yarl.
 
 {
 	my $d = tempdir('yarl-ep-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 	mkdir "$d/bin";
 	mkdir "$d/vol";
+	mkdir "$d/sync";
 	mkdir "$d/conf.d";
-	for my $fake (qw(setpriv yarl-root nginx)) {
+	for my $fake (qw(setpriv yarl-root nginx yarl-s3-app)) {
 		open my $fh, '>', "$d/bin/$fake" or die;
 		# Prints its arguments and the token variables it was given.
 		print $fh "#!/bin/sh\necho \"$fake \$* admin=\${YARL_ADMIN_TOKEN_FILE:-} sync=\${YARL_SYNC_TOKEN_FILE:-}\"\n";
@@ -350,23 +353,26 @@ SKIP: {
 	}
 	local $ENV{PATH} = "$d/bin:$ENV{PATH}";
 	local $ENV{YARL_TOKEN_DIR} = "$d/vol";
+	local $ENV{YARL_SYNC_TOKEN_DIR} = "$d/sync";
 	local $ENV{YARL_NGINX_CONF_D} = "$d/conf.d";
 	delete local @ENV{qw(YARL_ADMIN_TOKEN_FILE YARL_SYNC_TOKEN_FILE YARL_INSECURE_NO_AUTH YARL_ROOTS)};
 
 	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root');
 	is($rc, 0, 'root role runs yarl-root') or diag($out);
 	my $run = $> == 0 ? 'setpriv --reuid=yarl --regid=yarl --init-groups yarl-root' : 'yarl-root';
-	like($out, qr{^\Q$run\E\s+admin=\Q$d/vol/admin.token\E sync=\Q$d/vol/sync.token\E$}m,
-		'with token files in the volume when none are given');
+	like($out, qr{^\Q$run\E\s+admin=\Q$d/vol/admin.token\E sync=\Q$d/sync/sync.token\E$}m,
+		'with token files in the volumes when none are given');
 	like($out, qr{admin token: \Q$d/vol/admin.token\E}, 'and says where the admin token is');
-	like($out, qr{sync token: \Q$d/vol/sync.token\E}, 'and where the sync token is');
-	my %tok = map { $_ => slurp("$d/vol/$_.token") } qw(admin sync);
+	like($out, qr{sync token: \Q$d/sync/sync.token\E}, 'and where the sync token is');
+	my %file = (admin => "$d/vol/admin.token", sync => "$d/sync/sync.token");
+	my %tok = map { $_ => slurp($file{$_}) } qw(admin sync);
 	like($tok{$_}, qr/^[0-9a-f]{64}\n\z/, "$_ token: 64 random hex digits") for sort keys %tok;
 	isnt($tok{admin}, $tok{sync}, 'two different tokens');
-	is((stat "$d/vol/$_.token")[2] & 07777, 0640, "$_.token is not readable by others") for qw(admin sync);
+	is((stat $file{$_})[2] & 07777, 0640, "$_.token is not readable by others") for qw(admin sync);
+	ok(!-e "$d/sync/admin.token" && !-e "$d/vol/sync.token", 'each token in its own volume only');
 
 	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root', '--poll-interval', '2s');
-	is(slurp("$d/vol/$_.token"), $tok{$_}, "$_ token kept at the next start") for qw(admin sync);
+	is(slurp($file{$_}), $tok{$_}, "$_ token kept at the next start") for qw(admin sync);
 	unlike($out, qr/created/, 'nothing created at the next start');
 	like($out, qr{yarl-root --poll-interval 2s admin=}, 'arguments passed on');
 
@@ -375,7 +381,7 @@ SKIP: {
 		($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root', '--sync-token-file', "$d/s");
 		like($out, qr{ admin=\Q$d/mine\E sync=$}m, 'token files given by variable or flag are left alone');
 	}
-	unlink "$d/vol/admin.token", "$d/vol/sync.token";
+	unlink "$d/vol/admin.token", "$d/sync/sync.token";
 	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root', '--insecure-no-auth');
 	like($out, qr{--insecure-no-auth admin= sync=$}m, '--insecure-no-auth: no tokens');
 	{
@@ -383,16 +389,26 @@ SKIP: {
 		($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-root');
 		like($out, qr{yarl-root\s+admin= sync=$}m, 'YARL_INSECURE_NO_AUTH=true: no tokens');
 	}
-	ok(!-e "$d/vol/admin.token" && !-e "$d/vol/sync.token", 'and no token files');
+	ok(!-e "$d/vol/admin.token" && !-e "$d/sync/sync.token", 'and no token files');
 
-	open my $fh, '>', "$d/vol/sync.token" or die;
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'yarl-s3-app', '--listen', ':8081');
+	$run = $> == 0 ? 'setpriv --reuid=yarl --regid=yarl --init-groups yarl-s3-app' : 'yarl-s3-app';
+	like($out, qr{^\Q$run\E --listen :8081 }m, 'another command runs as the user yarl');
+
+	open my $fh, '>', "$d/sync/sync.token" or die;
 	print $fh "abc123\n";
 	close $fh;
 	local $ENV{YARL_ROOTS} = 'http://127.0.0.1:7700';
 	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'nginx');
-	is($rc, 0, 'nginx role with a root\'s volume mounted') or diag($out);
+	is($rc, 0, 'nginx role with the sync token\'s volume mounted') or diag($out);
 	like(slurp("$d/conf.d/00-yarl-roots.conf"), qr{^yarl_sync_token "abc123";$}m,
 		'takes the sync token from it');
+	unlike($out, qr/warning/, 'no warning without the data volume');
+	open $fh, '>', "$d/vol/admin.token" or die;
+	close $fh;
+	($rc, $out) = run_cmd('packaging/docker-entrypoint.sh', 'nginx');
+	like($out, qr{warning: \Q$d/vol/admin.token\E is in this container}, 'the data volume mounted into nginx is warned about');
+	unlink "$d/vol/admin.token";
 	open $fh, '>', "$d/bad.token" or die;
 	print $fh "a\"b\n";
 	close $fh;
