@@ -61,15 +61,31 @@ app_pid=$!
 cp nginx-conf/s3.conf "$RUN/nginx/nginx.conf"
 cp "$MODULE_SO" "$RUN/nginx/ngx_http_yarl_module.so"
 "$NGINX_BIN" -p "$RUN/nginx/" -c nginx.conf -t -q
+# Emptied so that what a failed start shows of it is this run's.
+: >"$RUN/nginx/logs/error.log"
 "$NGINX_BIN" -p "$RUN/nginx/" -c nginx.conf -g 'daemon off;' &
 nginx_pid=$!
-for port in 8080 8081; do
+
+# wait_port PORT PID NAME LOG: until 127.0.0.1:PORT accepts, for at most 10 s; exits with
+# the end of LOG if PID (NAME) dies first or the port never opens.
+wait_port() {
+    local port=$1 pid=$2 name=$3 log=$4 why
     for _ in $(seq 1 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        kill -0 "$app_pid" 2>/dev/null || { cat "$RUN/s3-app.err" >&2; exit 1; }
+        port_free "$port" || return 0
+        kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
-done
+    if kill -0 "$pid" 2>/dev/null; then
+        why="does not listen on 127.0.0.1:$port after 10 s"
+    else
+        why="exited before it listened on 127.0.0.1:$port"
+    fi
+    echo "make run: $name $why; the end of $log:" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+}
+wait_port 8081 "$app_pid" yarl-s3-app "$RUN/s3-app.err"
+wait_port 8080 "$nginx_pid" nginx "$RUN/nginx/logs/error.log"
 
 say() { printf '\n$ %s\n' "$*"; }
 note() { printf '# %s\n' "$*"; }
@@ -88,8 +104,12 @@ batch='[{"name":"s3_photos_read","limit":10,"low_burst":20,"high_burst":40,"pare
  {"name":"s3_photos_get","limit":1000,"low_burst":1000,"high_burst":2000,"parent":"s3_photos_read"},
  {"name":"s3_photos_list","limit":1000,"low_burst":1000,"high_burst":2000,"parent":"s3_photos_read"},
  {"name":"s3_photos_put","limit":1000,"low_burst":1000,"high_burst":2000,"parent":"s3_photos_write"}]'
-say "curl -s -X POST $ROOT_ADDR/v1/quotas:batch -d '$batch'"
-curl -s -X POST "$ROOT_ADDR/v1/quotas:batch" -d "$batch"
+say "curl -sS --fail-with-body -X POST $ROOT_ADDR/v1/quotas:batch -d '$batch'"
+if ! curl -sS --fail-with-body -X POST "$ROOT_ADDR/v1/quotas:batch" -d "$batch"; then
+    echo >&2
+    echo "make run: the root did not take the example quotas (above); its log: $RUN/yarl-root.log" >&2
+    exit 1
+fi
 echo
 # Limiters learn new quotas at their next sync (1 s), roots poll the database every second.
 sleep 2.5
