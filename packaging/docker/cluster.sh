@@ -102,7 +102,7 @@ or by hand, in two terminals (Ctrl-C stops):
 Watch:
   ADMIN=\$(docker exec $(name root-a) cat /var/lib/yarl/admin.token)
   curl -s -H "Authorization: Bearer \$ADMIN" 127.0.0.1:$ROOT_A_PORT/v1/quotas/s3_photos_read   # cluster-wide fill, rate, drop probability
-  curl -s 127.0.0.1:$NGINX_A/yarl/stats                        # nginx A's limiter (one worker's)
+  curl -s 127.0.0.1:$NGINX_A/yarl/stats                        # nginx A's limiter (one, shared by its workers)
   curl -s 127.0.0.1:$ROOT_B_PORT/metrics | grep -E 'yarl_root_(limiters|sync_requests)'
   docker logs -f $(name nginx-a)                  # \$yarl_status of each request, rejections
   packaging/docker/cluster.sh status

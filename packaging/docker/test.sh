@@ -140,8 +140,8 @@ echo "  POST /v1/sync without the sync token: $code"
 echo "  PUT /v1/quotas/site_example.com with it: $(curl -fsS --max-time 5 -X PUT \
     -H "Authorization: Bearer $admin" "$root/v1/quotas/site_example.com" -d "$quota")"
 
-# The image's nginx with Debian's module snippets and conf.d, but one worker (today every
-# worker is a limiter of its own) and no stock site (it listens on *:80).
+# The image's nginx with Debian's module snippets and conf.d, but one worker (a light
+# container; the cluster below runs two per nginx) and no stock site (it listens on *:80).
 cat >"$tmp/nginx.conf" <<CONF
 user www-data;
 worker_processes 1;
@@ -209,7 +209,7 @@ sed 's/^/    /' "$tmp/headers"
 metrics=$(curl -fs --max-time 5 "$root/metrics")
 limiters=$(awk '$1 == "yarl_root_limiters" { print $2 }' <<<"$metrics")
 grep -E '^yarl_root_(limiters|sync_requests_total)' <<<"$metrics" | sed 's/^/  root metrics: /'
-[ "$limiters" = 1 ] || fail "yarl_root_limiters is ${limiters:-missing}, not 1 (one nginx, one worker)"
+[ "$limiters" = 1 ] || fail "yarl_root_limiters is ${limiters:-missing}, not 1 (one nginx)"
 ok=$(awk '$1 == "yarl_root_sync_requests_total{result=\"ok\"}" { print $2 }' <<<"$metrics")
 [ "${ok:-0}" -gt 0 ] || fail "no sync request accepted: the sync token did not get through"
 "$DOCKER" rm -f "$run-nginx" "$run-root" >/dev/null
