@@ -104,7 +104,7 @@ impl SyncThread {
 
     /// Whether the thread ended by itself (its supervisor stopped it).
     pub fn is_finished(&self) -> bool {
-        self.handle.as_ref().map_or(true, JoinHandle::is_finished)
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
     /// Stops the thread and waits for it (at most about one call timeout).
@@ -179,7 +179,7 @@ fn pace() {
 
 fn should_yield(now: Instant, polite_until: Option<Instant>, last: Option<Instant>) -> bool {
     polite_until.is_some_and(|u| now < u)
-        && !last.is_some_and(|t| now.saturating_duration_since(t) < PACE_SLICE)
+        && last.is_none_or(|t| now.saturating_duration_since(t) >= PACE_SLICE)
 }
 
 /// Runs rounds once per interval until `stop()` holds or the supervisor declines a round:

@@ -105,7 +105,7 @@ impl Cluster {
         self.links[i].1 = answer.version;
         // Every 0.1 s of the virtual clock.
         let tenth = (self.limiters / 10).max(1);
-        if self.turn % tenth == 0 {
+        if self.turn.is_multiple_of(tenth) {
             for _ in 0..(10 / self.limiters).max(1) {
                 self.root.sweep_step(self.now, 20_000);
             }

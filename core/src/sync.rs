@@ -1050,7 +1050,7 @@ impl SyncEngine {
     /// what the roots reported, and lets counters with nothing left leave the active set.
     fn settle(&mut self, round: &RoundState, round_ns: u64, now: u64) {
         let (interval_ns, shards) = (self.interval_ns(), self.shards);
-        let prune = self.limiter.zone_status().rounds % 16 == 0;
+        let prune = self.limiter.zone_status().rounds.is_multiple_of(16);
         // Shards no root answered this round whose view is recent (see `end_round`): their
         // batches fold in as while held, the others' inflow still extrapolated.
         let recent: Vec<bool> = (0..shards)

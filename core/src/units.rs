@@ -97,7 +97,9 @@ impl Rate {
         // The largest unit that counts the window exactly.
         (0..4)
             .rev()
-            .find(|&u| secs % WINDOW_UNITS[u] == 0 && secs / WINDOW_UNITS[u] <= WINDOW_MAX_COUNT)
+            .find(|&u| {
+                secs.is_multiple_of(WINDOW_UNITS[u]) && secs / WINDOW_UNITS[u] <= WINDOW_MAX_COUNT
+            })
             .map(|u| ((u as u64) << 12) | (secs / WINDOW_UNITS[u]))
             .ok_or(WindowError::Inexact(secs))
     }
@@ -184,7 +186,7 @@ impl Rate {
 pub fn window_text(secs: u64) -> String {
     let (u, name) = [(86_400, 'd'), (3_600, 'h'), (60, 'm'), (1, 's')]
         .into_iter()
-        .find(|(u, _)| secs % u == 0 && secs > 0)
+        .find(|(u, _)| secs.is_multiple_of(*u) && secs > 0)
         .unwrap_or((1, 's'));
     format!("{}{name}", secs / u)
 }

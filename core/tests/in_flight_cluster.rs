@@ -174,7 +174,7 @@ fn run_moving(
             // requests, and a report repeating the round's demand once the requests
             // above a shrunk share have ended (the sync agent's polls).
             let due = host.book.poll(now, host.permits.view(), ROUND / 2);
-            if now % ROUND == 0 || due == Due::Starving {
+            if now.is_multiple_of(ROUND) || due == Due::Starving {
                 host.demand = host.book.round(now, host.permits.view());
             } else if due == Due::No {
                 continue;

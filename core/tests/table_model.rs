@@ -15,7 +15,7 @@ const NAMES: usize = 24;
 
 fn name(i: usize) -> String {
     // Short names stay inside the slot, long ones need an arena tail.
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         format!("quota-with-a-rather-long-name-number-{i}")
     } else {
         format!("q{i}")

@@ -73,7 +73,7 @@ impl Ctx {
         if status >= 500 && !(status == 503 && retry_after) {
             t.problems.push(format!("{method} {path}: {status} {v}"));
         }
-        if (400..600).contains(&status) && !v["error"].as_str().is_some_and(|e| !e.is_empty()) {
+        if (400..600).contains(&status) && v["error"].as_str().is_none_or(|e| e.is_empty()) {
             t.problems.push(format!("{method} {path}: {status} without an error message"));
         }
         (status, v)

@@ -346,7 +346,7 @@ impl SyncTask {
     async fn ended_within(&self, limit: Duration) -> bool {
         let ended = || {
             let task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
-            task.as_ref().map_or(true, |t| t.is_finished())
+            task.as_ref().is_none_or(|t| t.is_finished())
         };
         let start = tokio::time::Instant::now();
         while !ended() {

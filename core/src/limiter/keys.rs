@@ -411,7 +411,7 @@ impl Limiter {
                 continue;
             }
             let fill = s.estimate(now, fresh, horizon, Peers::ALONE);
-            if fill <= s.get(LOW) as f64 && best.map_or(true, |b| fill < b.2) {
+            if fill <= s.get(LOW) as f64 && best.is_none_or(|b| fill < b.2) {
                 best = Some((pos, id, fill));
                 if fill <= 0.0 {
                     break;

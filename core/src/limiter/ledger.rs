@@ -44,7 +44,7 @@ impl Limiter {
 
     /// The word and bit shift of entry `e`'s count in row `r`.
     fn ledger_cell(&self, r: usize, e: usize) -> (&AtomicU64, u32) {
-        (&self.ledger_row_at(r)[1 + e / 2], if e % 2 == 0 { 0 } else { 32 })
+        (&self.ledger_row_at(r)[1 + e / 2], if e.is_multiple_of(2) { 0 } else { 32 })
     }
 
     /// Counts a slot of entry `e` taken by this process (after the permit was taken).

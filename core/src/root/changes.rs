@@ -59,7 +59,7 @@ pub(super) struct LogChunk {
 impl ChangeLog {
     /// Appends the change of version `v` (above every version in the log); its place.
     pub(super) fn push(&mut self, v: u64, c: Change) -> usize {
-        if self.chunks.back().map_or(true, |ch| ch.entries.len() >= LOG_CHUNK) {
+        if self.chunks.back().is_none_or(|ch| ch.entries.len() >= LOG_CHUNK) {
             let entries = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(LOG_CHUNK));
             self.chunks.push_back(LogChunk { entries, live: 0 });
         }

@@ -184,7 +184,7 @@ impl RootState {
             .collect();
         let started = self.started.or(self.born.map(i128::from));
         let in_window =
-            self.born.map_or(true, |b| now.saturating_sub(b) <= self.config.hint_window_ns);
+            self.born.is_none_or(|b| now.saturating_sub(b) <= self.config.hint_window_ns);
         copy.pre_start = in_window.then(|| PreStartCopy {
             started_ago_ns: started.map_or(0, |s| u64::try_from(now as i128 - s).unwrap_or(0)),
             floors: self

@@ -165,7 +165,7 @@ impl RootState {
         let mut fresh = IdSet::default();
         let mut full = false;
         for id in named {
-            if !self.in_shard(id) || !self.quotas.get(&id).is_some_and(|q| !q.deleted) {
+            if !self.in_shard(id) || self.quotas.get(&id).is_none_or(|q| q.deleted) {
                 continue;
             }
             if let Some(u) = s.interest.get_mut(&id) {

@@ -512,7 +512,7 @@ impl RootState {
             // root) would lift the counter to what it counted by itself: in `make chaos`
             // the whole cluster then refused for a second after a cut healed.
             let first = req.batches.iter().map(|b| b.seq).min();
-            let dropped = first.map_or(true, |f| f > s.acked.saturating_add(1));
+            let dropped = first.is_none_or(|f| f > s.acked.saturating_add(1));
             let acked = self.apply_batches(req, &mut s, 0, now);
             if dropped {
                 // A root that knows the session has answered it since it started.

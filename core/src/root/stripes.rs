@@ -118,7 +118,7 @@ impl RootState {
     /// Whether this root aggregates the counter of `id` (see [`RootConfig::shard`]), in
     /// whichever of its stripes.
     pub(super) fn in_shard(&self, id: QuotaId) -> bool {
-        self.config.shard.map_or(true, |s| s.holds(id))
+        self.config.shard.is_none_or(|s| s.holds(id))
     }
 }
 

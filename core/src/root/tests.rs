@@ -1419,7 +1419,7 @@ proptest::proptest! {
                 let view = r.counter(id, now);
                 proptest::prop_assert_eq!(view.is_some(), live);
                 if r.counter_of(id).is_none() {
-                    proptest::prop_assert!(view.map_or(true, |v| v.fill == 0.0));
+                    proptest::prop_assert!(view.is_none_or(|v| v.fill == 0.0));
                 }
             }
         }

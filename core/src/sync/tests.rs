@@ -480,7 +480,7 @@ fn a_batch_cut_after_a_stalled_agent_says_what_drained() {
         let there = other.limiter.clone();
         // 3 units a second here, 6 on the other host: 0.9 x the limit.
         let tick = |clock: &ManualClock, k: u64| {
-            if k % 2 == 0 {
+            if k.is_multiple_of(2) {
                 assert_eq!(host.account("a", 1).unwrap().outcome, Outcome::Passed, "{k}");
             }
             assert_eq!(there.account("a", 1).unwrap().outcome, Outcome::Passed, "{k}");
@@ -1604,7 +1604,7 @@ fn concurrency_shares_flow_from_the_roots_into_the_zone() {
         clock.advance(Duration::from_millis(100));
         let now = clock.now_nanos();
         for n in [&mut a, &mut b] {
-            let regular = now % S == 0;
+            let regular = now.is_multiple_of(S);
             if regular || n.engine.wants_early_round(now) {
                 round(n, &mut [Some(&mut root)], now);
             }
@@ -1665,7 +1665,7 @@ fn each_key_under_a_capped_template_is_capped_cluster_wide() {
         clock.advance(Duration::from_millis(100));
         let now = clock.now_nanos();
         for n in [&mut a, &mut b] {
-            if now % S == 0 || n.engine.wants_early_round(now) {
+            if now.is_multiple_of(S) || n.engine.wants_early_round(now) {
                 round(n, &mut [Some(&mut root)], now);
             }
         }

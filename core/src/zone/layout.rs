@@ -327,7 +327,7 @@ impl Layout {
         // Slots start on a 128-byte boundary of the address space: one slot is one pair of
         // cache lines, which the adjacent-line prefetcher fetches together.
         let word_addr = addr / 8;
-        while (word_addr + at) % SLOT_WORDS != 0 {
+        while !(word_addr + at).is_multiple_of(SLOT_WORDS) {
             at += 1;
         }
         let slots = at;

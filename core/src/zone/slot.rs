@@ -452,7 +452,7 @@ mod tests {
         let later = t + 20 * 86_400 * NANOS;
         assert_eq!(from_ms32(ms, later).map(|b| b / MS), Some(back / MS));
         let much_later = t + (u64::from(HALF_WRAP_MS) + 30 * 86_400_000) * MS;
-        assert!(from_ms32(ms, much_later).map_or(true, |b| b >= back));
+        assert!(from_ms32(ms, much_later).is_none_or(|b| b >= back));
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl<'a> GraphCheck<'a> {
                     max: MAX_CHAIN,
                 });
             }
-            if self.below.get(&child).map_or(true, |&(d, _)| d < depth) {
+            if self.below.get(&child).is_none_or(|&(d, _)| d < depth) {
                 self.below.insert(child.clone(), (depth, origin));
                 self.below_pending.push(child);
             }

@@ -890,7 +890,7 @@ fn long_keys_are_keys_whole() {
     let (l, _) = keyed(1000);
     l.apply_quotas(&[q(1, "api_key_*", 1, 1.0, 2.0, 2.0, None)]);
     let mut a = b"api_key_".to_vec();
-    a.extend(std::iter::repeat(b'x').take(8000));
+    a.extend(std::iter::repeat_n(b'x', 8000));
     let mut b = a.clone();
     *b.last_mut().unwrap() = b'y';
     assert_eq!(passes(&l, &a, 10), 3);
